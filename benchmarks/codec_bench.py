@@ -1,0 +1,179 @@
+"""Micro-benchmarks of the codec's hot path against pamqp 4.0.1.
+
+For a 256-byte body and a realistic OJS property set, times:
+
+* ``encode_publish``: Basic.Publish + content header + body frame, encoded;
+* ``decode_deliver``: Basic.Deliver + content header + body frame, parsed from bytes
+  (frame split, method decode, header decode, body);
+* ``encode_ack``: one Basic.Ack frame.
+
+Usage: ``python3 benchmarks/codec_bench.py [--json] [--smoke]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pamqp import body as pamqp_body  # noqa: E402
+from pamqp import commands, frame, header  # noqa: E402
+
+import codec  # noqa: E402
+
+FRAME_MAX = 131072
+BODY = bytes(range(256))
+EXCHANGE = "ojs"
+ROUTING_KEY = "ojs.queue.default"
+CONSUMER_TAG = "ctag-1.2c3f4e5d6b7a8c9d"
+TIMESTAMP = datetime.datetime(2024, 5, 17, 12, 30, 45, tzinfo=datetime.UTC)
+HEADERS: dict[str, Any] = {
+    "x-ojs-queue": "default",
+    "x-ojs-attempt": 1,
+    "x-ojs-max-attempts": 25,
+    "x-ojs-created-at": "2024-05-17T12:30:45.123456Z",
+    "x-ojs-enqueued-at": "2024-05-17T12:30:45.234567Z",
+    "x-ojs-tags": "billing,email,priority",
+}
+PROPS = codec.BasicProperties(
+    content_type="application/openjobspec+json",
+    content_encoding="utf-8",
+    delivery_mode=2,
+    message_id="018f86a4-3c2b-7a51-9d3e-4b5c6d7e8f90",
+    type="email.send",
+    timestamp=TIMESTAMP,
+    app_id="ojs",
+    headers=HEADERS,
+)
+PAMQP_PROPS = codec.to_pamqp(PROPS)
+
+
+# --- the operations ------------------------------------------------------------------
+
+
+def fast_encode_publish() -> bytes:
+    return codec.encode_publish(1, EXCHANGE, ROUTING_KEY, PROPS, BODY, FRAME_MAX)
+
+
+def pamqp_encode_publish() -> bytes:
+    return b"".join(
+        (
+            frame.marshal(commands.Basic.Publish(exchange=EXCHANGE, routing_key=ROUTING_KEY), 1),
+            frame.marshal(header.ContentHeader(0, len(BODY), PAMQP_PROPS), 1),
+            frame.marshal(pamqp_body.ContentBody(BODY), 1),
+        )
+    )
+
+
+DELIVERY = b"".join(
+    (
+        frame.marshal(
+            commands.Basic.Deliver(
+                consumer_tag=CONSUMER_TAG,
+                delivery_tag=42,
+                redelivered=False,
+                exchange=EXCHANGE,
+                routing_key=ROUTING_KEY,
+            ),
+            1,
+        ),
+        frame.marshal(header.ContentHeader(0, len(BODY), PAMQP_PROPS), 1),
+        frame.marshal(pamqp_body.ContentBody(BODY), 1),
+    )
+)
+_READER = codec.FrameReader(FRAME_MAX)
+
+
+def fast_decode_deliver() -> tuple[Any, ...]:
+    method, head, content = _READER.frames(DELIVERY)
+    fields = codec.decode_deliver(method[2])
+    _class_id, _size, props = codec.decode_content_header(head[2])
+    return fields, props, content[2]
+
+
+def pamqp_decode_deliver() -> tuple[Any, ...]:
+    data = DELIVERY
+    used, _ch, method = frame.unmarshal(data)
+    data = data[used:]
+    used, _ch, head = frame.unmarshal(data)
+    data = data[used:]
+    used, _ch, content = frame.unmarshal(data)
+    return method, head, content
+
+
+def fast_encode_ack() -> bytes:
+    return codec.encode_ack(1, 42)
+
+
+def pamqp_encode_ack() -> bytes:
+    return frame.marshal(commands.Basic.Ack(delivery_tag=42), 1)
+
+
+OPS: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
+    ("encode_publish", fast_encode_publish, pamqp_encode_publish),
+    ("decode_deliver", fast_decode_deliver, pamqp_decode_deliver),
+    ("encode_ack", fast_encode_ack, pamqp_encode_ack),
+]
+
+
+def _check_equivalence() -> None:
+    """Both sides must do the same work, or the numbers mean nothing."""
+    assert fast_encode_publish() == pamqp_encode_publish()
+    assert fast_encode_ack() == pamqp_encode_ack()
+    fields, props, body = fast_decode_deliver()
+    method, head, content = pamqp_decode_deliver()
+    assert fields == (method.consumer_tag, method.delivery_tag, method.redelivered, method.exchange,
+                      method.routing_key)
+    assert props == codec.from_pamqp(head.properties)
+    assert body == content.value == BODY
+
+
+def best_us(fn: Callable[[], Any], number: int, repeat: int) -> float:
+    """Best mean time per call, in microseconds, over ``repeat`` runs of ``number`` calls."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter_ns()
+        for _ in range(number):
+            fn()
+        elapsed = time.perf_counter_ns() - start
+        best = min(best, elapsed / number / 1000.0)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--smoke", action="store_true", help="tiny iteration counts (a quick check)")
+    parser.add_argument("--number", type=int, default=None, help="calls per repeat")
+    parser.add_argument("--repeat", type=int, default=None, help="repeats (the best is kept)")
+    args = parser.parse_args(argv)
+    number = args.number or (200 if args.smoke else 20000)
+    repeat = args.repeat or (2 if args.smoke else 7)
+
+    _check_equivalence()
+    results: dict[str, dict[str, float]] = {}
+    for name, fast, slow in OPS:
+        fast_us = best_us(fast, number, repeat)
+        pamqp_us = best_us(slow, max(1, number // 5), repeat)
+        results[name] = {
+            "fast_us": round(fast_us, 3),
+            "pamqp_us": round(pamqp_us, 3),
+            "speedup": round(pamqp_us / fast_us, 1),
+        }
+    if args.json:
+        print(json.dumps({"body_bytes": len(BODY), "number": number, "repeat": repeat, "ops": results}))
+    else:
+        for name, r in results.items():
+            print(f"{name} fast_us={r['fast_us']:.3f} pamqp_us={r['pamqp_us']:.3f} speedup={r['speedup']:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""A sans-IO AMQP 0-9-1 codec: frames, field tables, content properties, and a fast
+path for publishing and consuming.
+
+This package never does I/O, never reads the clock and never imports an async
+library.  Feed it bytes, get values back; give it values, get bytes back.
+"""
+
+from ._errors import *  # noqa: F403
+from ._errors import __all__ as _errors_all
+from ._events import *  # noqa: F403
+from ._events import __all__ as _events_all
+from ._fast import *  # noqa: F403
+from ._fast import __all__ as _fast_all
+from ._frames import *  # noqa: F403
+from ._frames import __all__ as _frames_all
+from ._properties import *  # noqa: F403
+from ._properties import __all__ as _properties_all
+from ._protocol import *  # noqa: F403
+from ._protocol import __all__ as _protocol_all
+from ._table import *  # noqa: F403
+from ._table import __all__ as _table_all
+
+__all__ = [
+    *_errors_all,
+    *_table_all,
+    *_properties_all,
+    *_frames_all,
+    *_fast_all,
+    *_events_all,
+    *_protocol_all,
+]

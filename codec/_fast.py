@@ -1,0 +1,301 @@
+"""The hot path: hand-written encoders and decoders for publishing and consuming.
+
+No pamqp at run time.  Every function here produces or accepts exactly pamqp 4.0.1's
+bytes for the same method (``longlong`` delivery tags are unsigned, as the spec says).
+
+Dispatch on :func:`method_key`: the class id and method id of a method frame payload
+as one int, ``(class_id << 16) | method_id`` (the same number as pamqp's
+``Method.index``), compared against the ``BASIC_*`` constants.
+
+Decoders take the method frame payload (starting at the class id) and return a tuple.
+A payload that is truncated, has trailing bytes, carries a short string that is not
+UTF-8, or is not the method the decoder is for raises :class:`ProtocolSyntaxError`.
+Encoders raise :class:`UsageError` for a short string over 255 bytes, a channel out of
+range, or a delivery tag that is not an unsigned 64-bit integer.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from ._errors import ProtocolSyntaxError, UsageError
+from ._frames import FRAME_MAX_DEFAULT, FRAME_MIN_SIZE
+from ._properties import (
+    EMPTY_PROPERTIES,
+    BasicProperties,
+    _encode_properties_into,
+    _short_cache_get,
+    cached_short_string,
+    decode_properties,
+)
+
+__all__ = [
+    "BASIC_ACK",
+    "BASIC_CANCEL",
+    "BASIC_CANCEL_OK",
+    "BASIC_DELIVER",
+    "BASIC_GET_EMPTY",
+    "BASIC_GET_OK",
+    "BASIC_NACK",
+    "BASIC_PUBLISH",
+    "BASIC_REJECT",
+    "BASIC_RETURN",
+    "CHANNEL_CLOSE",
+    "CONNECTION_CLOSE",
+    "decode_ack",
+    "decode_content_header",
+    "decode_deliver",
+    "decode_get_ok",
+    "decode_nack",
+    "decode_reject",
+    "decode_return",
+    "encode_ack",
+    "encode_nack",
+    "encode_publish",
+    "encode_reject",
+    "method_key",
+]
+
+BASIC_PUBLISH: Final = (60 << 16) | 40
+BASIC_RETURN: Final = (60 << 16) | 50
+BASIC_DELIVER: Final = (60 << 16) | 60
+BASIC_GET_OK: Final = (60 << 16) | 71
+BASIC_GET_EMPTY: Final = (60 << 16) | 72
+BASIC_ACK: Final = (60 << 16) | 80
+BASIC_REJECT: Final = (60 << 16) | 90
+BASIC_NACK: Final = (60 << 16) | 120
+BASIC_CANCEL: Final = (60 << 16) | 30
+BASIC_CANCEL_OK: Final = (60 << 16) | 31
+CHANNEL_CLOSE: Final = (20 << 16) | 40
+CONNECTION_CLOSE: Final = (10 << 16) | 50
+
+_U32 = struct.Struct(">I")
+# frame header + class/method + ticket, for Basic.Publish
+_PUBLISH_HEAD = struct.Struct(">BHIIH")
+# frame header + class id + weight + body size, for the content header
+_CONTENT_HEAD = struct.Struct(">BHIHHQ")
+_FRAME_HEAD = struct.Struct(">BHI")
+# whole frames: header, class/method, delivery tag, bits, frame end
+_TAG_BITS_FRAME = struct.Struct(">BHIIQBB")
+_TAG_BITS = struct.Struct(">QB")
+_TAG_BITS_LEN = struct.Struct(">QBB")  # delivery tag, bits, length of the next short string
+_CODE_LEN = struct.Struct(">HB")  # reply code, length of reply text
+_TAG_BITS_SIZE = 13  # class/method + tag + bits
+_CONTENT_HEAD_FIXED = struct.Struct(">HHQ")
+
+_DELIVER_ID = _U32.pack(BASIC_DELIVER)
+_RETURN_ID = _U32.pack(BASIC_RETURN)
+_GET_OK_ID = _U32.pack(BASIC_GET_OK)
+_ACK_ID = _U32.pack(BASIC_ACK)
+_NACK_ID = _U32.pack(BASIC_NACK)
+_REJECT_ID = _U32.pack(BASIC_REJECT)
+
+
+def _syntax(message: str) -> ProtocolSyntaxError:
+    return ProtocolSyntaxError(message, remote=False)
+
+
+def method_key(payload: bytes) -> int:
+    """``(class_id << 16) | method_id`` of a method frame payload, to dispatch on."""
+    if len(payload) < 4:
+        raise _syntax("method frame payload is shorter than its class and method ids")
+    key: int = _U32.unpack_from(payload, 0)[0]
+    return key
+
+
+# --- encoders ----------------------------------------------------------------------
+
+
+def encode_publish(
+    channel: int,
+    exchange: str,
+    routing_key: str,
+    properties: BasicProperties | None,
+    body: bytes,
+    frame_max: int,
+    mandatory: bool = False,
+    immediate: bool = False,
+) -> bytes:
+    """Basic.Publish, its content header and body frames, as one bytes object."""
+    get = _short_cache_get
+    ex = get(exchange) or cached_short_string(exchange, "exchange")
+    rk = get(routing_key) or cached_short_string(routing_key, "routing_key")
+    if frame_max == FRAME_MAX_DEFAULT:
+        chunk = FRAME_MAX_DEFAULT - 8
+    elif frame_max == 0:
+        chunk = 2**32 - 9
+    elif isinstance(frame_max, int) and FRAME_MIN_SIZE <= frame_max < 2**32:
+        chunk = frame_max - 8
+    else:
+        raise UsageError(f"frame_max must be 0 or {FRAME_MIN_SIZE}..{2**32 - 1}, got {frame_max!r}")
+    body_size = len(body)
+    try:
+        out = bytearray(_PUBLISH_HEAD.pack(1, channel, 7 + len(ex) + len(rk), BASIC_PUBLISH, 0))
+        out += ex
+        out += rk
+        out.append((2 if immediate else 0) | (1 if mandatory else 0))
+        out.append(0xCE)
+        start = len(out)
+        out += _CONTENT_HEAD.pack(2, channel, 0, 60, 0, body_size)
+    except struct.error as exc:
+        raise UsageError(f"bad channel {channel!r}: {exc}") from None
+    if properties is None:
+        out += b"\x00\x00"
+    else:
+        try:
+            _encode_properties_into(out, properties)
+        except TypeError as exc:
+            raise UsageError(f"invalid message property: {exc}") from None
+    header_size = len(out) - start - 7
+    if header_size > chunk:
+        raise UsageError(
+            f"the content header is {header_size + 8} bytes, more than frame_max ({chunk + 8}); "
+            "send fewer or smaller headers"
+        )
+    _U32.pack_into(out, start + 3, header_size)
+    out.append(0xCE)
+    if body_size <= chunk:
+        if body_size:
+            out += _FRAME_HEAD.pack(3, channel, body_size)
+            out += body
+            out.append(0xCE)
+        return bytes(out)
+    parts: list[bytes | bytearray | memoryview] = [out]
+    view = memoryview(body)
+    end = b"\xce"
+    for first in range(0, body_size, chunk):
+        piece = view[first : first + chunk]
+        parts.append(_FRAME_HEAD.pack(3, channel, len(piece)))
+        parts.append(piece)
+        parts.append(end)
+    return b"".join(parts)
+
+
+def _tag_frame(channel: int, method: int, delivery_tag: int, bits: int) -> bytes:
+    try:
+        return _TAG_BITS_FRAME.pack(1, channel, _TAG_BITS_SIZE, method, delivery_tag, bits, 0xCE)
+    except struct.error:
+        if isinstance(delivery_tag, int) and not 0 <= delivery_tag < 2**64:
+            raise UsageError(f"delivery tag {delivery_tag} is not an unsigned 64-bit integer") from None
+        raise UsageError(f"bad channel {channel!r} or delivery tag {delivery_tag!r}") from None
+
+
+def encode_ack(channel: int, delivery_tag: int, multiple: bool = False) -> bytes:
+    """A Basic.Ack method frame."""
+    return _tag_frame(channel, BASIC_ACK, delivery_tag, 1 if multiple else 0)
+
+
+def encode_nack(channel: int, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> bytes:
+    """A Basic.Nack method frame."""
+    return _tag_frame(channel, BASIC_NACK, delivery_tag, (2 if requeue else 0) | (1 if multiple else 0))
+
+
+def encode_reject(channel: int, delivery_tag: int, requeue: bool = True) -> bytes:
+    """A Basic.Reject method frame."""
+    return _tag_frame(channel, BASIC_REJECT, delivery_tag, 1 if requeue else 0)
+
+
+# --- decoders ----------------------------------------------------------------------
+
+
+def decode_deliver(payload: bytes) -> tuple[str, int, bool, str, str]:
+    """Basic.Deliver -> ``(consumer_tag, delivery_tag, redelivered, exchange, routing_key)``."""
+    try:
+        if payload[:4] != _DELIVER_ID:
+            raise _syntax("not a Basic.Deliver payload")
+        pos = 5 + payload[4]
+        consumer_tag = payload[5:pos].decode("utf-8")
+        delivery_tag, bits, size = _TAG_BITS_LEN.unpack_from(payload, pos)
+        pos += 10
+        stop = pos + size
+        exchange = payload[pos:stop].decode("utf-8")
+        pos = stop + 1
+        stop = pos + payload[stop]
+        if stop != len(payload):
+            raise _syntax("Basic.Deliver has the wrong length")
+        routing_key = payload[pos:stop].decode("utf-8")
+    except (IndexError, struct.error):
+        raise _syntax("Basic.Deliver is truncated") from None
+    except UnicodeDecodeError:
+        raise _syntax("Basic.Deliver has a short string that is not UTF-8") from None
+    return consumer_tag, delivery_tag, bool(bits & 1), exchange, routing_key
+
+
+def decode_return(payload: bytes) -> tuple[int, str, str, str]:
+    """Basic.Return -> ``(reply_code, reply_text, exchange, routing_key)``."""
+    try:
+        if payload[:4] != _RETURN_ID:
+            raise _syntax("not a Basic.Return payload")
+        reply_code, size = _CODE_LEN.unpack_from(payload, 4)
+        stop = 7 + size
+        reply_text = payload[7:stop].decode("utf-8")
+        pos = stop + 1
+        stop = pos + payload[stop]
+        exchange = payload[pos:stop].decode("utf-8")
+        pos = stop + 1
+        stop = pos + payload[stop]
+        if stop != len(payload):
+            raise _syntax("Basic.Return has the wrong length")
+        routing_key = payload[pos:stop].decode("utf-8")
+    except (IndexError, struct.error):
+        raise _syntax("Basic.Return is truncated") from None
+    except UnicodeDecodeError:
+        raise _syntax("Basic.Return has a short string that is not UTF-8") from None
+    return reply_code, reply_text, exchange, routing_key
+
+
+def decode_get_ok(payload: bytes) -> tuple[int, bool, str, str, int]:
+    """Basic.GetOk -> ``(delivery_tag, redelivered, exchange, routing_key, message_count)``."""
+    try:
+        if payload[:4] != _GET_OK_ID:
+            raise _syntax("not a Basic.GetOk payload")
+        delivery_tag, bits, size = _TAG_BITS_LEN.unpack_from(payload, 4)
+        stop = 14 + size
+        exchange = payload[14:stop].decode("utf-8")
+        pos = stop + 1
+        stop = pos + payload[stop]
+        routing_key = payload[pos:stop].decode("utf-8")
+        if stop + 4 != len(payload):
+            raise _syntax("Basic.GetOk has the wrong length")
+        message_count = _U32.unpack_from(payload, stop)[0]
+    except (IndexError, struct.error):
+        raise _syntax("Basic.GetOk is truncated") from None
+    except UnicodeDecodeError:
+        raise _syntax("Basic.GetOk has a short string that is not UTF-8") from None
+    return delivery_tag, bool(bits & 1), exchange, routing_key, message_count
+
+
+def _tag_bits(payload: bytes, method_id: bytes, name: str) -> tuple[int, int]:
+    if len(payload) != _TAG_BITS_SIZE or payload[:4] != method_id:
+        raise _syntax(f"not a {name} payload of {_TAG_BITS_SIZE} bytes")
+    tag_bits: tuple[int, int] = _TAG_BITS.unpack_from(payload, 4)
+    return tag_bits
+
+
+def decode_ack(payload: bytes) -> tuple[int, bool]:
+    """Basic.Ack -> ``(delivery_tag, multiple)``."""
+    delivery_tag, bits = _tag_bits(payload, _ACK_ID, "Basic.Ack")
+    return delivery_tag, bool(bits & 1)
+
+
+def decode_nack(payload: bytes) -> tuple[int, bool, bool]:
+    """Basic.Nack -> ``(delivery_tag, multiple, requeue)``."""
+    delivery_tag, bits = _tag_bits(payload, _NACK_ID, "Basic.Nack")
+    return delivery_tag, bool(bits & 1), bool(bits & 2)
+
+
+def decode_reject(payload: bytes) -> tuple[int, bool]:
+    """Basic.Reject -> ``(delivery_tag, requeue)``."""
+    delivery_tag, bits = _tag_bits(payload, _REJECT_ID, "Basic.Reject")
+    return delivery_tag, bool(bits & 1)
+
+
+def decode_content_header(payload: bytes) -> tuple[int, int, BasicProperties]:
+    """A content header frame payload -> ``(class_id, body_size, properties)``."""
+    if len(payload) < 14:
+        raise _syntax("content header is truncated")
+    class_id, _weight, body_size = _CONTENT_HEAD_FIXED.unpack_from(payload, 0)
+    if len(payload) == 14 and payload[12] == 0 and payload[13] == 0:
+        return class_id, body_size, EMPTY_PROPERTIES
+    return class_id, body_size, decode_properties(payload, 12)

@@ -1,0 +1,956 @@
+"""The sans-IO AMQP 0-9-1 client protocol: bytes in, events out; commands in, bytes out.
+
+:class:`AMQPConnection` never touches a socket or a clock.  The I/O layer:
+
+1. calls :meth:`~AMQPConnection.initiate` and writes :meth:`~AMQPConnection.data_to_send`;
+2. feeds every chunk it reads to :meth:`~AMQPConnection.receive_data`, which returns a
+   list of :mod:`codec._events` values and may queue automatic replies (Start-Ok,
+   Tune-Ok, Close-Ok…) for ``data_to_send()``;
+3. issues commands (:meth:`open_channel`, :meth:`send_method`, :meth:`publish`,
+   :meth:`ack`…) that queue bytes for ``data_to_send()``;
+4. calls :meth:`~AMQPConnection.heartbeat_tick` with the current time, when it says.
+
+State machines are tables (``_CONNECTION_TRANSITIONS``, ``_CHANNEL_TRANSITIONS``): an
+input the table does not list for the current state moves the machine to ``ERROR`` and
+raises a :class:`~codec.ProtocolError` carrying the reply code to close with.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pamqp import commands
+
+from . import _fast
+from ._errors import (
+    AuthenticationError,
+    ChannelProtocolError,
+    CommandInvalid,
+    ConnectionLevelError,
+    FrameError,
+    NotImplementedByPeer,
+    ProtocolError,
+    UnexpectedFrame,
+    UsageError,
+    channel_error_for,
+    connection_error_for,
+)
+from ._events import (
+    ChannelCloseOk,
+    ChannelClosed,
+    ChannelFlow,
+    ChannelOpened,
+    Confirmed,
+    ConnectionBlocked,
+    ConnectionCloseOk,
+    ConnectionClosed,
+    ConnectionOpened,
+    ConnectionUnblocked,
+    ConsumerCancelled,
+    Delivery,
+    Event,
+    GetOk,
+    MethodReply,
+    Returned,
+)
+from ._frames import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameReader,
+    decode_method,
+    encode_method_frame,
+)
+from ._properties import BasicProperties
+from ._table import encode_table
+
+__all__ = [
+    "AMQPConnection",
+    "ChannelState",
+    "ConnectionParameters",
+    "ConnectionState",
+    "Credentials",
+    "negotiate",
+]
+
+# ---------------------------------------------------------------------------
+# Method ids: class_id << 16 | method_id, as read from the first 4 payload bytes.
+
+
+def _mid(class_id: int, method_id: int) -> int:
+    return (class_id << 16) | method_id
+
+
+CONNECTION_START = _mid(10, 10)
+CONNECTION_SECURE = _mid(10, 20)
+CONNECTION_TUNE = _mid(10, 30)
+CONNECTION_OPEN_OK = _mid(10, 41)
+CONNECTION_CLOSE = _mid(10, 50)
+CONNECTION_CLOSE_OK = _mid(10, 51)
+CONNECTION_BLOCKED = _mid(10, 60)
+CONNECTION_UNBLOCKED = _mid(10, 61)
+CHANNEL_OPEN_OK = _mid(20, 11)
+CHANNEL_FLOW = _mid(20, 20)
+CHANNEL_CLOSE = _mid(20, 40)
+CHANNEL_CLOSE_OK = _mid(20, 41)
+BASIC_CANCEL = _mid(60, 30)
+BASIC_RETURN = _mid(60, 50)
+BASIC_DELIVER = _mid(60, 60)
+BASIC_GET_OK = _mid(60, 71)
+BASIC_ACK = _mid(60, 80)
+BASIC_NACK = _mid(60, 120)
+
+_U32 = struct.Struct(">I")
+
+#: Synchronous requests and the replies that complete them.
+_SYNC_REPLIES: dict[int, frozenset[int]] = {
+    _mid(20, 20): frozenset({_mid(20, 21)}),
+    _mid(40, 10): frozenset({_mid(40, 11)}),
+    _mid(40, 20): frozenset({_mid(40, 21)}),
+    _mid(40, 30): frozenset({_mid(40, 31)}),
+    _mid(40, 40): frozenset({_mid(40, 51)}),
+    _mid(50, 10): frozenset({_mid(50, 11)}),
+    _mid(50, 20): frozenset({_mid(50, 21)}),
+    _mid(50, 30): frozenset({_mid(50, 31)}),
+    _mid(50, 40): frozenset({_mid(50, 41)}),
+    _mid(50, 50): frozenset({_mid(50, 51)}),
+    _mid(60, 10): frozenset({_mid(60, 11)}),
+    _mid(60, 20): frozenset({_mid(60, 21)}),
+    _mid(60, 30): frozenset({_mid(60, 31)}),
+    _mid(60, 70): frozenset({_mid(60, 71), _mid(60, 72)}),
+    _mid(60, 110): frozenset({_mid(60, 111)}),
+    _mid(85, 10): frozenset({_mid(85, 11)}),
+    _mid(90, 10): frozenset({_mid(90, 11)}),
+    _mid(90, 20): frozenset({_mid(90, 21)}),
+    _mid(90, 30): frozenset({_mid(90, 31)}),
+}
+_ALL_SYNC_REPLIES = frozenset().union(*_SYNC_REPLIES.values())
+
+#: Methods the client may send on an open channel without waiting for a reply.
+_ASYNC_CLIENT_METHODS = frozenset({_mid(60, 40), _mid(60, 80), _mid(60, 90), _mid(60, 100), _mid(60, 120)})
+
+CAPABILITIES: dict[str, Any] = {
+    "publisher_confirms": True,
+    "consumer_cancel_notify": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+
+# ---------------------------------------------------------------------------
+# Parameters
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Credentials:
+    """Login for the handshake.  The password never appears in ``repr``."""
+
+    username: str = "guest"
+    password: str = field(default="guest", repr=False)
+    mechanism: str = "PLAIN"
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in ("PLAIN", "AMQPLAIN", "EXTERNAL"):
+            raise UsageError(f"unsupported auth mechanism {self.mechanism!r}: use PLAIN, AMQPLAIN or EXTERNAL")
+
+    def response(self) -> bytes:
+        """The Start-Ok response bytes for this mechanism."""
+        if self.mechanism == "PLAIN":
+            return b"\x00" + self.username.encode() + b"\x00" + self.password.encode()
+        if self.mechanism == "AMQPLAIN":
+            # A field table without its length prefix (RabbitMQ's AMQPLAIN).
+            return encode_table({"LOGIN": self.username, "PASSWORD": self.password})[4:]
+        return b""  # EXTERNAL: the identity comes from the TLS client certificate
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionParameters:
+    """What the client proposes in the handshake.  0 means "no limit" (heartbeat: off)."""
+
+    credentials: Credentials = field(default_factory=Credentials)
+    virtual_host: str = "/"
+    channel_max: int = 2047
+    frame_max: int = 131072
+    heartbeat: int = 60
+    locale: str = "en_US"
+    client_properties: Mapping[str, Any] = field(default_factory=dict)
+    #: Largest message body accepted from the broker; a larger one is a FRAME_ERROR.
+    max_message_size: int = 128 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.channel_max <= 65535:
+            raise UsageError(f"channel_max must be 0..65535, got {self.channel_max}")
+        if self.frame_max != 0 and self.frame_max < 4096:
+            raise UsageError(f"frame_max must be 0 or >= 4096, got {self.frame_max}")
+        if not 0 <= self.heartbeat <= 65535:
+            raise UsageError(f"heartbeat must be 0..65535 seconds, got {self.heartbeat}")
+
+
+def negotiate(client: int, server: int) -> int:
+    """RabbitMQ's tuning rule: if either side offers 0, the larger value wins, else the smaller."""
+    if client == 0 or server == 0:
+        return max(client, server)
+    return min(client, server)
+
+
+# ---------------------------------------------------------------------------
+# States and transition tables
+
+
+class ConnectionState(enum.Enum):
+    INITIAL = "initial"  # nothing sent yet
+    AWAIT_START = "await-start"  # protocol header sent
+    AWAIT_TUNE = "await-tune"  # Start-Ok sent
+    AWAIT_OPEN_OK = "await-open-ok"  # Tune-Ok + Open sent
+    OPEN = "open"
+    CLOSING = "closing"  # we sent Close, waiting for Close-Ok
+    CLOSED = "closed"
+    ERROR = "error"
+
+
+class ChannelState(enum.Enum):
+    OPENING = "opening"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+_CS = ConnectionState
+#: (state, incoming channel-0 method) -> handler name.  Anything else is COMMAND_INVALID.
+_CONNECTION_TRANSITIONS: dict[tuple[ConnectionState, int], str] = {
+    (_CS.AWAIT_START, CONNECTION_START): "_on_start",
+    (_CS.AWAIT_START, CONNECTION_CLOSE): "_on_close",
+    (_CS.AWAIT_TUNE, CONNECTION_SECURE): "_on_secure",
+    (_CS.AWAIT_TUNE, CONNECTION_TUNE): "_on_tune",
+    (_CS.AWAIT_TUNE, CONNECTION_CLOSE): "_on_close",
+    (_CS.AWAIT_OPEN_OK, CONNECTION_OPEN_OK): "_on_open_ok",
+    (_CS.AWAIT_OPEN_OK, CONNECTION_CLOSE): "_on_close",
+    (_CS.OPEN, CONNECTION_CLOSE): "_on_close",
+    (_CS.OPEN, CONNECTION_BLOCKED): "_on_blocked",
+    (_CS.OPEN, CONNECTION_UNBLOCKED): "_on_unblocked",
+    (_CS.CLOSING, CONNECTION_CLOSE): "_on_close_while_closing",
+    (_CS.CLOSING, CONNECTION_CLOSE_OK): "_on_close_ok",
+    # While closing, the broker may still be sending; those frames are dropped.
+    (_CS.CLOSING, CONNECTION_BLOCKED): "_ignore",
+    (_CS.CLOSING, CONNECTION_UNBLOCKED): "_ignore",
+}
+
+_CH = ChannelState
+#: (channel state, incoming method) -> handler name, for the methods with special
+#: meaning.  Sync replies and content methods are routed by ``_on_channel_method``.
+_CHANNEL_TRANSITIONS: dict[tuple[ChannelState, int], str] = {
+    (_CH.OPENING, CHANNEL_OPEN_OK): "_ch_open_ok",
+    (_CH.OPENING, CHANNEL_CLOSE): "_ch_close",
+    (_CH.OPEN, CHANNEL_CLOSE): "_ch_close",
+    (_CH.OPEN, CHANNEL_FLOW): "_ch_flow",
+    (_CH.OPEN, BASIC_CANCEL): "_ch_server_cancel",
+    (_CH.CLOSING, CHANNEL_CLOSE_OK): "_ch_close_ok",
+    (_CH.CLOSING, CHANNEL_CLOSE): "_ch_close_while_closing",
+}
+
+# Content assembly kinds
+_NO_CONTENT, _DELIVER, _RETURN, _GET_OK = 0, 1, 2, 3
+
+
+class _Channel:
+    __slots__ = (
+        "awaiting",
+        "body_parts",
+        "body_received",
+        "body_size",
+        "confirm_mode",
+        "confirm_select_pending",
+        "content_fields",
+        "content_kind",
+        "early_acked",
+        "id",
+        "mandatory_pending",
+        "next_publish_tag",
+        "properties",
+        "returned",
+        "state",
+        "unconfirmed",
+    )
+
+    def __init__(self, channel_id: int) -> None:
+        self.id = channel_id
+        self.state = ChannelState.OPENING
+        self.awaiting: frozenset[int] | None = None  # replies that would complete the sync method
+        # content assembly
+        self.content_kind = _NO_CONTENT
+        self.content_fields: tuple[Any, ...] = ()
+        self.properties: BasicProperties | None = None
+        self.body_size = 0
+        self.body_received = 0
+        self.body_parts: list[bytes] = []
+        # publisher confirms
+        self.confirm_mode = False
+        self.confirm_select_pending = False
+        self.next_publish_tag = 1
+        self.unconfirmed: deque[int] = deque()
+        self.early_acked: set[int] = set()
+        #: tag -> (exchange, routing_key) of mandatory publishes not yet confirmed
+        self.mandatory_pending: dict[int, tuple[str, str]] = {}
+        self.returned: dict[int, Returned] = {}
+
+
+class AMQPConnection:
+    """A sans-IO AMQP 0-9-1 client connection (see the module docstring)."""
+
+    def __init__(self, parameters: ConnectionParameters | None = None) -> None:
+        self.parameters = parameters or ConnectionParameters()
+        self.state = ConnectionState.INITIAL
+        self._reader = FrameReader(frame_max=max(self.parameters.frame_max, 4096) or 131072)
+        self._out = bytearray()
+        self._channels: dict[int, _Channel] = {}
+        self.channel_max = self.parameters.channel_max or 65535
+        self.frame_max = self.parameters.frame_max or 131072
+        self.heartbeat = 0
+        self.server_properties: dict[str, Any] = {}
+        self.blocked_reason: str | None = None
+        #: The error that moved the machine to ERROR or CLOSED, if any.
+        self.error: ConnectionLevelError | None = None
+        self._max_message = self.parameters.max_message_size
+        # heartbeat bookkeeping: counters, so the hot path never reads a clock
+        self._bytes_out = 0
+        self._frames_in = 0
+        self._hb_seen_out = -1
+        self._hb_seen_in = -1
+        self._hb_last_in_time: float | None = None
+        self._hb_last_out_time: float | None = None
+
+    # ------------------------------------------------------------------ I/O
+
+    def initiate(self) -> None:
+        """Queue the protocol header.  First call after construction."""
+        self._require(ConnectionState.INITIAL, "initiate")
+        self._out += PROTOCOL_HEADER
+        self.state = ConnectionState.AWAIT_START
+
+    def data_to_send(self) -> bytes:
+        """Drain the bytes queued for the peer (b"" when there are none)."""
+        if not self._out:
+            return b""
+        data = bytes(self._out)
+        self._out.clear()
+        self._bytes_out += len(data)
+        return data
+
+    @property
+    def has_data_to_send(self) -> bool:
+        return bool(self._out)
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes read from the socket; return the events they complete.
+
+        Raises a :class:`~codec.ProtocolError` on a protocol violation, after which the
+        machine is in ``ERROR`` and a Connection.Close with the error's reply code is
+        queued for the peer.
+        """
+        if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
+            return []
+        events: list[Event] = []
+        reader = self._reader
+        try:
+            reader.feed(data)
+            while True:
+                frame = reader.next_frame()
+                if frame is None:
+                    break
+                self._frames_in += 1
+                ftype, channel_id, payload = frame
+                if channel_id == 0:
+                    self._on_channel0_frame(ftype, payload, events)
+                    if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
+                        break
+                else:
+                    self._on_channel_frame(ftype, channel_id, payload, events)
+        except ProtocolError as exc:
+            self._fail(exc)
+            raise
+        return events
+
+    def heartbeat_tick(self, now: float) -> float | None:
+        """Run heartbeat bookkeeping at time ``now`` (seconds, any monotonic clock).
+
+        Queues a heartbeat frame when nothing was sent for half the interval.  Raises
+        :class:`~codec.ConnectionLevelError` (501-style "missed heartbeats") when
+        nothing arrived for two intervals.  Returns the time of the next tick, or
+        ``None`` when heartbeats are off.
+        """
+        if self.heartbeat == 0 or self.state not in (ConnectionState.OPEN, ConnectionState.CLOSING):
+            return None
+        interval = float(self.heartbeat)
+        if self._frames_in != self._hb_seen_in or self._hb_last_in_time is None:
+            self._hb_seen_in = self._frames_in
+            self._hb_last_in_time = now
+        elif now - self._hb_last_in_time >= 2 * interval:
+            err = ConnectionLevelError(
+                f"missed heartbeats: nothing received for {now - self._hb_last_in_time:.1f}s "
+                f"(heartbeat {self.heartbeat}s)",
+                reply_code=501,
+                remote=False,
+            )
+            self.state = ConnectionState.ERROR
+            self.error = err
+            raise err
+        sent_total = self._bytes_out + len(self._out)
+        if sent_total != self._hb_seen_out or self._hb_last_out_time is None:
+            self._hb_seen_out = sent_total
+            self._hb_last_out_time = now
+        elif now - self._hb_last_out_time >= interval / 2:
+            self._out += HEARTBEAT_FRAME
+            self._hb_seen_out = sent_total + len(HEARTBEAT_FRAME)
+            self._hb_last_out_time = now
+        return now + interval / 2
+
+    # ------------------------------------------------------------- commands
+
+    def close(self, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:
+        """Start the close handshake (idempotent)."""
+        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED, ConnectionState.ERROR):
+            return
+        if self.state in (ConnectionState.INITIAL, ConnectionState.AWAIT_START):
+            # Nothing to shake hands with yet.
+            self.state = ConnectionState.CLOSED
+            return
+        self._out += encode_method_frame(
+            0, commands.Connection.Close(reply_code=reply_code, reply_text=reply_text, class_id=0, method_id=0)
+        )
+        self.state = ConnectionState.CLOSING
+
+    def open_channel(self) -> int:
+        """Allocate the lowest free channel id, queue Channel.Open, and return the id."""
+        self._require(ConnectionState.OPEN, "open a channel")
+        channel_id = self._allocate_channel_id()
+        ch = _Channel(channel_id)
+        self._channels[channel_id] = ch
+        self._out += encode_method_frame(channel_id, commands.Channel.Open())
+        return channel_id
+
+    def close_channel(self, channel_id: int, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:
+        """Queue Channel.Close.  ``ChannelCloseOk`` follows; idempotent while closing."""
+        ch = self._channels.get(channel_id)
+        if ch is None or ch.state in (ChannelState.CLOSING, ChannelState.CLOSED):
+            return
+        if self.state is not ConnectionState.OPEN:
+            return
+        self._out += encode_method_frame(
+            channel_id,
+            commands.Channel.Close(reply_code=reply_code, reply_text=reply_text, class_id=0, method_id=0),
+        )
+        ch.state = ChannelState.CLOSING
+        ch.awaiting = None
+
+    def channel_state(self, channel_id: int) -> ChannelState:
+        ch = self._channels.get(channel_id)
+        return ch.state if ch is not None else ChannelState.CLOSED
+
+    def is_confirm_mode(self, channel_id: int) -> bool:
+        ch = self._channels.get(channel_id)
+        return ch is not None and ch.confirm_mode
+
+    def send_method(self, channel_id: int, method: Any) -> bool:
+        """Queue any method (a pamqp command) on an open channel.
+
+        Returns ``True`` when a reply is expected (a synchronous method without
+        ``nowait``).  Raises :class:`~codec.UsageError` if another synchronous method is
+        still outstanding on the channel: AMQP allows only one at a time.
+        """
+        self._require(ConnectionState.OPEN, "send a method")
+        ch = self._open_channel_or_raise(channel_id)
+        mid = method.index
+        replies = _SYNC_REPLIES.get(mid)
+        expects_reply = replies is not None and not getattr(method, "nowait", False)
+        if replies is None and mid not in _ASYNC_CLIENT_METHODS:
+            raise UsageError(f"{method.name} cannot be sent on a channel by a client")
+        if expects_reply and ch.awaiting is not None:
+            raise UsageError(f"channel {channel_id} already waits for a reply; one synchronous method at a time")
+        if mid == _mid(85, 10):  # Confirm.Select
+            if ch.confirm_mode or ch.confirm_select_pending:
+                return expects_reply
+            ch.confirm_select_pending = True
+            if not expects_reply:
+                ch.confirm_mode = True
+        self._out += encode_method_frame(channel_id, method)
+        if expects_reply:
+            assert replies is not None
+            ch.awaiting = replies
+        return expects_reply
+
+    def publish(
+        self,
+        channel_id: int,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: BasicProperties | None = None,
+        *,
+        mandatory: bool = False,
+        immediate: bool = False,
+    ) -> int:
+        """Queue Basic.Publish with its content.  Returns the publish sequence number
+        (the confirm tag) on a channel in confirm mode, else 0.
+        """
+        ch = self._channels.get(channel_id)
+        if ch is None or ch.state is not ChannelState.OPEN or self.state is not ConnectionState.OPEN:
+            self._require(ConnectionState.OPEN, "publish")
+            self._open_channel_or_raise(channel_id)
+        assert ch is not None
+        body_len = len(body)
+        if body_len > self._max_message:
+            raise UsageError(f"message body of {body_len} bytes exceeds max_message_size={self._max_message}")
+        self._out += _fast.encode_publish(
+            channel_id, exchange, routing_key, properties, body, self.frame_max, mandatory, immediate
+        )
+        if not ch.confirm_mode:
+            return 0
+        tag = ch.next_publish_tag
+        ch.next_publish_tag = tag + 1
+        ch.unconfirmed.append(tag)
+        if mandatory:
+            ch.mandatory_pending[tag] = (exchange, routing_key)
+        return tag
+
+    def ack(self, channel_id: int, delivery_tag: int, multiple: bool = False) -> None:
+        self._open_channel_or_raise(channel_id)
+        self._out += _fast.encode_ack(channel_id, delivery_tag, multiple)
+
+    def nack(self, channel_id: int, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
+        self._open_channel_or_raise(channel_id)
+        self._out += _fast.encode_nack(channel_id, delivery_tag, multiple, requeue)
+
+    def reject(self, channel_id: int, delivery_tag: int, requeue: bool = True) -> None:
+        self._open_channel_or_raise(channel_id)
+        self._out += _fast.encode_reject(channel_id, delivery_tag, requeue)
+
+    def unconfirmed_tags(self, channel_id: int) -> list[int]:
+        """Publish tags on the channel whose confirm has not arrived, ascending."""
+        ch = self._channels.get(channel_id)
+        if ch is None:
+            return []
+        return [t for t in ch.unconfirmed if t not in ch.early_acked]
+
+    @property
+    def open_channel_ids(self) -> list[int]:
+        return [cid for cid, ch in self._channels.items() if ch.state is not ChannelState.CLOSED]
+
+    # ------------------------------------------------------------- internals
+
+    def _require(self, state: ConnectionState, what: str) -> None:
+        if self.state is not state:
+            if self.error is not None and self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
+                raise UsageError(f"cannot {what}: connection is {self.state.value} ({self.error})")
+            raise UsageError(f"cannot {what}: connection is {self.state.value}")
+
+    def _open_channel_or_raise(self, channel_id: int) -> _Channel:
+        ch = self._channels.get(channel_id)
+        if ch is None or ch.state is not ChannelState.OPEN:
+            state = "closed" if ch is None else ch.state.value
+            raise UsageError(f"channel {channel_id} is {state}")
+        return ch
+
+    def _allocate_channel_id(self) -> int:
+        for cid in range(1, self.channel_max + 1):
+            if cid not in self._channels:
+                return cid
+        raise UsageError(f"all {self.channel_max} channels are in use (channel_max)")
+
+    def _fail(self, exc: ConnectionLevelError) -> None:
+        """Move to ERROR and queue a Close carrying the error's reply code."""
+        if self.state in (ConnectionState.OPEN, ConnectionState.AWAIT_OPEN_OK, ConnectionState.AWAIT_TUNE):
+            self._out += encode_method_frame(
+                0,
+                commands.Connection.Close(
+                    reply_code=exc.code, reply_text=exc.reply_text[:255], class_id=0, method_id=0
+                ),
+            )
+        self.state = ConnectionState.ERROR
+        self.error = exc
+
+    # --- channel 0
+
+    def _on_channel0_frame(self, ftype: int, payload: bytes, events: list[Event]) -> None:
+        if ftype == FRAME_HEARTBEAT:
+            return
+        if ftype != FRAME_METHOD:
+            raise UnexpectedFrame(f"frame type {ftype} on channel 0", remote=False)
+        mid = _U32.unpack_from(payload)[0]
+        handler = _CONNECTION_TRANSITIONS.get((self.state, mid))
+        if handler is None:
+            if self.state is ConnectionState.CLOSING:
+                return  # anything but Close/Close-Ok is dropped while closing
+            raise CommandInvalid(
+                f"unexpected method {mid >> 16}.{mid & 0xFFFF} on channel 0 in state {self.state.value}",
+                class_id=mid >> 16,
+                method_id=mid & 0xFFFF,
+                remote=False,
+            )
+        getattr(self, handler)(decode_method(payload), events)
+
+    def _ignore(self, method: Any, events: list[Event]) -> None:
+        pass
+
+    def _on_start(self, method: Any, events: list[Event]) -> None:
+        if (method.version_major, method.version_minor) != (0, 9):
+            raise NotImplementedByPeer(
+                f"broker speaks AMQP {method.version_major}-{method.version_minor}, not 0-9-1", remote=False
+            )
+        self.server_properties = dict(method.server_properties or {})
+        creds = self.parameters.credentials
+        mechanisms = _as_text(method.mechanisms).split()
+        if creds.mechanism not in mechanisms:
+            raise AuthenticationError(
+                f"broker does not offer the {creds.mechanism} mechanism (offers: {' '.join(mechanisms)})",
+                remote=False,
+            )
+        props = {
+            "product": "ojs-anyio",
+            "platform": "Python",
+            "version": "0.1.0",
+            "information": "https://openjobspec.org",
+            **self.parameters.client_properties,
+            "capabilities": dict(CAPABILITIES),
+        }
+        self._out += _encode_start_ok(props, creds.mechanism, creds.response(), self.parameters.locale)
+        self.state = ConnectionState.AWAIT_TUNE
+
+    def _on_secure(self, method: Any, events: list[Event]) -> None:
+        raise AuthenticationError(
+            "broker sent Connection.Secure; PLAIN, AMQPLAIN and EXTERNAL need no challenge", remote=False
+        )
+
+    def _on_tune(self, method: Any, events: list[Event]) -> None:
+        p = self.parameters
+        channel_max = negotiate(p.channel_max, method.channel_max)
+        frame_max = negotiate(p.frame_max, method.frame_max)
+        heartbeat = negotiate(p.heartbeat, method.heartbeat)
+        self.channel_max = channel_max or 65535
+        self.frame_max = frame_max or 131072  # 0 = unlimited; we still write frames of a sane size
+        self.heartbeat = heartbeat
+        self._reader.frame_max = frame_max
+        self._out += encode_method_frame(
+            0, commands.Connection.TuneOk(channel_max=channel_max, frame_max=frame_max, heartbeat=heartbeat)
+        )
+        self._out += encode_method_frame(0, commands.Connection.Open(virtual_host=p.virtual_host))
+        self.state = ConnectionState.AWAIT_OPEN_OK
+
+    def _on_open_ok(self, method: Any, events: list[Event]) -> None:
+        self.state = ConnectionState.OPEN
+        events.append(
+            ConnectionOpened(
+                channel_max=self.channel_max,
+                frame_max=self.frame_max,
+                heartbeat=self.heartbeat,
+                server_properties=self.server_properties,
+            )
+        )
+
+    def _on_close(self, method: Any, events: list[Event]) -> None:
+        in_handshake = self.state is not ConnectionState.OPEN
+        if in_handshake and method.reply_code == 403:
+            err: ConnectionLevelError = AuthenticationError(
+                method.reply_text, class_id=method.class_id or 0, method_id=method.method_id or 0
+            )
+        else:
+            err = connection_error_for(
+                method.reply_code or 0, method.reply_text or "", method.class_id or 0, method.method_id or 0
+            )
+        self._out += encode_method_frame(0, commands.Connection.CloseOk())
+        self.state = ConnectionState.CLOSED
+        self.error = err
+        events.append(ConnectionClosed(error=err))
+
+    def _on_close_while_closing(self, method: Any, events: list[Event]) -> None:
+        # Both sides closed at once: answer, and treat it as our close completing.
+        self._out += encode_method_frame(0, commands.Connection.CloseOk())
+        self.state = ConnectionState.CLOSED
+        events.append(ConnectionCloseOk())
+
+    def _on_close_ok(self, method: Any, events: list[Event]) -> None:
+        self.state = ConnectionState.CLOSED
+        events.append(ConnectionCloseOk())
+
+    def _on_blocked(self, method: Any, events: list[Event]) -> None:
+        self.blocked_reason = method.reason or "blocked"
+        events.append(ConnectionBlocked(reason=self.blocked_reason))
+
+    def _on_unblocked(self, method: Any, events: list[Event]) -> None:
+        self.blocked_reason = None
+        events.append(ConnectionUnblocked())
+
+    # --- other channels
+
+    def _on_channel_frame(self, ftype: int, channel_id: int, payload: bytes, events: list[Event]) -> None:
+        if self.state is not ConnectionState.OPEN:
+            if self.state is ConnectionState.CLOSING:
+                return
+            raise ChannelProtocolError(
+                f"frame on channel {channel_id} before the connection is open", remote=False
+            )
+        ch = self._channels.get(channel_id)
+        if ch is None:
+            raise ChannelProtocolError(f"frame on channel {channel_id}, which is not open", remote=False)
+        if ftype == FRAME_METHOD:
+            if ch.content_kind != _NO_CONTENT:
+                raise UnexpectedFrame(
+                    f"method frame on channel {channel_id} while a message's content was expected", remote=False
+                )
+            self._on_channel_method(ch, payload, events)
+        elif ftype == FRAME_HEADER:
+            self._on_content_header(ch, payload, events)
+        elif ftype == FRAME_BODY:
+            self._on_content_body(ch, payload, events)
+        else:
+            raise UnexpectedFrame(f"frame type {ftype} on channel {channel_id}", remote=False)
+
+    def _on_channel_method(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
+        mid = _U32.unpack_from(payload)[0]
+        state = ch.state
+        if state is ChannelState.OPEN:
+            # Hot path first.
+            if mid == BASIC_DELIVER:
+                ch.content_fields = _fast.decode_deliver(payload)
+                ch.content_kind = _DELIVER
+                return
+            if mid == BASIC_ACK:
+                tag, multiple = _fast.decode_ack(payload)
+                self._on_confirm(ch, tag, multiple, True, events)
+                return
+            if mid == BASIC_NACK:
+                tag, multiple, _requeue = _fast.decode_nack(payload)
+                self._on_confirm(ch, tag, multiple, False, events)
+                return
+            if mid == BASIC_RETURN:
+                ch.content_fields = _fast.decode_return(payload)
+                ch.content_kind = _RETURN
+                return
+            if mid == BASIC_GET_OK:
+                self._complete_sync(ch, mid)
+                ch.content_fields = _fast.decode_get_ok(payload)
+                ch.content_kind = _GET_OK
+                return
+        elif state is ChannelState.CLOSING and mid not in (CHANNEL_CLOSE, CHANNEL_CLOSE_OK):
+            return  # drop everything but the close handshake
+        handler = _CHANNEL_TRANSITIONS.get((state, mid))
+        if handler is not None:
+            getattr(self, handler)(ch, decode_method(payload), events)
+            return
+        if state is ChannelState.OPEN and mid in _ALL_SYNC_REPLIES:
+            self._complete_sync(ch, mid)
+            method = decode_method(payload)
+            if mid == _mid(85, 11):
+                ch.confirm_mode = True
+            events.append(MethodReply(channel_id=ch.id, method=method))
+            return
+        raise CommandInvalid(
+            f"unexpected method {mid >> 16}.{mid & 0xFFFF} on channel {ch.id} in state {state.value}",
+            class_id=mid >> 16,
+            method_id=mid & 0xFFFF,
+            remote=False,
+        )
+
+    def _complete_sync(self, ch: _Channel, mid: int) -> None:
+        if ch.awaiting is None or mid not in ch.awaiting:
+            raise CommandInvalid(
+                f"reply {mid >> 16}.{mid & 0xFFFF} on channel {ch.id}, which awaits no such reply",
+                class_id=mid >> 16,
+                method_id=mid & 0xFFFF,
+                remote=False,
+            )
+        ch.awaiting = None
+
+    def _on_content_header(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
+        if ch.content_kind == _NO_CONTENT or ch.properties is not None:
+            raise UnexpectedFrame(f"content header on channel {ch.id} without a content method", remote=False)
+        _class_id, body_size, props = _fast.decode_content_header(payload)
+        if body_size > self._max_message:
+            raise FrameError(
+                f"message body of {body_size} bytes on channel {ch.id} exceeds max_message_size="
+                f"{self._max_message}",
+                remote=False,
+            )
+        ch.properties = props
+        ch.body_size = body_size
+        ch.body_received = 0
+        if body_size == 0:
+            self._complete_content(ch, b"", events)
+
+    def _on_content_body(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
+        if ch.properties is None:
+            raise UnexpectedFrame(f"content body on channel {ch.id} without a content header", remote=False)
+        received = ch.body_received + len(payload)
+        if received > ch.body_size:
+            raise FrameError(
+                f"content body on channel {ch.id} longer than the {ch.body_size} bytes announced", remote=False
+            )
+        if received == ch.body_size and not ch.body_parts:
+            self._complete_content(ch, payload, events)
+            return
+        ch.body_parts.append(payload)
+        ch.body_received = received
+        if received == ch.body_size:
+            body = b"".join(ch.body_parts)
+            ch.body_parts = []
+            self._complete_content(ch, body, events)
+
+    def _complete_content(self, ch: _Channel, body: bytes, events: list[Event]) -> None:
+        kind = ch.content_kind
+        fields = ch.content_fields
+        props = ch.properties
+        assert props is not None
+        ch.content_kind = _NO_CONTENT
+        ch.properties = None
+        ch.body_received = 0
+        if kind == _DELIVER:
+            events.append(Delivery(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body))
+        elif kind == _GET_OK:
+            events.append(GetOk(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body))
+        else:
+            returned = Returned(ch.id, fields[0], fields[1], fields[2], fields[3], props, body)
+            if ch.confirm_mode:
+                tag = self._match_return(ch, returned)
+                if tag:
+                    returned.publish_tag = tag
+                    ch.returned[tag] = returned
+                    return
+            events.append(returned)
+
+    def _match_return(self, ch: _Channel, returned: Returned) -> int:
+        """The earliest unconfirmed mandatory publish to the same exchange and routing key.
+
+        RabbitMQ sends Basic.Return before the confirm of the publish it returns, so
+        the returned publish is still unconfirmed and is the earliest such match.
+        """
+        key = (returned.exchange, returned.routing_key)
+        for tag, target in ch.mandatory_pending.items():
+            if target == key and tag not in ch.returned:
+                return tag
+        return 0
+
+    def _on_confirm(self, ch: _Channel, tag: int, multiple: bool, ack: bool, events: list[Event]) -> None:
+        if not ch.confirm_mode:
+            raise CommandInvalid(
+                f"Basic.{'Ack' if ack else 'Nack'} on channel {ch.id}, which is not in confirm mode",
+                class_id=60,
+                method_id=80 if ack else 120,
+                remote=False,
+            )
+        pending = ch.unconfirmed
+        early = ch.early_acked
+        tags: list[int]
+        if multiple:
+            tags = []
+            while pending and pending[0] <= tag:
+                t = pending.popleft()
+                if t in early:
+                    early.discard(t)
+                else:
+                    tags.append(t)
+        elif pending and pending[0] == tag:
+            pending.popleft()
+            tags = [tag]
+            while pending and pending[0] in early:
+                early.discard(pending.popleft())
+        else:
+            if not pending or tag < pending[0] or tag >= ch.next_publish_tag or tag in early:
+                raise CommandInvalid(
+                    f"confirm for unknown publish tag {tag} on channel {ch.id}",
+                    class_id=60,
+                    method_id=80 if ack else 120,
+                    remote=False,
+                )
+            early.add(tag)
+            tags = [tag]
+        if not tags:
+            return
+        returned: dict[int, Returned] | None = None
+        if ch.mandatory_pending:
+            mp = ch.mandatory_pending
+            for t in tags:
+                if mp.pop(t, None) is not None and ch.returned:
+                    r = ch.returned.pop(t, None)
+                    if r is not None:
+                        if returned is None:
+                            returned = {}
+                        returned[t] = r
+        events.append(Confirmed(ch.id, tags, ack, returned))
+
+    def _ch_open_ok(self, ch: _Channel, method: Any, events: list[Event]) -> None:
+        ch.state = ChannelState.OPEN
+        events.append(ChannelOpened(channel_id=ch.id))
+
+    def _ch_close(self, ch: _Channel, method: Any, events: list[Event]) -> None:
+        err = channel_error_for(
+            method.reply_code or 0,
+            method.reply_text or "",
+            method.class_id or 0,
+            method.method_id or 0,
+            channel_id=ch.id,
+        )
+        self._out += encode_method_frame(ch.id, commands.Channel.CloseOk())
+        self._release(ch)
+        events.append(ChannelClosed(channel_id=ch.id, error=err))
+
+    def _ch_close_while_closing(self, ch: _Channel, method: Any, events: list[Event]) -> None:
+        # Both sides closed at once: answer, and consider our close complete.
+        self._out += encode_method_frame(ch.id, commands.Channel.CloseOk())
+        self._release(ch)
+        events.append(ChannelCloseOk(channel_id=ch.id))
+
+    def _ch_close_ok(self, ch: _Channel, method: Any, events: list[Event]) -> None:
+        self._release(ch)
+        events.append(ChannelCloseOk(channel_id=ch.id))
+
+    def _ch_flow(self, ch: _Channel, method: Any, events: list[Event]) -> None:
+        self._out += encode_method_frame(ch.id, commands.Channel.FlowOk(active=method.active))
+        events.append(ChannelFlow(channel_id=ch.id, active=bool(method.active)))
+
+    def _ch_server_cancel(self, ch: _Channel, method: Any, events: list[Event]) -> None:
+        if not method.nowait:
+            self._out += encode_method_frame(ch.id, commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+        events.append(ConsumerCancelled(channel_id=ch.id, consumer_tag=method.consumer_tag))
+
+    def _release(self, ch: _Channel) -> None:
+        ch.state = ChannelState.CLOSED
+        self._channels.pop(ch.id, None)
+
+
+def _as_text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes | bytearray) else value
+
+
+_START_OK_PREFIX = struct.pack(">HH", 10, 11)
+
+
+def _encode_start_ok(client_properties: Mapping[str, Any], mechanism: str, response: bytes, locale: str) -> bytes:
+    """Connection.Start-Ok, written by hand because its response is binary for AMQPLAIN."""
+    mech = mechanism.encode()
+    loc = locale.encode()
+    payload = b"".join(
+        (
+            _START_OK_PREFIX,
+            encode_table(client_properties),
+            bytes((len(mech),)),
+            mech,
+            struct.pack(">I", len(response)),
+            response,
+            bytes((len(loc),)),
+            loc,
+        )
+    )
+    return struct.pack(">BHI", FRAME_METHOD, 0, len(payload)) + payload + b"\xce"
+
+
+HandlerT = Callable[..., None]

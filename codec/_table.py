@@ -1,0 +1,628 @@
+"""AMQP 0-9-1 field tables and field arrays, in RabbitMQ's dialect.
+
+Every field type RabbitMQ uses is supported::
+
+    t bool      b int8      B uint8     s int16     u uint16
+    I int32     i uint32    l int64     f float32   d float64
+    D decimal   S longstr   A array     T timestamp F table
+    V void      x byte array
+
+Decoding also accepts ``L`` (read as a signed 64-bit integer) and ``\\x00`` (void), as
+pamqp does.
+
+Encoding picks the wire type from the Python type, exactly as pamqp 4.0.1 does, and
+produces pamqp's bytes for every value pamqp can encode: ``bool`` -> ``t``; ``int`` ->
+the smallest of ``b s u I i l``; :class:`~decimal.Decimal` -> ``D``; ``str`` -> ``S``;
+:class:`~datetime.datetime` (and :class:`time.struct_time`) -> ``T``; a mapping -> ``F``
+(keys sorted, as pamqp sorts them); ``list`` -> ``A``; ``bytearray`` -> ``x``; ``None``
+-> ``V``.  The typed wrappers (:class:`Int8`, :class:`UInt8`, :class:`Int16`,
+:class:`UInt16`, :class:`Int32`, :class:`UInt32`, :class:`Int64`, :class:`Float32`,
+:class:`LongString`) write a type explicitly, so every wire type can be produced.
+Decoding always returns plain Python values, never wrappers.
+
+Deliberate differences from pamqp (each has a test):
+
+* **float**: pamqp encodes a Python ``float`` as a 32-bit ``f``, which loses
+  precision.  We encode it as a 64-bit ``d`` (lossless).  Wrap the value in
+  :class:`Float32` to get ``f``.
+* **bytes**: pamqp rejects ``bytes`` in a table.  We encode ``bytes`` like
+  ``bytearray``, as ``x``.  ``tuple`` is encoded like ``list`` and any
+  :class:`~collections.abc.Mapping` like ``dict``.
+* **x decodes to bytes**: pamqp returns a ``bytearray`` for ``x``; we return
+  immutable ``bytes`` (they compare equal).
+* **S that is not UTF-8** decodes to ``bytes`` (as pamqp does).  Re-encoding those
+  ``bytes`` would give ``x``; wrap them in :class:`LongString` to write ``S`` again.
+* **Timestamps** (``T``) are whole seconds since the epoch on the wire.  Encoding
+  truncates the sub-second part (a naive datetime is taken as UTC); decoding returns a
+  timezone-aware UTC datetime.  Like pamqp, a value above ``0xFFFFFFFF`` is read as
+  milliseconds, so a datetime after 2106-02-07 does not round-trip; a value no datetime
+  can hold raises :class:`ProtocolSyntaxError`.
+* **Keys** longer than 255 UTF-8 bytes raise :class:`UsageError`; pamqp silently
+  truncates keys longer than 128 bytes (we send keys of 129..255 bytes unchanged).
+* **Malformed input is rejected.**  pamqp reads past a table's declared length and
+  truncates short strings silently; we raise :class:`ProtocolSyntaxError` whenever a
+  length does not fit its buffer or enclosing table, a key is not UTF-8, a type is
+  unknown, or tables/arrays nest deeper than :data:`MAX_DEPTH`.
+
+Encoding errors (a value of an unsupported type, an integer out of range, a string
+too long) raise :class:`UsageError`: nothing has been sent.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from decimal import Context, Decimal
+from typing import Any, ClassVar
+
+from ._errors import ProtocolSyntaxError, UsageError
+
+__all__ = [
+    "MAX_DEPTH",
+    "Float32",
+    "Int8",
+    "Int16",
+    "Int32",
+    "Int64",
+    "LongString",
+    "UInt8",
+    "UInt16",
+    "UInt32",
+    "decode_array",
+    "decode_table",
+    "encode_array",
+    "encode_table",
+]
+
+MAX_DEPTH = 64
+"""How deeply tables and arrays may nest (a table inside a table is depth 2)."""
+
+_UTC = datetime.UTC
+
+# --- precompiled structs -----------------------------------------------------
+
+_U8 = struct.Struct(">B")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+# type octet + value, packed in one call
+_T_BOOL = struct.Struct(">BB")
+_T_I8 = struct.Struct(">Bb")
+_T_U8 = struct.Struct(">BB")
+_T_I16 = struct.Struct(">Bh")
+_T_U16 = struct.Struct(">BH")
+_T_I32 = struct.Struct(">Bi")
+_T_U32 = struct.Struct(">BI")
+_T_I64 = struct.Struct(">Bq")
+_T_F32 = struct.Struct(">Bf")
+_T_F64 = struct.Struct(">Bd")
+_T_DEC = struct.Struct(">BBi")
+_T_TS = struct.Struct(">BQ")
+_T_LEN = struct.Struct(">BI")  # type octet + 32-bit length (S, x, F, A)
+
+# value only, for decoding
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_F32 = struct.Struct(">f")
+_F64 = struct.Struct(">d")
+
+_EMPTY_TABLE = b"\x00\x00\x00\x00"
+_DEC_CONTEXT = Context(prec=64)
+
+# Encoded table keys (length octet + UTF-8), bounded.
+_KEY_CACHE: dict[str, bytes] = {}
+_KEY_CACHE_MAX = 512
+
+
+# --- typed wrappers ------------------------------------------------------------
+
+
+class _Typed:
+    """Base of the explicitly typed wrappers: an immutable box around one value."""
+
+    __slots__ = ("value",)
+    type_code: ClassVar[bytes] = b""
+    value: Any
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return bool(self.value == other.value)
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.value))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.value!r})"
+
+    def _encode_into(self, out: bytearray) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class _TypedInt(_Typed):
+    __slots__ = ()
+    _struct: ClassVar[struct.Struct]
+    _min: ClassVar[int]
+    _max: ClassVar[int]
+
+    value: int
+
+    def __init__(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{type(self).__name__} needs an int, not {type(value).__name__}")
+        if not self._min <= value <= self._max:
+            raise UsageError(f"{type(self).__name__} range is {self._min}..{self._max}, got {value}")
+        object.__setattr__(self, "value", int(value))
+
+    def _encode_into(self, out: bytearray) -> None:
+        out += self._struct.pack(self.type_code[0], self.value)
+
+
+class Int8(_TypedInt):
+    """A signed 8-bit integer, written as ``b``."""
+
+    __slots__ = ()
+    type_code = b"b"
+    _struct = _T_I8
+    _min, _max = -(2**7), 2**7 - 1
+
+
+class UInt8(_TypedInt):
+    """An unsigned 8-bit integer, written as ``B``."""
+
+    __slots__ = ()
+    type_code = b"B"
+    _struct = _T_U8
+    _min, _max = 0, 2**8 - 1
+
+
+class Int16(_TypedInt):
+    """A signed 16-bit integer, written as ``s``."""
+
+    __slots__ = ()
+    type_code = b"s"
+    _struct = _T_I16
+    _min, _max = -(2**15), 2**15 - 1
+
+
+class UInt16(_TypedInt):
+    """An unsigned 16-bit integer, written as ``u``."""
+
+    __slots__ = ()
+    type_code = b"u"
+    _struct = _T_U16
+    _min, _max = 0, 2**16 - 1
+
+
+class Int32(_TypedInt):
+    """A signed 32-bit integer, written as ``I``."""
+
+    __slots__ = ()
+    type_code = b"I"
+    _struct = _T_I32
+    _min, _max = -(2**31), 2**31 - 1
+
+
+class UInt32(_TypedInt):
+    """An unsigned 32-bit integer, written as ``i``."""
+
+    __slots__ = ()
+    type_code = b"i"
+    _struct = _T_U32
+    _min, _max = 0, 2**32 - 1
+
+
+class Int64(_TypedInt):
+    """A signed 64-bit integer, written as ``l``."""
+
+    __slots__ = ()
+    type_code = b"l"
+    _struct = _T_I64
+    _min, _max = -(2**63), 2**63 - 1
+
+
+class Float32(_Typed):
+    """A 32-bit float, written as ``f`` (a plain ``float`` is written as 64-bit ``d``)."""
+
+    __slots__ = ()
+    type_code = b"f"
+    value: float
+
+    def __init__(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UsageError(f"Float32 needs a float, not {type(value).__name__}")
+        try:
+            _F32.pack(value)
+        except (OverflowError, struct.error) as exc:
+            raise UsageError(f"{value!r} does not fit a 32-bit float") from exc
+        object.__setattr__(self, "value", float(value))
+
+    def _encode_into(self, out: bytearray) -> None:
+        out += _T_F32.pack(0x66, self.value)
+
+
+class LongString(_Typed):
+    """A long string ``S`` given as raw bytes (for example, bytes that are not UTF-8)."""
+
+    __slots__ = ()
+    type_code = b"S"
+    value: bytes
+
+    def __init__(self, value: bytes | bytearray | str) -> None:
+        if isinstance(value, str):
+            raw = value.encode("utf-8")
+        elif isinstance(value, bytes | bytearray):
+            raw = bytes(value)
+        else:
+            raise UsageError(f"LongString needs bytes or str, not {type(value).__name__}")
+        if len(raw) > 0xFFFFFFFF:
+            raise UsageError("a long string is at most 4 GiB")
+        object.__setattr__(self, "value", raw)
+
+    def _encode_into(self, out: bytearray) -> None:
+        out += _T_LEN.pack(0x53, len(self.value))
+        out += self.value
+
+
+# --- encoding --------------------------------------------------------------------
+
+
+def encode_table(table: Mapping[str, Any] | None) -> bytes:
+    """Encode a field table, with its 4-byte length prefix.  ``None`` and ``{}`` give
+    four zero bytes."""
+    if table is None:
+        return _EMPTY_TABLE
+    if not isinstance(table, Mapping):
+        raise UsageError(f"a field table must be a mapping, not {type(table).__name__}")
+    if not table:
+        return _EMPTY_TABLE
+    out = bytearray()
+    encode_table_into(out, table)
+    return bytes(out)
+
+
+def encode_array(values: Sequence[Any]) -> bytes:
+    """Encode a field array, with its 4-byte length prefix."""
+    if not isinstance(values, list | tuple):
+        raise UsageError(f"a field array must be a list or tuple, not {type(values).__name__}")
+    out = bytearray()
+    _encode_array_into(out, values, 1)
+    return bytes(out)
+
+
+def short_string_key(key: str) -> bytes:
+    """The encoded form (length octet + UTF-8) of a table key, cached."""
+    cached = _KEY_CACHE.get(key)
+    if cached is not None:
+        return cached
+    if not isinstance(key, str):
+        raise UsageError(f"table keys must be str, not {type(key).__name__}")
+    raw = key.encode("utf-8")
+    if len(raw) > 255:
+        raise UsageError(f"table key {key[:40]!r}... is {len(raw)} bytes; the maximum is 255")
+    encoded = _U8.pack(len(raw)) + raw
+    if len(_KEY_CACHE) >= _KEY_CACHE_MAX:
+        _KEY_CACHE.clear()
+    _KEY_CACHE[key] = encoded
+    return encoded
+
+
+def encode_table_into(out: bytearray, table: Mapping[str, Any], depth: int = 1) -> None:
+    """Append a field table (length prefix included) to ``out``."""
+    if depth > MAX_DEPTH:
+        raise UsageError(f"field tables and arrays nest deeper than {MAX_DEPTH} levels")
+    start = len(out)
+    out += _EMPTY_TABLE
+    if table:
+        try:
+            keys = sorted(table)
+        except TypeError:
+            raise UsageError("table keys must all be str") from None
+        key_cache = _KEY_CACHE
+        for key in keys:
+            value = table[key]
+            encoded_key = key_cache.get(key)
+            if encoded_key is None:
+                encoded_key = short_string_key(key)
+            out += encoded_key
+            # Fast paths for the common header value types; the rest go through
+            # _encode_value, which checks types in pamqp's order.
+            vtype = type(value)
+            if vtype is str:
+                raw = value.encode("utf-8")
+                out += _T_LEN.pack(0x53, len(raw))
+                out += raw
+            elif vtype is int and -128 <= value <= 127:
+                out += _T_I8.pack(0x62, value)
+            else:
+                try:
+                    _encode_value(out, value, depth)
+                except UsageError as exc:
+                    raise UsageError(f"table key {key!r}: {exc}") from None
+        size = len(out) - start - 4
+        if size > 0xFFFFFFFF:
+            raise UsageError("a field table is at most 4 GiB")
+        _U32.pack_into(out, start, size)
+
+
+def _encode_array_into(out: bytearray, values: Sequence[Any], depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise UsageError(f"field tables and arrays nest deeper than {MAX_DEPTH} levels")
+    start = len(out)
+    out += _EMPTY_TABLE
+    for value in values:
+        _encode_value(out, value, depth)
+    size = len(out) - start - 4
+    if size > 0xFFFFFFFF:
+        raise UsageError("a field array is at most 4 GiB")
+    _U32.pack_into(out, start, size)
+
+
+def _encode_int(out: bytearray, value: int) -> None:
+    # pamqp's choice: the smallest of b, s, u, I, i, l.
+    if -128 <= value <= 127:
+        out += _T_I8.pack(0x62, value)
+    elif -32768 <= value <= 32767:
+        out += _T_I16.pack(0x73, value)
+    elif 0 <= value <= 65535:
+        out += _T_U16.pack(0x75, value)
+    elif -2147483648 <= value <= 2147483647:
+        out += _T_I32.pack(0x49, value)
+    elif 0 <= value <= 4294967295:
+        out += _T_U32.pack(0x69, value)
+    elif -9223372036854775808 <= value <= 9223372036854775807:
+        out += _T_I64.pack(0x6C, value)
+    else:
+        raise UsageError(f"integer {value} does not fit a signed 64-bit field")
+
+
+def _encode_decimal(out: bytearray, value: Decimal) -> None:
+    exponent = value.as_tuple().exponent
+    if not isinstance(exponent, int):
+        raise UsageError(f"cannot encode {value} as a decimal")
+    if exponent > 0:  # scale a positive exponent up into the mantissa
+        scale = 0
+        mantissa = int(value)
+    else:
+        scale = -exponent
+        mantissa = int(value.scaleb(scale, _DEC_CONTEXT))
+    if not 0 <= scale <= 255:
+        raise UsageError(f"decimal {value} has {scale} places; the maximum is 255")
+    if not -2147483648 <= mantissa <= 2147483647:
+        raise UsageError(f"decimal {value} needs a mantissa outside the signed 32-bit range")
+    out += _T_DEC.pack(0x44, scale, mantissa)
+
+
+def timestamp_seconds(value: datetime.datetime | time.struct_time) -> int:
+    """Whole seconds since the epoch, as AMQP sends a timestamp (naive means UTC)."""
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+            value = value.replace(tzinfo=_UTC)
+        seconds = int(value.timestamp())
+    elif isinstance(value, time.struct_time):
+        seconds = calendar.timegm(value)
+    else:
+        raise UsageError(f"a timestamp must be a datetime, not {type(value).__name__}")
+    if not 0 <= seconds <= 0xFFFFFFFFFFFFFFFF:
+        raise UsageError(f"timestamp {value} is before 1970 and cannot be sent")
+    return seconds
+
+
+def _encode_value(out: bytearray, value: Any, depth: int) -> None:
+    """Append one typed field value.  Checks types in pamqp's order (bool before int)."""
+    if isinstance(value, bool):
+        out += _T_BOOL.pack(0x74, value)
+    elif isinstance(value, int):
+        _encode_int(out, value)
+    elif isinstance(value, Decimal):
+        _encode_decimal(out, value)
+    elif isinstance(value, float):
+        out += _T_F64.pack(0x64, value)
+    elif isinstance(value, str):
+        raw = value.encode("utf-8")
+        if len(raw) > 0xFFFFFFFF:
+            raise UsageError("a long string is at most 4 GiB")
+        out += _T_LEN.pack(0x53, len(raw))
+        out += raw
+    elif isinstance(value, datetime.datetime | time.struct_time):
+        out += _T_TS.pack(0x54, timestamp_seconds(value))
+    elif isinstance(value, Mapping):
+        out += b"F"
+        encode_table_into(out, value, depth + 1)
+    elif isinstance(value, list | tuple):
+        out += b"A"
+        _encode_array_into(out, value, depth + 1)
+    elif isinstance(value, bytes | bytearray):
+        if len(value) > 0xFFFFFFFF:
+            raise UsageError("a byte array is at most 4 GiB")
+        out += _T_LEN.pack(0x78, len(value))
+        out += value
+    elif value is None:
+        out += b"V"
+    elif isinstance(value, _Typed):
+        value._encode_into(out)
+    else:
+        raise UsageError(f"cannot encode a {type(value).__name__} in a field table: {value!r:.60}")
+
+
+# --- decoding --------------------------------------------------------------------
+
+
+def _syntax(message: str) -> ProtocolSyntaxError:
+    return ProtocolSyntaxError(message, remote=False)
+
+
+def decode_table(buf: bytes, offset: int = 0) -> tuple[dict[str, Any], int]:
+    """Decode the field table that starts (with its length) at ``buf[offset]``.
+
+    Returns the table and the offset just past it.  Raises
+    :class:`ProtocolSyntaxError` on malformed input.
+    """
+    try:
+        return _decode_table(buf, offset, len(buf), 1)
+    except ProtocolSyntaxError:
+        raise
+    except (IndexError, struct.error, ValueError, TypeError, OverflowError) as exc:  # pragma: no cover
+        raise _syntax(f"malformed field table: {exc}") from None
+
+
+def decode_array(buf: bytes, offset: int = 0) -> tuple[list[Any], int]:
+    """Decode the field array that starts (with its length) at ``buf[offset]``."""
+    try:
+        return _decode_array(buf, offset, len(buf), 1)
+    except ProtocolSyntaxError:
+        raise
+    except (IndexError, struct.error, ValueError, TypeError, OverflowError) as exc:  # pragma: no cover
+        raise _syntax(f"malformed field array: {exc}") from None
+
+
+def _decode_table(buf: bytes, pos: int, limit: int, depth: int) -> tuple[dict[str, Any], int]:
+    if depth > MAX_DEPTH:
+        raise _syntax(f"field tables and arrays nest deeper than {MAX_DEPTH} levels")
+    if pos < 0 or pos + 4 > limit:
+        raise _syntax("field table length is truncated")
+    end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+    if end > limit:
+        raise _syntax("field table is longer than its buffer")
+    pos += 4
+    result: dict[str, Any] = {}
+    while pos < end:
+        key_end = pos + 1 + buf[pos]
+        if key_end >= end:  # a key must be followed by at least a type octet
+            raise _syntax("field table key runs past the end of the table")
+        try:
+            key = buf[pos + 1 : key_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise _syntax("field table key is not UTF-8") from None
+        kind = buf[key_end]
+        pos = key_end + 1
+        # Inline the two most common header value types.
+        if kind == 0x53:  # 'S'
+            value_start = pos + 4
+            if value_start > end:
+                raise _syntax("long string length is truncated")
+            value_end = value_start + _U32.unpack_from(buf, pos)[0]
+            if value_end > end:
+                raise _syntax("long string runs past the end of its table")
+            raw = buf[value_start:value_end]
+            try:
+                result[key] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                result[key] = raw
+            pos = value_end
+        elif kind == 0x62 and pos < end:  # 'b'
+            result[key] = _I8.unpack_from(buf, pos)[0]
+            pos += 1
+        else:
+            result[key], pos = _decode_value(buf, kind, pos, end, depth)
+    return result, end
+
+
+def _decode_array(buf: bytes, pos: int, limit: int, depth: int) -> tuple[list[Any], int]:
+    if depth > MAX_DEPTH:
+        raise _syntax(f"field tables and arrays nest deeper than {MAX_DEPTH} levels")
+    if pos < 0 or pos + 4 > limit:
+        raise _syntax("field array length is truncated")
+    end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+    if end > limit:
+        raise _syntax("field array is longer than its buffer")
+    pos += 4
+    result: list[Any] = []
+    append = result.append
+    while pos < end:
+        kind = buf[pos]
+        value, pos = _decode_value(buf, kind, pos + 1, end, depth)
+        append(value)
+    return result, end
+
+
+def decode_timestamp(seconds: int) -> datetime.datetime:
+    """A wire timestamp as a UTC datetime; values above 0xFFFFFFFF are milliseconds
+    (pamqp's rule)."""
+    value: float = seconds
+    if seconds > 0xFFFFFFFF:
+        value = seconds / 1000.0
+    try:
+        return datetime.datetime.fromtimestamp(value, tz=_UTC)
+    except (OverflowError, ValueError, OSError):
+        raise _syntax(f"timestamp {seconds} is out of range") from None
+
+
+_FIXED_SIZE = {
+    0x74: 1,  # t
+    0x62: 1,  # b
+    0x42: 1,  # B
+    0x73: 2,  # s
+    0x75: 2,  # u
+    0x49: 4,  # I
+    0x69: 4,  # i
+    0x6C: 8,  # l
+    0x4C: 8,  # L
+    0x66: 4,  # f
+    0x64: 8,  # d
+    0x44: 5,  # D
+    0x54: 8,  # T
+}
+
+_FIXED_STRUCT: dict[int, struct.Struct] = {
+    0x62: _I8,
+    0x42: _U8,
+    0x73: _I16,
+    0x75: _U16,
+    0x49: _I32,
+    0x69: _U32,
+    0x6C: _I64,
+    0x4C: _I64,
+    0x66: _F32,
+    0x64: _F64,
+}
+
+
+def _decode_value(buf: bytes, kind: int, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    """Decode one value of type ``kind`` whose data starts at ``pos`` (before ``end``)."""
+    size = _FIXED_SIZE.get(kind)
+    if size is not None:
+        value_end = pos + size
+        if value_end > end:
+            raise _syntax(f"field value of type {chr(kind)!r} is truncated")
+        fixed = _FIXED_STRUCT.get(kind)
+        if fixed is not None:
+            return fixed.unpack_from(buf, pos)[0], value_end
+        if kind == 0x74:  # t
+            return buf[pos] != 0, value_end
+        if kind == 0x54:  # T
+            return decode_timestamp(_U64.unpack_from(buf, pos)[0]), value_end
+        # D: an unsigned scale octet, then a signed 32-bit mantissa
+        scale = buf[pos]
+        mantissa = _I32.unpack_from(buf, pos + 1)[0]
+        return Decimal(mantissa).scaleb(-scale, _DEC_CONTEXT), value_end
+    if kind == 0x53 or kind == 0x78:  # S, x
+        value_start = pos + 4
+        if value_start > end:
+            raise _syntax("string length is truncated")
+        value_end = value_start + _U32.unpack_from(buf, pos)[0]
+        if value_end > end:
+            raise _syntax("string runs past the end of its table or array")
+        raw = buf[value_start:value_end]
+        if kind == 0x78:
+            return bytes(raw), value_end
+        try:
+            return raw.decode("utf-8"), value_end
+        except UnicodeDecodeError:
+            return bytes(raw), value_end
+    if kind == 0x46:  # F
+        return _decode_table(buf, pos, end, depth + 1)
+    if kind == 0x41:  # A
+        return _decode_array(buf, pos, end, depth + 1)
+    if kind == 0x56 or kind == 0x00:  # V, and NUL as pamqp accepts
+        return None, pos
+    raise _syntax(f"unknown field type {bytes([kind])!r}")

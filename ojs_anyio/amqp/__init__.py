@@ -1,0 +1,109 @@
+"""The structured-concurrency AMQP 0-9-1 client of ojs-anyio (asyncio and Trio, via AnyIO).
+
+::
+
+    from ojs_anyio import amqp
+
+    async with amqp.connect("amqp://guest:guest@localhost/") as conn:
+        async with conn.channel() as ch:
+            await ch.queue_declare("hello")
+            await ch.publish(b"hi", routing_key="hello")          # returns once confirmed
+            async with ch.consume("hello", prefetch=10) as messages:
+                async for msg in messages:
+                    await msg.ack()
+                    break
+
+This layer knows AMQP and nothing about jobs.
+"""
+
+from codec import (
+    AccessRefused,
+    AMQPError,
+    AuthenticationError,
+    BasicProperties,
+    ChannelLevelError,
+    ConnectionForced,
+    ConnectionLevelError,
+    NotFound,
+    PreconditionFailed,
+    ProtocolError,
+    ResourceLocked,
+    UsageError,
+)
+
+from ._channel import Channel, Consumer, IncomingMessage, PublishHandle, PublishWindow, QueueInfo
+from ._connection import Connection, RecoveryPolicy, connect
+from ._errors import (
+    BlockedTimeoutError,
+    ChannelClosedError,
+    ConnectionClosedError,
+    ConnectionLostError,
+    ConsumerCancelledError,
+    DeliveryAlreadySettledError,
+    PublishError,
+    PublishNackedError,
+    PublishOutcomeUnknownError,
+    PublishTimeoutError,
+    RecoveryFailedError,
+    StaleDeliveryError,
+    UnroutableError,
+)
+from ._events import (
+    ConnectionBlockedEvent,
+    ConnectionLost,
+    ConnectionRecovered,
+    ConnectionUnblockedEvent,
+    ConsumerRecovered,
+    Reconnecting,
+    RecoveryEvent,
+    TopologyRecoveryFailed,
+)
+from ._url import AMQPURL, InvalidURL, parse_url
+
+__all__ = [
+    "AMQPError",
+    "AMQPURL",
+    "AccessRefused",
+    "AuthenticationError",
+    "BasicProperties",
+    "BlockedTimeoutError",
+    "Channel",
+    "ChannelClosedError",
+    "ChannelLevelError",
+    "Connection",
+    "ConnectionBlockedEvent",
+    "ConnectionClosedError",
+    "ConnectionForced",
+    "ConnectionLevelError",
+    "ConnectionLost",
+    "ConnectionLostError",
+    "ConnectionRecovered",
+    "ConnectionUnblockedEvent",
+    "Consumer",
+    "ConsumerCancelledError",
+    "ConsumerRecovered",
+    "DeliveryAlreadySettledError",
+    "IncomingMessage",
+    "InvalidURL",
+    "NotFound",
+    "PreconditionFailed",
+    "ProtocolError",
+    "PublishError",
+    "PublishHandle",
+    "PublishNackedError",
+    "PublishOutcomeUnknownError",
+    "PublishTimeoutError",
+    "PublishWindow",
+    "QueueInfo",
+    "Reconnecting",
+    "RecoveryEvent",
+    "RecoveryFailedError",
+    "RecoveryPolicy",
+    "ResourceLocked",
+    "StaleDeliveryError",
+    "TopologyRecoveryFailed",
+    "UnroutableError",
+    "UsageError",
+    "connect",
+    "parse_url",
+]

@@ -1,0 +1,116 @@
+"""Errors raised by the AnyIO AMQP runtime.
+
+They extend :mod:`codec`'s hierarchy (every one is an :class:`codec.AMQPError`), so one
+``except codec.AMQPError`` catches everything this library raises, and the
+reply-code classes (``NotFound``, ``PreconditionFailed``…) come straight from the codec.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from codec import AMQPError, UsageError
+
+if TYPE_CHECKING:
+    from codec import BasicProperties
+
+__all__ = [
+    "ChannelClosedError",
+    "ConnectionLostError",
+    "ConnectionClosedError",
+    "ConsumerCancelledError",
+    "DeliveryAlreadySettledError",
+    "PublishError",
+    "PublishNackedError",
+    "PublishOutcomeUnknownError",
+    "PublishTimeoutError",
+    "StaleDeliveryError",
+    "UnroutableError",
+    "BlockedTimeoutError",
+    "RecoveryFailedError",
+]
+
+
+class ConnectionLostError(AMQPError):
+    """The transport failed (reset, EOF, missed heartbeats, TLS error…)."""
+
+
+class ConnectionClosedError(AMQPError):
+    """The connection is closed (by us, or it failed earlier); nothing can be sent."""
+
+
+class ChannelClosedError(AMQPError):
+    """The channel is closed; ``__cause__`` holds the broker's error if it closed it."""
+
+
+class RecoveryFailedError(ConnectionLostError):
+    """Automatic recovery gave up (attempts or deadline exhausted)."""
+
+
+class PublishError(AMQPError):
+    """Base of the errors a publish can end with."""
+
+
+class PublishNackedError(PublishError):
+    """The broker nacked the publish (for example ``x-overflow=reject-publish``: queue full)."""
+
+    def __init__(self, message: str, *, exchange: str, routing_key: str) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        super().__init__(message)
+
+
+class UnroutableError(PublishError):
+    """A mandatory publish matched no queue: the broker returned it (Basic.Return)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reply_code: int,
+        reply_text: str,
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties | None = None,
+    ) -> None:
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties = properties
+        super().__init__(message)
+
+
+class PublishOutcomeUnknownError(PublishError):
+    """The channel or connection died before the broker confirmed the publish.
+
+    The message may or may not have been routed: retry it if duplicates are acceptable.
+    """
+
+
+class PublishTimeoutError(PublishError):
+    """A publish could not be written in time (broker blocked, or disconnected)."""
+
+
+class BlockedTimeoutError(PublishTimeoutError):
+    """The broker kept publishers blocked (``connection.blocked``) past the timeout."""
+
+
+class ConsumerCancelledError(AMQPError):
+    """The broker cancelled the consumer (for example, its queue was deleted)."""
+
+    def __init__(self, message: str, *, consumer_tag: str, queue: str) -> None:
+        self.consumer_tag = consumer_tag
+        self.queue = queue
+        super().__init__(message)
+
+
+class DeliveryAlreadySettledError(UsageError):
+    """The delivery was already acked, nacked or rejected.  Nothing was sent."""
+
+
+class StaleDeliveryError(UsageError):
+    """The delivery came from a channel that has since closed or been recovered.
+
+    The broker will redeliver it (with ``redelivered=True``); nothing was sent.
+    """

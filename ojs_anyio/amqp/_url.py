@@ -1,0 +1,195 @@
+"""AMQP URIs, per RabbitMQ's URI spec (https://www.rabbitmq.com/docs/uri-spec).
+
+``amqp://user:pass@host:port/vhost?heartbeat=10&connection_timeout=5000``
+
+* ``amqp`` defaults to port 5672, ``amqps`` to 5671 (TLS).
+* user, password and vhost are percent-decoded: ``%2f`` is ``/``.  An absent vhost
+  (``amqp://host``) or an empty one (``amqp://host/``) means ``/`` (RabbitMQ has no
+  vhost named ``""``); ``amqp://host/%2F`` is ``/`` too.
+* Several hosts may be given, comma-separated (``amqp://h1,h2:5673/vhost``), to
+  rotate across on reconnection.
+* The password never appears in ``repr()`` or in any error text.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field, replace
+from urllib.parse import parse_qsl, unquote
+
+from codec import UsageError
+
+__all__ = ["AMQPURL", "InvalidURL", "parse_url"]
+
+_QUERY_KEYS = frozenset(
+    {
+        "heartbeat",
+        "connection_timeout",
+        "channel_max",
+        "frame_max",
+        "auth_mechanism",
+        "cacertfile",
+        "certfile",
+        "keyfile",
+        "verify",
+        "server_name_indication",
+    }
+)
+
+
+class InvalidURL(UsageError):
+    """A malformed AMQP URL or an unknown query parameter.  Never shows the password."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AMQPURL:
+    scheme: str = "amqp"
+    hosts: tuple[tuple[str, int], ...] = (("localhost", 5672),)
+    username: str = "guest"
+    password: str = field(default="guest", repr=False)
+    virtual_host: str = "/"
+    heartbeat: int | None = None
+    connection_timeout: float | None = None  # seconds (the URL gives milliseconds)
+    channel_max: int | None = None
+    frame_max: int | None = None
+    auth_mechanism: str = "PLAIN"
+    cacertfile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    verify: bool = True
+    server_name_indication: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "amqps"
+
+    @property
+    def host(self) -> str:
+        return self.hosts[0][0]
+
+    @property
+    def port(self) -> int:
+        return self.hosts[0][1]
+
+    def redacted(self) -> str:
+        """The URL with the password replaced by ``***`` (safe for logs)."""
+        hosts = ",".join(f"{h}:{p}" for h, p in self.hosts)
+        return f"{self.scheme}://{self.username}:***@{hosts}/{self.virtual_host.replace('/', '%2F')}"
+
+    def with_host(self, index: int) -> AMQPURL:
+        """This URL with host ``index`` (modulo the host count) moved first."""
+        i = index % len(self.hosts)
+        return replace(self, hosts=self.hosts[i:] + self.hosts[:i])
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client TLS context for ``amqps`` URLs: verifies certificates by default."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.cacertfile)
+        if self.certfile:
+            ctx.load_cert_chain(self.certfile, self.keyfile)
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+
+def _bad(message: str) -> InvalidURL:
+    return InvalidURL(f"invalid AMQP URL: {message}")
+
+
+def _int_param(name: str, value: str, lo: int, hi: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise _bad(f"query parameter {name!r} must be an integer, got {value!r}") from None
+    if not lo <= number <= hi:
+        raise _bad(f"query parameter {name!r} must be in {lo}..{hi}, got {number}")
+    return number
+
+
+def parse_url(url: str) -> AMQPURL:
+    """Parse an ``amqp://`` or ``amqps://`` URL.  Raises :class:`InvalidURL` naming the problem."""
+    if not isinstance(url, str):
+        raise _bad(f"expected a string, got {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise _bad("missing '://' (expected amqp://user:pass@host:port/vhost)")
+    scheme = scheme.lower()
+    if scheme not in ("amqp", "amqps"):
+        raise _bad(f"scheme must be 'amqp' or 'amqps', got {scheme!r}")
+    default_port = 5671 if scheme == "amqps" else 5672
+    if "#" in rest:
+        raise _bad("fragments ('#…') are not allowed")
+    rest, _, query = rest.partition("?")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, hostpart = authority.rpartition("@")
+    if not at:
+        hostpart, userinfo = authority, ""
+    username, password = "guest", "guest"
+    if at:
+        user_raw, colon, pass_raw = userinfo.partition(":")
+        username = unquote(user_raw)
+        password = unquote(pass_raw) if colon else ""
+    hosts = tuple(_parse_host(h, default_port) for h in hostpart.split(",")) if hostpart else (
+        ("localhost", default_port),
+    )
+    if slash:
+        if "/" in path:
+            raise _bad("the vhost must be one path segment; write '/' inside it as %2F")
+        vhost = unquote(path) if path else "/"
+    else:
+        vhost = "/"
+    options: dict[str, object] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in _QUERY_KEYS:
+            raise _bad(f"unknown query parameter {key!r} (known: {', '.join(sorted(_QUERY_KEYS))})")
+        if key in ("heartbeat", "channel_max", "frame_max"):
+            options[key] = _int_param(key, value, 0, 2**31 - 1 if key == "frame_max" else 65535)
+        elif key == "connection_timeout":
+            options[key] = _int_param(key, value, 0, 2**31 - 1) / 1000.0
+        elif key == "auth_mechanism":
+            mech = value.upper()
+            if mech not in ("PLAIN", "AMQPLAIN", "EXTERNAL"):
+                raise _bad(f"auth_mechanism must be PLAIN, AMQPLAIN or EXTERNAL, got {value!r}")
+            options[key] = mech
+        elif key == "verify":
+            low = value.lower()
+            if low in ("verify_peer", "true", "1", "yes"):
+                options[key] = True
+            elif low in ("verify_none", "false", "0", "no"):
+                options[key] = False
+            else:
+                raise _bad(f"verify must be verify_peer or verify_none, got {value!r}")
+        else:
+            options[key] = value
+    return AMQPURL(
+        scheme=scheme,
+        hosts=hosts,
+        username=username,
+        password=password,
+        virtual_host=vhost,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def _parse_host(text: str, default_port: int) -> tuple[str, int]:
+    if not text:
+        raise _bad("empty host in host list")
+    if text.startswith("["):  # IPv6 literal
+        end = text.find("]")
+        if end < 0:
+            raise _bad("unterminated IPv6 literal")
+        host, port_text = text[1:end], text[end + 1 :].removeprefix(":")
+    else:
+        host, _, port_text = text.partition(":")
+    if not host:
+        raise _bad("empty host")
+    port = default_port
+    if port_text:
+        if not port_text.isdigit():
+            raise _bad(f"port must be a number, got {port_text!r}")
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise _bad(f"port must be 1..65535, got {port}")
+    return unquote(host), port
