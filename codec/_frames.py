@@ -189,9 +189,43 @@ class FrameReader:
         return frame_type, channel, payload
 
     def frames(self, data: bytes | bytearray | memoryview) -> list[tuple[int, int, bytes]]:
-        """Feed ``data`` and return every frame that is now complete."""
-        self.feed(data)
-        result = []
+        """Feed ``data`` and return every frame that is now complete.
+
+        On a protocol error this raises, and the frames of ``data`` before the bad one
+        are lost with the connection; use :meth:`feed` and :meth:`next_frame` to get
+        every frame up to an error.
+        """
+        result: list[tuple[int, int, bytes]] = []
+        if self._error is None and self._pos == len(self._buf) and type(data) is bytes:
+            # Nothing pending: slice frames straight out of ``data`` (one copy each).
+            # Anything unusual (an error, an incomplete frame) is left to next_frame().
+            pos = 0
+            total = len(data)
+            max_payload = self._max_payload
+            unpack = _FRAME_HDR.unpack_from
+            while total - pos >= 7:
+                frame_type, channel, size = unpack(data, pos)
+                end = pos + 7 + size
+                if (
+                    end >= total
+                    or size > max_payload
+                    or frame_type not in _FRAME_TYPES
+                    or data[end] != FRAME_END
+                    or (frame_type == FRAME_HEARTBEAT and (channel or size))
+                ):
+                    break
+                result.append((frame_type, channel, data[pos + 7 : end]))
+                pos = end + 1
+            if pos:
+                self._at_start = False
+            if pos == total:
+                return result
+            buf = self._buf
+            del buf[:]
+            self._pos = 0
+            buf += memoryview(data)[pos:]
+        else:
+            self.feed(data)
         while (frame := self.next_frame()) is not None:
             result.append(frame)
         return result

@@ -81,6 +81,7 @@ FLAG_USER_ID = 0x0010
 FLAG_APP_ID = 0x0008
 FLAG_CLUSTER_ID = 0x0004
 
+_UTC = datetime.UTC
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 
@@ -143,11 +144,11 @@ def _encode_properties_into(out: bytearray, p: BasicProperties) -> None:
     flags = 0
     get = _short_cache_get
     v: Any = p.content_type
-    if v is not None and v != "":
+    if v:  # None and "" are both absent (pamqp's rule)
         flags = FLAG_CONTENT_TYPE
         out += get(v) or cached_short_string(v, "content_type")
     v = p.content_encoding
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_CONTENT_ENCODING
         out += get(v) or cached_short_string(v, "content_encoding")
     v = p.headers
@@ -165,39 +166,42 @@ def _encode_properties_into(out: bytearray, p: BasicProperties) -> None:
         flags |= FLAG_PRIORITY
         out += _octet(v, "priority")
     v = p.correlation_id
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_CORRELATION_ID
         out += encode_short_string(v, "correlation_id")
     v = p.reply_to
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_REPLY_TO
         out += get(v) or cached_short_string(v, "reply_to")
     v = p.expiration
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_EXPIRATION
         out += get(v) or cached_short_string(v, "expiration")
     v = p.message_id
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_MESSAGE_ID
         out += encode_short_string(v, "message_id")
     v = p.timestamp
     if v is not None:
         flags |= FLAG_TIMESTAMP
-        out += _U64.pack(timestamp_seconds(v))
+        if type(v) is datetime.datetime and v.tzinfo is _UTC and v.year >= 1970:
+            out += _U64.pack(int(v.timestamp()))
+        else:
+            out += _U64.pack(timestamp_seconds(v))
     v = p.type
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_TYPE
         out += get(v) or cached_short_string(v, "type")
     v = p.user_id
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_USER_ID
         out += get(v) or cached_short_string(v, "user_id")
     v = p.app_id
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_APP_ID
         out += get(v) or cached_short_string(v, "app_id")
     v = p.cluster_id
-    if v is not None and v != "":
+    if v:
         flags |= FLAG_CLUSTER_ID
         out += get(v) or cached_short_string(v, "cluster_id")
     if flags:

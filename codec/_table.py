@@ -112,12 +112,23 @@ _I64 = struct.Struct(">q")
 _F32 = struct.Struct(">f")
 _F64 = struct.Struct(">d")
 
+_u32_from = _U32.unpack_from
+
 _EMPTY_TABLE = b"\x00\x00\x00\x00"
 _DEC_CONTEXT = Context(prec=64)
 
 # Encoded table keys (length octet + UTF-8), bounded.
 _KEY_CACHE: dict[str, bytes] = {}
 _KEY_CACHE_MAX = 512
+# Table key sets (in iteration order) -> sorted (key, encoded key) pairs.  Bounded.
+_TEMPLATE_CACHE: dict[tuple[str, ...], tuple[tuple[str, bytes], ...]] = {}
+_TEMPLATE_CACHE_MAX = 256
+# Encoded short str values ("S" + length + UTF-8), which repeat from message to
+# message (queue names, tags...).  Only values up to _VALUE_CACHE_LEN bytes: longer
+# ones are usually unique (ids, timestamps).  Bounded.
+_VALUE_CACHE: dict[str, bytes] = {}
+_VALUE_CACHE_MAX = 1024
+_VALUE_CACHE_LEN = 24
 
 
 # --- typed wrappers ------------------------------------------------------------
@@ -281,7 +292,7 @@ def encode_table(table: Mapping[str, Any] | None) -> bytes:
     four zero bytes."""
     if table is None:
         return _EMPTY_TABLE
-    if not isinstance(table, Mapping):
+    if type(table) is not dict and not isinstance(table, Mapping):
         raise UsageError(f"a field table must be a mapping, not {type(table).__name__}")
     if not table:
         return _EMPTY_TABLE
@@ -322,36 +333,59 @@ def encode_table_into(out: bytearray, table: Mapping[str, Any], depth: int = 1) 
         raise UsageError(f"field tables and arrays nest deeper than {MAX_DEPTH} levels")
     start = len(out)
     out += _EMPTY_TABLE
-    if table:
-        try:
-            keys = sorted(table)
-        except TypeError:
-            raise UsageError("table keys must all be str") from None
-        key_cache = _KEY_CACHE
-        for key in keys:
-            value = table[key]
-            encoded_key = key_cache.get(key)
-            if encoded_key is None:
-                encoded_key = short_string_key(key)
-            out += encoded_key
-            # Fast paths for the common header value types; the rest go through
-            # _encode_value, which checks types in pamqp's order.
-            vtype = type(value)
-            if vtype is str:
+    if not table:
+        return
+    try:
+        template = _TEMPLATE_CACHE.get(tuple(table))
+    except TypeError:  # an unhashable key
+        template = None
+    if template is None:
+        template = _table_template(table)
+    value_get = _VALUE_CACHE.get
+    for key, encoded_key in template:
+        value = table[key]
+        out += encoded_key
+        # Fast paths for the common header value types; everything else goes through
+        # _encode_value, which checks types in pamqp's order.
+        vtype = type(value)
+        if vtype is str:
+            encoded = value_get(value)
+            if encoded is None:
                 raw = value.encode("utf-8")
-                out += _T_LEN.pack(0x53, len(raw))
-                out += raw
-            elif vtype is int and -128 <= value <= 127:
-                out += _T_I8.pack(0x62, value)
-            else:
-                try:
-                    _encode_value(out, value, depth)
-                except UsageError as exc:
-                    raise UsageError(f"table key {key!r}: {exc}") from None
-        size = len(out) - start - 4
-        if size > 0xFFFFFFFF:
-            raise UsageError("a field table is at most 4 GiB")
-        _U32.pack_into(out, start, size)
+                encoded = _T_LEN.pack(0x53, len(raw)) + raw
+                if len(raw) <= _VALUE_CACHE_LEN:
+                    if len(_VALUE_CACHE) >= _VALUE_CACHE_MAX:
+                        _VALUE_CACHE.clear()
+                    _VALUE_CACHE[value] = encoded
+            out += encoded
+        elif vtype is int and -128 <= value <= 127:
+            out += _T_I8.pack(0x62, value)
+        else:
+            try:
+                _encode_value(out, value, depth)
+            except UsageError as exc:
+                raise UsageError(f"table key {key!r}: {exc}") from None
+    size = len(out) - start - 4
+    if size > 0xFFFFFFFF:
+        raise UsageError("a field table is at most 4 GiB")
+    _U32.pack_into(out, start, size)
+
+
+def _table_template(table: Mapping[str, Any]) -> tuple[tuple[str, bytes], ...]:
+    """The keys of a table in pamqp's (sorted) order, with their encoded form.
+
+    Cached by the keys in iteration order: messages tend to carry the same header
+    keys, so the sort and the key encoding are done once per key set.
+    """
+    keys = tuple(table)
+    for key in keys:
+        if not isinstance(key, str):
+            raise UsageError(f"table keys must be str, not {type(key).__name__}")
+    template = tuple((key, short_string_key(key)) for key in sorted(keys))
+    if len(_TEMPLATE_CACHE) >= _TEMPLATE_CACHE_MAX:
+        _TEMPLATE_CACHE.clear()
+    _TEMPLATE_CACHE[keys] = template
+    return template
 
 
 def _encode_array_into(out: bytearray, values: Sequence[Any], depth: int) -> None:
@@ -490,40 +524,42 @@ def _decode_table(buf: bytes, pos: int, limit: int, depth: int) -> tuple[dict[st
         raise _syntax(f"field tables and arrays nest deeper than {MAX_DEPTH} levels")
     if pos < 0 or pos + 4 > limit:
         raise _syntax("field table length is truncated")
-    end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+    end = pos + 4 + _u32_from(buf, pos)[0]
     if end > limit:
         raise _syntax("field table is longer than its buffer")
     pos += 4
     result: dict[str, Any] = {}
-    while pos < end:
-        key_end = pos + 1 + buf[pos]
-        if key_end >= end:  # a key must be followed by at least a type octet
-            raise _syntax("field table key runs past the end of the table")
-        try:
-            key = buf[pos + 1 : key_end].decode("utf-8")
-        except UnicodeDecodeError:
-            raise _syntax("field table key is not UTF-8") from None
-        kind = buf[key_end]
-        pos = key_end + 1
-        # Inline the two most common header value types.
-        if kind == 0x53:  # 'S'
-            value_start = pos + 4
-            if value_start > end:
-                raise _syntax("long string length is truncated")
-            value_end = value_start + _U32.unpack_from(buf, pos)[0]
-            if value_end > end:
-                raise _syntax("long string runs past the end of its table")
-            raw = buf[value_start:value_end]
-            try:
-                result[key] = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                result[key] = raw
-            pos = value_end
-        elif kind == 0x62 and pos < end:  # 'b'
-            result[key] = _I8.unpack_from(buf, pos)[0]
-            pos += 1
-        else:
-            result[key], pos = _decode_value(buf, kind, pos, end, depth)
+    try:
+        while pos < end:
+            key_start = pos + 1
+            pos = key_start + buf[pos]  # now at the type octet
+            if pos >= end:
+                raise _syntax("field table key runs past the end of the table")
+            key = buf[key_start:pos].decode("utf-8")
+            kind = buf[pos]
+            # Inline the two most common header value types.
+            if kind == 0x53:  # 'S'
+                value_start = pos + 5
+                pos = value_start + _u32_from(buf, pos + 1)[0]
+                if pos > end:
+                    raise _syntax("long string runs past the end of its table")
+                raw = buf[value_start:pos]
+                try:
+                    result[key] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    result[key] = bytes(raw)
+            elif kind == 0x62:  # 'b'
+                pos += 2
+                if pos > end:
+                    raise _syntax("field value of type 'b' is truncated")
+                octet = buf[pos - 1]
+                result[key] = octet - 256 if octet > 127 else octet
+            else:
+                result[key], pos = _decode_value(buf, kind, pos + 1, end, depth)
+    except UnicodeDecodeError:
+        raise _syntax("field table key is not UTF-8") from None
+    except (IndexError, struct.error):
+        raise _syntax("field table is truncated") from None
     return result, end
 
 
@@ -545,16 +581,25 @@ def _decode_array(buf: bytes, pos: int, limit: int, depth: int) -> tuple[list[An
     return result, end
 
 
+_last_timestamp: tuple[int, datetime.datetime] = (0, datetime.datetime.fromtimestamp(0, tz=_UTC))
+
+
 def decode_timestamp(seconds: int) -> datetime.datetime:
     """A wire timestamp as a UTC datetime; values above 0xFFFFFFFF are milliseconds
     (pamqp's rule)."""
+    global _last_timestamp
+    last = _last_timestamp
+    if last[0] == seconds:  # messages published in the same second share it
+        return last[1]
     value: float = seconds
     if seconds > 0xFFFFFFFF:
         value = seconds / 1000.0
     try:
-        return datetime.datetime.fromtimestamp(value, tz=_UTC)
+        result = datetime.datetime.fromtimestamp(value, tz=_UTC)
     except (OverflowError, ValueError, OSError):
         raise _syntax(f"timestamp {seconds} is out of range") from None
+    _last_timestamp = (seconds, result)
+    return result
 
 
 _FIXED_SIZE = {

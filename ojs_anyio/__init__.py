@@ -1,0 +1,75 @@
+"""ojs-anyio: background jobs over RabbitMQ for asyncio and Trio (Open Job Spec AMQP binding).
+
+::
+
+    import ojs_anyio as ojs
+
+    async with ojs.connect("amqp://guest:guest@localhost/") as client:
+        job = await client.push("email.send", ["user@example.com", "welcome"], queue="email")
+
+    worker = ojs.Worker(queues=["email"], concurrency=10)
+
+    @worker.handler("email.send")
+    async def send_email(ctx: ojs.JobContext, to: str, template: str) -> None: ...
+
+    async with ojs.connect() as client:
+        await worker.run(client)
+
+The AMQP client underneath is :mod:`ojs_anyio.amqp`; the sans-IO protocol is :mod:`codec`.
+"""
+
+from . import amqp
+from .jobs._client import Client, DeadJob, DeadLetters, PushResult, connect
+from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
+from .jobs._errors import DelayOutOfRangeError, ErrorCode, InvalidJobError, TopologyError
+from .jobs._exceptions import (
+    DeadLetter,
+    Discard,
+    JobError,
+    PushError,
+    PushOutcomeUnknownError,
+    QueueFullError,
+    Retry,
+    TopologyConflictError,
+    UnroutableJobError,
+)
+from .jobs._retry import RetryPolicy
+from .jobs._topology import Names, QueueOptions
+from .jobs._worker import JobContext, JobOutcome, Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "DeadJob",
+    "DeadLetter",
+    "DeadLetters",
+    "DelayOutOfRangeError",
+    "Discard",
+    "ErrorCode",
+    "ErrorInfo",
+    "ErrorRecord",
+    "InvalidJobError",
+    "Job",
+    "JobContext",
+    "JobError",
+    "JobOutcome",
+    "Names",
+    "PushError",
+    "PushOutcomeUnknownError",
+    "PushResult",
+    "QueueFullError",
+    "QueueOptions",
+    "Retry",
+    "RetryPolicy",
+    "TopologyConflictError",
+    "TopologyError",
+    "UniquePolicy",
+    "UnroutableJobError",
+    "Worker",
+    "amqp",
+    "connect",
+    "decode_job",
+    "encode_job",
+    "new_job",
+]

@@ -6,10 +6,12 @@ import the harness as ``from harness import FaultProxy``.
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from harness.tls import TLSMaterial, make_ca_and_cert
 
 # ---------------------------------------------------------------------- async backends
@@ -34,3 +36,26 @@ def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TLSMaterial:
     """A CA, a server cert (localhost, 127.0.0.1) and a client cert, written to a temp dir."""
     directory: Path = tmp_path_factory.mktemp("tls")
     return make_ca_and_cert("localhost", directory)
+
+
+# ---------------------------------------------------------------------- AMQP broker (tests/amqp)
+# The real RabbitMQ the suite runs against, and unique names so tests never share entities.
+
+AMQP_URL = os.environ.get("OJS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    """URL of the test broker (``OJS_AMQP_URL``, default the local RabbitMQ as guest)."""
+    return AMQP_URL
+
+
+@pytest.fixture
+def unique(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """``unique("q")`` -> ``"ojs-test-q-<test name>-<uuid>"``: a fresh queue/exchange name."""
+    test = request.node.name.split("[")[0][:40]
+
+    def make(kind: str = "q") -> str:
+        return f"ojs-test-{kind}-{test}-{uuid.uuid4().hex[:12]}"
+
+    return make

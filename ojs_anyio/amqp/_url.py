@@ -94,6 +94,9 @@ class AMQPURL:
         return ctx
 
 
+_ENCODE_HINT = "percent-encode '/', '?', '#' and '@' in the user name and password"
+
+
 def _bad(message: str) -> InvalidURL:
     return InvalidURL(f"invalid AMQP URL: {message}")
 
@@ -142,6 +145,9 @@ def parse_url(url: str) -> AMQPURL:
         vhost = "/"
     options: dict[str, object] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
+        if "@" in key:
+            # An unencoded '?' in the password: the rest of the password looks like a query.
+            raise _bad(f"'@' after '?': {_ENCODE_HINT}")
         if key not in _QUERY_KEYS:
             raise _bad(f"unknown query parameter {key!r} (known: {', '.join(sorted(_QUERY_KEYS))})")
         if key in ("heartbeat", "channel_max", "frame_max"):
@@ -188,7 +194,8 @@ def _parse_host(text: str, default_port: int) -> tuple[str, int]:
     port = default_port
     if port_text:
         if not port_text.isdigit():
-            raise _bad(f"port must be a number, got {port_text!r}")
+            # Not echoed: with an unencoded '/' or '?' in the password, this is the password.
+            raise _bad(f"port must be a number ({_ENCODE_HINT})")
         port = int(port_text)
         if not 0 < port < 65536:
             raise _bad(f"port must be 1..65535, got {port}")

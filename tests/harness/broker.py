@@ -77,7 +77,7 @@ class RabbitmqctlError(RuntimeError):
 # ---------------------------------------------------------------------- rabbitmqctl
 
 
-async def rabbitmqctl(*args: str, timeout: float = 60) -> str:
+async def rabbitmqctl(*args: str, timeout: float = 60) -> str:  # noqa: ASYNC109 (bounds the process)
     """Run ``rabbitmqctl *args``; return its stdout, raise ``RabbitmqctlError`` on failure."""
     with anyio.fail_after(timeout):
         result = await anyio.run_process([RABBITMQCTL, *args], check=False)
@@ -96,10 +96,8 @@ def rabbitmqctl_sync(*args: str, timeout: float = 60) -> str:
     return stdout
 
 
-async def _status(timeout: float) -> dict[str, Any]:
-    status: dict[str, Any] = json.loads(
-        await rabbitmqctl("status", "--formatter", "json", "-q", timeout=timeout)
-    )
+async def _status() -> dict[str, Any]:
+    status: dict[str, Any] = json.loads(await rabbitmqctl("status", "--formatter", "json", "-q"))
     return status
 
 
@@ -122,9 +120,9 @@ class MemoryWatermark:
 DEFAULT_WATERMARK = MemoryWatermark("relative", 0.4)
 
 
-async def get_memory_watermark(timeout: float = 60) -> MemoryWatermark:
+async def get_memory_watermark() -> MemoryWatermark:
     """The broker's current watermark setting (falls back to the default 0.4 if unreadable)."""
-    setting = (await _status(timeout)).get("vm_memory_high_watermark_setting")
+    setting = (await _status()).get("vm_memory_high_watermark_setting")
     if isinstance(setting, dict):
         if isinstance(relative := setting.get("relative"), int | float):
             return MemoryWatermark("relative", float(relative))
@@ -133,50 +131,56 @@ async def get_memory_watermark(timeout: float = 60) -> MemoryWatermark:
     return DEFAULT_WATERMARK
 
 
-async def set_memory_watermark(watermark: MemoryWatermark, timeout: float = 60) -> None:
-    await rabbitmqctl(*watermark.rabbitmqctl_args(), timeout=timeout)
+async def set_memory_watermark(watermark: MemoryWatermark) -> None:
+    await rabbitmqctl(*watermark.rabbitmqctl_args())
 
 
-async def get_memory_alarms(timeout: float = 60) -> list[dict[str, Any]]:
+async def get_memory_alarms() -> list[dict[str, Any]]:
     """The broker's active memory alarms (``rabbitmqctl status``)."""
-    alarms = (await _status(timeout)).get("alarms", [])
+    alarms = (await _status()).get("alarms", [])
     return [alarm for alarm in alarms if isinstance(alarm, dict) and alarm.get("resource") == "memory"]
 
 
-async def _wait_memory_alarm(present: bool, timeout: float) -> None:
-    with anyio.fail_after(timeout):
-        while bool(await get_memory_alarms()) != present:
-            await anyio.sleep(0.1)
+async def _wait_memory_alarm(present: bool) -> None:
+    # Polling an external process: there is no event to wait on.
+    while bool(await get_memory_alarms()) != present:  # noqa: ASYNC110
+        await anyio.sleep(0.1)
 
 
 @asynccontextmanager
-async def lowered_memory_watermark(timeout: float = 60) -> AsyncIterator[MemoryWatermark]:
+async def lowered_memory_watermark(
+    timeout: float = 60,  # noqa: ASYNC109 (also bounds the shielded restore)
+) -> AsyncIterator[MemoryWatermark]:
     """Set the memory watermark to 0 (memory alarm: publishers get blocked) for the block.
 
     Waits until the alarm is active before entering, yields the previous setting, and on exit
     (shielded, bounded by ``timeout``) restores it and waits until the alarm is gone.
     """
-    previous = await get_memory_watermark(timeout)
+    with anyio.fail_after(timeout):
+        previous = await get_memory_watermark()
     if previous.kind == "relative" and previous.value == 0:
         previous = DEFAULT_WATERMARK  # left over from an interrupted run
     restore_args = previous.rabbitmqctl_args()
     _pending.append(restore_args)
     try:
-        await rabbitmqctl("set_vm_memory_high_watermark", "0", timeout=timeout)
-        await _wait_memory_alarm(True, timeout)
+        with anyio.fail_after(timeout):
+            await rabbitmqctl("set_vm_memory_high_watermark", "0")
+            await _wait_memory_alarm(True)
         yield previous
     finally:
-        with CancelScope(shield=True):
-            await rabbitmqctl(*restore_args, timeout=timeout)
+        with CancelScope(shield=True), anyio.fail_after(timeout):
+            await rabbitmqctl(*restore_args)
             _discard_pending(restore_args)
-            await _wait_memory_alarm(False, timeout)
+            await _wait_memory_alarm(False)
 
 
 # ---------------------------------------------------------------------- stop / start
 
 
 @asynccontextmanager
-async def broker_stopped(timeout: float = 60) -> AsyncIterator[None]:
+async def broker_stopped(
+    timeout: float = 60,  # noqa: ASYNC109 (also bounds the shielded restart)
+) -> AsyncIterator[None]:
     """``rabbitmqctl stop_app`` for the block; ``start_app`` and wait until ready on exit.
 
     The restart runs in a shielded ``finally`` (bounded by ``timeout``), so it happens even if
@@ -187,7 +191,7 @@ async def broker_stopped(timeout: float = 60) -> AsyncIterator[None]:
         await rabbitmqctl("stop_app", timeout=timeout)
         yield
     finally:
-        with CancelScope(shield=True):
+        with CancelScope(shield=True), anyio.fail_after(2 * timeout):
             await rabbitmqctl("start_app", timeout=timeout)
             _discard_pending(("start_app",))
             await wait_broker_ready(timeout)
@@ -217,7 +221,9 @@ async def read_connection_start(stream: ByteStream) -> bytes:
 
 
 async def wait_broker_ready(
-    timeout: float = 60, host: str = BROKER_HOST, port: int = BROKER_PORT
+    timeout: float = 60,  # noqa: ASYNC109 (part of the message on failure)
+    host: str = BROKER_HOST,
+    port: int = BROKER_PORT,
 ) -> None:
     """Wait until the broker answers the protocol header with ``Connection.Start``.
 
@@ -246,21 +252,19 @@ async def wait_broker_ready(
 # ---------------------------------------------------------------------- connections
 
 
-async def list_connections(*columns: str, timeout: float = 60) -> list[dict[str, Any]]:
+async def list_connections(*columns: str) -> list[dict[str, Any]]:
     """``rabbitmqctl list_connections`` as dicts (JSON; default columns: name, user, vhost,
     peer_port, client_properties).  Note: the JSON ``pid`` is not usable with close_connection.
     """
     columns = columns or ("name", "user", "vhost", "peer_port", "client_properties")
-    output = await rabbitmqctl("list_connections", *columns, "--formatter", "json", "-q", timeout=timeout)
+    output = await rabbitmqctl("list_connections", *columns, "--formatter", "json", "-q")
     rows: list[dict[str, Any]] = json.loads(output) if output.strip() else []
     return rows
 
 
-async def close_all_connections(
-    explanation: str = "closed by the test harness", *, vhost: str = "/", timeout: float = 60
-) -> None:
+async def close_all_connections(explanation: str = "closed by the test harness", *, vhost: str = "/") -> None:
     """Close every AMQP connection of ``vhost`` (broker side: clients get CONNECTION_FORCED)."""
-    await rabbitmqctl("close_all_connections", "--vhost", vhost, explanation, timeout=timeout)
+    await rabbitmqctl("close_all_connections", "--vhost", vhost, explanation)
 
 
 async def close_connections(
@@ -268,15 +272,14 @@ async def close_connections(
     *,
     connection_name: str | None = None,
     match: Callable[[dict[str, Any]], bool] | None = None,
-    timeout: float = 60,
 ) -> int:
     """Close (broker side) the connections whose client property ``connection_name`` equals
     ``connection_name`` and/or for which ``match(row)`` is true (rows as ``list_connections()``
     gives them, plus ``connection_name``).  Returns how many were closed.
     """
-    rows = await list_connections(timeout=timeout)
+    rows = await list_connections()
     # JSON pids ("#PID<...>") are refused by close_connection; the table form is accepted.
-    table = await rabbitmqctl("list_connections", "pid", "name", "--no-table-headers", "-q", timeout=timeout)
+    table = await rabbitmqctl("list_connections", "pid", "name", "--no-table-headers", "-q")
     pids: dict[str, str] = {}
     for line in table.splitlines():
         pid, _, name = line.partition("\t")
@@ -293,7 +296,7 @@ async def close_connections(
         if pid is None:
             continue
         try:
-            await rabbitmqctl("close_connection", pid, explanation, timeout=timeout)
+            await rabbitmqctl("close_connection", pid, explanation)
         except RabbitmqctlError:
             continue  # it went away meanwhile
         closed += 1

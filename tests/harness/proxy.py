@@ -328,7 +328,7 @@ class FaultProxy:
 
     # ------------------------------------------------------------------ waits and counters
 
-    async def wait_for_connections(self, n: int, timeout: float = 10.0) -> None:
+    async def wait_for_connections(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         """Wait until at least ``n`` proxied connections are established at once.
 
         "Established" means the target connection is up (and, for TLS, the handshake is done).
@@ -337,7 +337,7 @@ class FaultProxy:
         with anyio.fail_after(timeout):
             await self._wait_until(lambda: self.active_connections >= n)
 
-    async def wait_for_total_connections(self, n: int, timeout: float = 10.0) -> None:
+    async def wait_for_total_connections(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         """Wait until ``connections_total`` (established since start) reaches ``n``."""
         with anyio.fail_after(timeout):
             await self._wait_until(lambda: self._connections_total >= n)
@@ -345,9 +345,7 @@ class FaultProxy:
     @property
     def active_connections(self) -> int:
         """Established connections not yet closed or cut."""
-        return sum(
-            1 for conn in self._connections if conn.established and not conn.scope.cancel_called
-        )
+        return sum(1 for conn in self._connections if conn.established and not conn.scope.cancel_called)
 
     @property
     def connections_total(self) -> int:

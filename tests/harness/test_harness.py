@@ -7,12 +7,17 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import pytest
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 from anyio.abc import ByteStream, SocketAttribute, SocketStream
+from pamqp import body as amqp_body
+from pamqp import commands as amqp
+from pamqp import frame as amqp_frame
+from pamqp import header as amqp_header
 
 from harness import (
     FaultProxy,
@@ -137,24 +142,27 @@ async def test_cut_all_ends_client_stream_promptly(reset: bool) -> None:
 
 
 @pytest.mark.parametrize("direction", ["both", "upstream", "downstream"])
-async def test_stall_then_unstall(direction: str) -> None:
+async def test_stall_then_unstall(direction: Literal["both", "upstream", "downstream"]) -> None:
     with anyio.fail_after(10):
-        async with echo_server() as port, FaultProxy("127.0.0.1", port) as proxy:
-            async with await anyio.connect_tcp("127.0.0.1", proxy.port) as client:
-                await roundtrip(client, b"before")
-                up_before = proxy.bytes_up
-                proxy.stall(direction)  # type: ignore[arg-type]
-                await client.send(b"held")
-                with anyio.move_on_after(0.3) as window:
-                    await client.receive()
-                assert window.cancelled_caught, "bytes got through a stalled proxy"
-                if direction == "downstream":
-                    assert proxy.bytes_up == up_before + 4  # reached the echo server
-                else:
-                    assert proxy.bytes_up == up_before
-                proxy.unstall(direction)  # type: ignore[arg-type]
-                assert await receive_exactly(client, 4) == b"held"
-                await roundtrip(client, b"after")
+        async with (
+            echo_server() as port,
+            FaultProxy("127.0.0.1", port) as proxy,
+            await anyio.connect_tcp("127.0.0.1", proxy.port) as client,
+        ):
+            await roundtrip(client, b"before")
+            up_before = proxy.bytes_up
+            proxy.stall(direction)
+            await client.send(b"held")
+            with anyio.move_on_after(0.3) as window:
+                await client.receive()
+            assert window.cancelled_caught, "bytes got through a stalled proxy"
+            if direction == "downstream":
+                assert proxy.bytes_up == up_before + 4  # it reached the echo server
+            else:
+                assert proxy.bytes_up == up_before
+            proxy.unstall(direction)
+            assert await receive_exactly(client, 4) == b"held"
+            await roundtrip(client, b"after")
 
 
 async def test_stall_applies_to_new_connections() -> None:
@@ -201,21 +209,24 @@ async def test_latency_delays_each_direction() -> None:
 
 async def test_refuse_new() -> None:
     with anyio.fail_after(10):
-        async with echo_server() as port, FaultProxy("127.0.0.1", port) as proxy:
-            async with await anyio.connect_tcp("127.0.0.1", proxy.port) as kept:
-                await roundtrip(kept)
-                proxy.refuse_new(True)
-                async with await anyio.connect_tcp("127.0.0.1", proxy.port) as refused:
-                    with pytest.raises(CONNECTION_LOST):
-                        await refused.receive()
-                assert proxy.connections_refused == 1
-                assert proxy.connections_total == 1
-                # Existing connections are not affected.
-                await roundtrip(kept)
-                proxy.refuse_new(False)
-                async with await anyio.connect_tcp("127.0.0.1", proxy.port) as accepted:
-                    await roundtrip(accepted)
-                assert proxy.connections_total == 2
+        async with (
+            echo_server() as port,
+            FaultProxy("127.0.0.1", port) as proxy,
+            await anyio.connect_tcp("127.0.0.1", proxy.port) as kept,
+        ):
+            await roundtrip(kept)
+            proxy.refuse_new(True)
+            async with await anyio.connect_tcp("127.0.0.1", proxy.port) as refused:
+                with pytest.raises(CONNECTION_LOST):
+                    await refused.receive()
+            assert proxy.connections_refused == 1
+            assert proxy.connections_total == 1
+            # Existing connections are not affected.
+            await roundtrip(kept)
+            proxy.refuse_new(False)
+            async with await anyio.connect_tcp("127.0.0.1", proxy.port) as accepted:
+                await roundtrip(accepted)
+            assert proxy.connections_total == 2
 
 
 async def test_target_down_counts_as_failed() -> None:
@@ -410,28 +421,31 @@ def test_tls_url(tls_material: TLSMaterial) -> None:
 @pytest.mark.broker
 async def test_proxy_to_rabbitmq_connection_start() -> None:
     with anyio.fail_after(15):
-        async with FaultProxy("127.0.0.1", 5672) as proxy:
-            async with await anyio.connect_tcp("127.0.0.1", proxy.port) as client:
-                frame = await read_connection_start(client)
-                assert frame[0] == 1
-                assert frame[7:11] == b"\x00\x0a\x00\x0a"
-                assert proxy.bytes_up == len(broker.AMQP_PROTOCOL_HEADER)
+        async with (
+            FaultProxy("127.0.0.1", 5672) as proxy,
+            await anyio.connect_tcp("127.0.0.1", proxy.port) as client,
+        ):
+            frame = await read_connection_start(client)
+            assert frame[0] == 1
+            assert frame[7:11] == b"\x00\x0a\x00\x0a"
+            assert proxy.bytes_up == len(broker.AMQP_PROTOCOL_HEADER)
 
 
 @pytest.mark.broker
 async def test_tls_proxy_to_rabbitmq_connection_start(tls_material: TLSMaterial) -> None:
     with anyio.fail_after(15):
         async with TLSTerminatingProxy(tls_material, target_port=5672, require_client_cert=True) as tls:
-            async with await anyio.connect_tcp(
+            client = await anyio.connect_tcp(
                 "127.0.0.1",
                 tls.port,
                 tls=True,
                 ssl_context=tls_material.client_ssl_context(),
                 tls_hostname="localhost",
-                tls_standard_compatible=False,
-            ) as client:
+            )
+            async with client:  # the close_notify exchange must succeed
                 frame = await read_connection_start(client)
                 assert frame[7:11] == b"\x00\x0a\x00\x0a"
+            assert tls.client_common_names == ["ojs-test-client"]
 
 
 @pytest.mark.broker
@@ -445,3 +459,134 @@ async def test_broker_queries() -> None:
         assert "rabbit" in await broker.rabbitmqctl("status", "-q")
     with pytest.raises(broker.RabbitmqctlError):
         broker.rabbitmqctl_sync("no_such_command", timeout=30)
+
+
+# ---------------------------------------------------------------------- broker-side control
+# These act on the whole broker node (and so on every test running against it at the same time);
+# they run only when OJS_BROKER_DISRUPTIVE=1.
+
+disruptive = pytest.mark.skipif(
+    os.environ.get("OJS_BROKER_DISRUPTIVE") != "1",
+    reason="changes the shared broker (set OJS_BROKER_DISRUPTIVE=1 to run)",
+)
+
+
+class RawAMQP:
+    """Just enough AMQP 0-9-1 (with pamqp) to open a connection and publish, for probing."""
+
+    def __init__(self, stream: ByteStream) -> None:
+        self.stream = stream
+        self._buffer = bytearray()
+
+    async def send(self, *frames: object, channel: int = 0) -> None:
+        await self.stream.send(b"".join(amqp_frame.marshal(f, channel) for f in frames))  # type: ignore[arg-type]
+
+    async def receive(self) -> object:
+        while True:
+            if len(self._buffer) >= 7:
+                size = int.from_bytes(self._buffer[3:7], "big")
+                if len(self._buffer) >= 8 + size:
+                    raw = bytes(self._buffer[: 8 + size])
+                    del self._buffer[: 8 + size]
+                    return amqp_frame.unmarshal(raw)[2]
+            self._buffer += await self.stream.receive()
+
+    async def open(self, connection_name: str) -> None:
+        assert isinstance(await read_connection_start(self.stream), bytes)
+        await self.send(
+            amqp.Connection.StartOk(
+                client_properties={
+                    "connection_name": connection_name,
+                    "capabilities": {"connection.blocked": True},
+                },
+                mechanism="PLAIN",
+                response="\0guest\0guest",
+            )
+        )
+        tune = await self.receive()
+        assert isinstance(tune, amqp.Connection.Tune)
+        await self.send(
+            amqp.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0),
+            amqp.Connection.Open(virtual_host="/"),
+        )
+        assert isinstance(await self.receive(), amqp.Connection.OpenOk)
+        await self.send(amqp.Channel.Open(), channel=1)
+        assert isinstance(await self.receive(), amqp.Channel.OpenOk)
+
+    async def publish(self, routing_key: str, payload: bytes) -> None:
+        await self.send(
+            amqp.Basic.Publish(exchange="", routing_key=routing_key),
+            amqp_header.ContentHeader(body_size=len(payload)),
+            amqp_body.ContentBody(payload),
+            channel=1,
+        )
+
+
+@pytest.mark.broker
+async def test_close_connections_by_name() -> None:
+    name = f"harness-{os.getpid()}-{os.urandom(4).hex()}"
+    with anyio.fail_after(60):
+        async with await anyio.connect_tcp("127.0.0.1", 5672) as stream:
+            peer = RawAMQP(stream)
+            await peer.open(name)
+            assert await broker.close_connections("bye from the harness", connection_name=name) == 1
+            close = await peer.receive()
+            assert isinstance(close, amqp.Connection.Close)
+            assert close.reply_code == 320
+            assert "bye from the harness" in close.reply_text
+            await peer.send(amqp.Connection.CloseOk())
+        assert await broker.close_connections(connection_name=name) == 0
+
+
+@pytest.mark.broker
+@disruptive
+async def test_lowered_memory_watermark_blocks_publishers() -> None:
+    with anyio.fail_after(60):
+        before = await broker.get_memory_watermark()
+        async with await anyio.connect_tcp("127.0.0.1", 5672) as stream:
+            peer = RawAMQP(stream)
+            await peer.open(f"harness-blocked-{os.getpid()}")
+            async with broker.lowered_memory_watermark() as previous:
+                assert previous == before
+                assert await broker.get_memory_alarms()
+                await peer.publish("harness-nowhere", b"x")
+                blocked = await peer.receive()
+                assert isinstance(blocked, amqp.Connection.Blocked)
+                assert "memory" in blocked.reason
+            assert isinstance(await peer.receive(), amqp.Connection.Unblocked)
+            assert await broker.get_memory_alarms() == []
+        assert await broker.get_memory_watermark() == before
+
+
+@pytest.mark.broker
+@disruptive
+async def test_lowered_memory_watermark_restores_when_cancelled() -> None:
+    with anyio.fail_after(60):
+        before = await broker.get_memory_watermark()
+        with anyio.CancelScope() as scope:
+            async with broker.lowered_memory_watermark():
+                scope.cancel()
+                await anyio.sleep_forever()
+        assert await broker.get_memory_watermark() == before
+        assert await broker.get_memory_alarms() == []
+
+
+@pytest.mark.broker
+@disruptive
+async def test_broker_stopped_restarts_even_on_error() -> None:
+    with anyio.fail_after(120):
+        async with (
+            FaultProxy("127.0.0.1", 5672) as proxy,
+            await anyio.connect_tcp("127.0.0.1", proxy.port) as client,
+        ):
+            await read_connection_start(client)
+            with pytest.raises(RuntimeError, match="boom"):
+                async with broker.broker_stopped():
+                    # The broker dropped the connection, and answers no more.
+                    with pytest.raises(CONNECTION_LOST):
+                        while True:
+                            await client.receive()
+                    with pytest.raises(TimeoutError):
+                        await broker.wait_broker_ready(timeout=1)
+                    raise RuntimeError("boom")
+        await broker.wait_broker_ready(timeout=5)

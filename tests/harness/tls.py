@@ -54,9 +54,7 @@ class TLSMaterial:
             context.load_verify_locations(cafile=self.ca_cert_path)
         return context
 
-    def client_ssl_context(
-        self, *, with_client_cert: bool = True, trust_ca: bool = True
-    ) -> ssl.SSLContext:
+    def client_ssl_context(self, *, with_client_cert: bool = True, trust_ca: bool = True) -> ssl.SSLContext:
         """Client-side context verifying the server against the CA (or the untrusted one)."""
         cafile = self.ca_cert_path if trust_ca else self.untrusted_ca_cert_path
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cafile))

@@ -1,0 +1,964 @@
+"""The publish/ack hot path, side by side, in one process against one broker.
+
+Workloads (N messages of 256 bytes, no properties, default exchange, a fresh
+exclusive server-named queue per scenario, deleted afterwards):
+
+* **publish+confirm**: publish N with publisher confirms on, until all N are confirmed;
+* **consume+ack**: consume the N just published at prefetch 512, one Basic.Ack per
+  delivery, until N are acked.
+
+Clients:
+
+* ``raw-socket``: the ceiling.  A blocking stdlib socket; the handshake is done with
+  ``codec.AMQPConnection``, then N pre-encoded publishes go out in large writes and
+  confirms are parsed in bulk; deliveries are parsed in bulk and one Ack frame per
+  delivery is written (batched per read).
+* ``ojs-anyio/asyncio`` and ``ojs-anyio/trio``: ``ch.publish_window()`` and
+  ``ch.consume()`` + ``await m.ack()``.
+* peers, each with its fastest documented way to keep publishes in flight:
+  ``aio-pika`` (``asyncio.gather`` over batches of ``exchange.publish``), ``aiormq``
+  (``asyncio.gather`` over batches of ``channel.basic_publish``), ``pika`` (blocking,
+  ``confirm_delivery()``, synchronous publish) and ``pika-select`` (SelectConnection,
+  a sliding window of unconfirmed publishes).  A peer that isn't installed is skipped.
+
+Each round runs every scenario once (rounds interleave scenarios, so drift hits all
+alike); the best of ``--repeat`` rounds is reported.
+
+``--memory`` (part of the default run unless ``--no-memory``; skipped with ``--smoke``):
+peak RSS of a child process of this script consuming 200,000 vs 20,000 messages with
+ojs-anyio (queue pre-filled by the parent with the raw publisher).
+
+Usage::
+
+    python3 benchmarks/hotpath.py [--n 20000] [--repeat 3] [--smoke] [--json]
+                                  [--memory | --no-memory] [--url amqp://...]
+                                  [--window 1024] [--profile asyncio|trio]
+
+Targets are printed as PASS/MISS, never asserted.  Exit status is 1 only when the
+ceiling or one of our scenarios failed to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import importlib.util
+import json
+import os
+import platform
+import pstats
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import anyio  # noqa: E402
+from pamqp import commands  # noqa: E402
+
+import codec  # noqa: E402
+from ojs_anyio import amqp  # noqa: E402
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+BODY = bytes(range(256))
+PREFETCH = 512
+DEFAULT_WINDOW = 1024
+PEER_BATCH = 1024
+PIKA_SELECT_WINDOW = 1024
+RAW_WRITE_BYTES = 256 * 1024
+READ_SIZE = 256 * 1024
+SCENARIO_TIMEOUT = 300.0
+MEMORY_COUNTS = (20_000, 200_000)
+MEMORY_TARGET_MB = 20.0
+
+TARGETS = (
+    # (scenario, workload, minimum fraction of the ceiling)
+    ("ojs-anyio/asyncio", "publish", 0.60),
+    ("ojs-anyio/asyncio", "consume", 0.60),
+    ("ojs-anyio/trio", "publish", 0.45),
+    ("ojs-anyio/trio", "consume", 0.45),
+)
+OURS = ("ojs-anyio/asyncio", "ojs-anyio/trio")
+CEILING = "raw-socket"
+PEERS = ("aio-pika", "aiormq", "pika", "pika-select")
+WORKLOADS = (("publish", "publish+confirm"), ("consume", "consume+ack"))
+
+
+class Skipped(Exception):
+    """A scenario that cannot run here (a peer that isn't installed)."""
+
+
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+# =====================================================================================
+# Raw-socket ceiling
+# =====================================================================================
+
+_FRAME_HDR = struct.Struct(">BHI")
+_U32 = struct.Struct(">I")
+_TAG_BITS = struct.Struct(">QB")
+_Q = struct.Struct(">Q")
+_BASIC_ACK = codec.BASIC_ACK
+_BASIC_NACK = codec.BASIC_NACK
+_BASIC_DELIVER = codec.BASIC_DELIVER
+_CHANNEL_CLOSE = codec.CHANNEL_CLOSE
+_CONNECTION_CLOSE = codec.CONNECTION_CLOSE
+
+
+def _url_parts(url: str) -> tuple[str, int, str, str, str]:
+    parts = urlsplit(url)
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    return (
+        parts.hostname or "127.0.0.1",
+        parts.port or 5672,
+        unquote(parts.username or "guest"),
+        unquote(parts.password or "guest"),
+        vhost,
+    )
+
+
+class RawConnection:
+    """A blocking-socket AMQP connection: the handshake through ``codec.AMQPConnection``,
+    then hand-rolled frame parsing for the hot paths (no events, no objects per frame)."""
+
+    def __init__(self, url: str) -> None:
+        host, port, user, password, vhost = _url_parts(url)
+        self.sock = socket.create_connection((host, port), timeout=SCENARIO_TIMEOUT)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.proto = codec.AMQPConnection(
+            codec.ConnectionParameters(
+                credentials=codec.Credentials(username=user, password=password),
+                virtual_host=vhost,
+                heartbeat=0,
+            )
+        )
+        self._rest = b""
+        self.proto.initiate()
+        self._flush_proto()
+        opened = self._until(codec.ConnectionOpened)
+        self.frame_max: int = opened.frame_max
+        self.cid = self.proto.open_channel()
+        self._flush_proto()
+        self._until(codec.ChannelOpened)
+        self.proto.send_method(self.cid, commands.Confirm.Select())
+        self._flush_proto()
+        self._until(codec.MethodReply)
+
+    # --- the handshake, through the sans-IO protocol
+
+    def _flush_proto(self) -> None:
+        data = self.proto.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def _until(self, kind: type) -> Any:
+        while True:
+            data = self.sock.recv(READ_SIZE)
+            if not data:
+                raise ConnectionError("broker closed the socket during the handshake")
+            events = self.proto.receive_data(data)
+            self._flush_proto()
+            for ev in events:
+                if type(ev) is kind:
+                    return ev
+                if isinstance(ev, codec.ChannelClosed | codec.ConnectionClosed):
+                    raise ev.error
+
+    def declare(self, queue: str = "", *, exclusive: bool = True) -> str:
+        """Queue.Declare through the sans-IO protocol (call before any raw operation)."""
+        self.proto.send_method(self.cid, commands.Queue.Declare(queue=queue, exclusive=exclusive))
+        self._flush_proto()
+        reply = self._until(codec.MethodReply)
+        return str(reply.method.queue)
+
+    # --- raw mode: our own frame loop from here on
+
+    def _rpc(self, method: Any, reply: type) -> Any:
+        """Send a method raw and read frames until its reply (skipping anything else)."""
+        self.sock.sendall(codec.encode_method_frame(self.cid if method.index >> 16 != 10 else 0, method))
+        buf = self._rest
+        while True:
+            pos = 0
+            end = len(buf)
+            while end - pos >= 8:
+                ftype, _ch, size = _FRAME_HDR.unpack_from(buf, pos)
+                fend = pos + 7 + size
+                if fend >= end:
+                    break
+                if ftype == 1:
+                    m = codec.decode_method(bytes(buf[pos + 7 : fend]))
+                    if type(m) is reply:
+                        self._rest = buf[fend + 1 :]
+                        return m
+                    if m.index in (_CHANNEL_CLOSE, _CONNECTION_CLOSE):
+                        raise ConnectionError(f"broker closed: {m.reply_code} {m.reply_text}")
+                pos = fend + 1
+            data = self.sock.recv(READ_SIZE)
+            if not data:
+                raise ConnectionError("broker closed the socket")
+            buf = buf[pos:] + data
+
+    def publish(self, queue: str, n: int) -> float:
+        """Publish N pre-encoded messages in large writes; return seconds until all acked."""
+        one = codec.encode_publish(self.cid, "", queue, None, BODY, self.frame_max)
+        per_write = max(1, RAW_WRITE_BYTES // len(one))
+        chunks = [one * per_write] * (n // per_write)
+        if n % per_write:
+            chunks.append(one * (n % per_write))
+        sock = self.sock
+        recv = sock.recv
+        dontwait = socket.MSG_DONTWAIT
+        state = [0, 0, self._rest]  # confirmed up to (contiguous), nacks, leftover bytes
+        early: set[int] = set()
+
+        def parse(data: bytes) -> None:
+            buf = state[2] + data if state[2] else data
+            upto = state[0]
+            pos = 0
+            end = len(buf)
+            unpack_hdr = _FRAME_HDR.unpack_from
+            unpack_u32 = _U32.unpack_from
+            unpack_tag = _TAG_BITS.unpack_from
+            while end - pos >= 8:
+                ftype, _ch, size = unpack_hdr(buf, pos)
+                fend = pos + 7 + size
+                if fend >= end:
+                    break
+                if ftype == 1:
+                    key = unpack_u32(buf, pos + 7)[0]
+                    if key == _BASIC_ACK or key == _BASIC_NACK:
+                        tag, bits = unpack_tag(buf, pos + 11)
+                        if key == _BASIC_NACK:
+                            state[1] += 1
+                        if bits & 1:
+                            if tag > upto:
+                                upto = tag
+                        elif tag == upto + 1:
+                            upto = tag
+                        else:
+                            early.add(tag)
+                        while early and upto + 1 in early:
+                            upto += 1
+                            early.discard(upto)
+                    elif key in (_CHANNEL_CLOSE, _CONNECTION_CLOSE):
+                        raise ConnectionError(f"broker closed: {codec.decode_method(bytes(buf[pos + 7 : fend]))}")
+                pos = fend + 1
+            state[0] = upto
+            state[2] = buf[pos:]
+
+        t0 = time.perf_counter()
+        for chunk in chunks:
+            sock.sendall(chunk)
+            while True:
+                try:
+                    data = recv(READ_SIZE, dontwait)
+                except BlockingIOError:
+                    break
+                if not data:
+                    raise ConnectionError("broker closed the socket")
+                parse(data)
+        while state[0] < n:
+            data = recv(READ_SIZE)
+            if not data:
+                raise ConnectionError("broker closed the socket")
+            parse(data)
+        elapsed = time.perf_counter() - t0
+        self._rest = state[2]
+        if state[1]:
+            raise RuntimeError(f"{state[1]} publishes were nacked")
+        return elapsed
+
+    def consume(self, queue: str, n: int, prefetch: int = PREFETCH) -> float:
+        """Basic.Qos + Basic.Consume, then one Ack per delivery; seconds until N acked."""
+        sock = self.sock
+        recv = sock.recv
+        cid = self.cid
+        encode_ack = codec.encode_ack
+        acked = 0
+        pending_tag = 0
+        body_left = -1
+        buf = self._rest
+        t0 = time.perf_counter()
+        sock.sendall(
+            codec.encode_method_frame(cid, commands.Basic.Qos(prefetch_count=prefetch))
+            + codec.encode_method_frame(cid, commands.Basic.Consume(queue=queue, consumer_tag="raw"))
+        )
+        unpack_hdr = _FRAME_HDR.unpack_from
+        unpack_u32 = _U32.unpack_from
+        unpack_q = _Q.unpack_from
+        while acked < n:
+            data = recv(READ_SIZE)
+            if not data:
+                raise ConnectionError("broker closed the socket")
+            buf = buf + data if buf else data
+            acks: list[bytes] = []
+            pos = 0
+            end = len(buf)
+            while end - pos >= 8:
+                ftype, _ch, size = unpack_hdr(buf, pos)
+                fend = pos + 7 + size
+                if fend >= end:
+                    break
+                if ftype == 3:
+                    body_left -= size
+                    if body_left == 0:
+                        acks.append(encode_ack(cid, pending_tag))
+                elif ftype == 1:
+                    key = unpack_u32(buf, pos + 7)[0]
+                    if key == _BASIC_DELIVER:
+                        pending_tag = unpack_q(buf, pos + 12 + buf[pos + 11])[0]
+                    elif key in (_CHANNEL_CLOSE, _CONNECTION_CLOSE):
+                        raise ConnectionError(f"broker closed: {codec.decode_method(bytes(buf[pos + 7 : fend]))}")
+                elif ftype == 2:
+                    body_left = unpack_q(buf, pos + 11)[0]
+                    if body_left == 0:
+                        acks.append(encode_ack(cid, pending_tag))
+                pos = fend + 1
+            buf = buf[pos:]
+            if acks:
+                acked += len(acks)
+                sock.sendall(b"".join(acks))
+        elapsed = time.perf_counter() - t0
+        self._rest = buf
+        self._rpc(commands.Basic.Cancel(consumer_tag="raw"), commands.Basic.CancelOk)
+        return elapsed
+
+    def delete(self, queue: str) -> None:
+        self._rpc(commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk)
+
+    def close(self) -> None:
+        try:
+            self._rpc(
+                commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0),
+                commands.Connection.CloseOk,
+            )
+        finally:
+            self.sock.close()
+
+
+def run_raw(url: str, n: int, window: int) -> tuple[float, float]:
+    conn = RawConnection(url)
+    try:
+        queue = conn.declare()
+        pub = conn.publish(queue, n)
+        cons = conn.consume(queue, n)
+        conn.delete(queue)
+    finally:
+        conn.close()
+    return pub, cons
+
+
+# =====================================================================================
+# ojs-anyio
+# =====================================================================================
+
+
+async def _ours(url: str, n: int, window: int) -> tuple[float, float]:
+    async with amqp.connect(url) as conn, conn.channel(confirms=True) as ch:
+        info = await ch.queue_declare("", exclusive=True)
+        w = ch.publish_window(max_in_flight=window)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await w.publish(BODY, routing_key=info.name)
+        failed = await w.wait_all()
+        pub = time.perf_counter() - t0
+        if failed:
+            raise RuntimeError(f"{len(failed)} publishes failed: {failed[0].error!r}")
+        count = 0
+        t0 = time.perf_counter()
+        async with ch.consume(info.name, prefetch=PREFETCH) as messages:
+            async for m in messages:
+                await m.ack()
+                count += 1
+                if count >= n:
+                    break
+            cons = time.perf_counter() - t0
+        await ch.queue_delete(info.name)
+    return pub, cons
+
+
+def _ours_on(backend: str) -> Callable[[str, int, int], tuple[float, float]]:
+    def run(url: str, n: int, window: int) -> tuple[float, float]:
+        async def main() -> tuple[float, float]:
+            with anyio.fail_after(SCENARIO_TIMEOUT):
+                return await _ours(url, n, window)
+
+        return anyio.run(main, backend=backend)
+
+    return run
+
+
+# =====================================================================================
+# Peers
+# =====================================================================================
+
+
+def run_aio_pika(url: str, n: int, window: int) -> tuple[float, float]:
+    if not _have("aio_pika"):
+        raise Skipped("aio-pika is not installed")
+    import aio_pika
+
+    async def main() -> tuple[float, float]:
+        conn = await aio_pika.connect(url)
+        async with conn:
+            ch = await conn.channel(publisher_confirms=True)
+            q = await ch.declare_queue(exclusive=True)
+            ex = ch.default_exchange
+            name = q.name
+            message = aio_pika.Message
+            t0 = time.perf_counter()
+            for first in range(0, n, PEER_BATCH):
+                await asyncio.gather(
+                    *(
+                        ex.publish(message(BODY), routing_key=name, mandatory=False)
+                        for _ in range(min(PEER_BATCH, n - first))
+                    )
+                )
+            pub = time.perf_counter() - t0
+            await ch.set_qos(prefetch_count=PREFETCH)
+            count = 0
+            t0 = time.perf_counter()
+            async with q.iterator() as it:
+                async for m in it:
+                    await m.ack()
+                    count += 1
+                    if count >= n:
+                        break
+                cons = time.perf_counter() - t0
+            await q.delete(if_unused=False, if_empty=False)
+        return pub, cons
+
+    return asyncio.run(asyncio.wait_for(main(), SCENARIO_TIMEOUT))
+
+
+def run_aiormq(url: str, n: int, window: int) -> tuple[float, float]:
+    if not _have("aiormq"):
+        raise Skipped("aiormq is not installed")
+    import aiormq
+
+    async def main() -> tuple[float, float]:
+        conn = await aiormq.connect(url)
+        try:
+            ch = await conn.channel(publisher_confirms=True)
+            declared = await ch.queue_declare(exclusive=True)
+            name = declared.queue
+            publish = ch.basic_publish
+            t0 = time.perf_counter()
+            for first in range(0, n, PEER_BATCH):
+                confirms = await asyncio.gather(
+                    *(publish(BODY, routing_key=name) for _ in range(min(PEER_BATCH, n - first)))
+                )
+                if not all(isinstance(c, commands.Basic.Ack) for c in confirms):
+                    raise RuntimeError("aiormq: a publish was not acked")
+            pub = time.perf_counter() - t0
+            await ch.basic_qos(prefetch_count=PREFETCH)
+            done = asyncio.Event()
+            count = 0
+
+            async def on_message(message: Any) -> None:
+                nonlocal count
+                await message.channel.basic_ack(message.delivery.delivery_tag)
+                count += 1
+                if count >= n:
+                    done.set()
+
+            t0 = time.perf_counter()
+            ok = await ch.basic_consume(name, on_message)
+            await done.wait()
+            cons = time.perf_counter() - t0
+            await ch.basic_cancel(ok.consumer_tag)
+            await ch.queue_delete(name)
+        finally:
+            await conn.close()
+        return pub, cons
+
+    return asyncio.run(asyncio.wait_for(main(), SCENARIO_TIMEOUT))
+
+
+def run_pika(url: str, n: int, window: int) -> tuple[float, float]:
+    if not _have("pika"):
+        raise Skipped("pika is not installed")
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        name = ch.queue_declare("", exclusive=True).method.queue
+        publish = ch.basic_publish
+        t0 = time.perf_counter()
+        for _ in range(n):
+            publish(exchange="", routing_key=name, body=BODY)  # raises if nacked/returned
+        pub = time.perf_counter() - t0
+        ch.basic_qos(prefetch_count=PREFETCH)
+        count = 0
+        t0 = time.perf_counter()
+        for method, _props, _body in ch.consume(name, inactivity_timeout=SCENARIO_TIMEOUT):
+            if method is None:
+                raise TimeoutError("pika: no delivery within the scenario timeout")
+            ch.basic_ack(method.delivery_tag)
+            count += 1
+            if count >= n:
+                break
+        cons = time.perf_counter() - t0
+        ch.cancel()
+        ch.queue_delete(name)
+    finally:
+        conn.close()
+    return pub, cons
+
+
+def run_pika_select(url: str, n: int, window: int) -> tuple[float, float]:
+    """pika's asynchronous adapter: a sliding window of PIKA_SELECT_WINDOW unconfirmed
+    publishes refilled from the confirm callback (pika's asynchronous publisher example)."""
+    if not _have("pika"):
+        raise Skipped("pika is not installed")
+    import pika
+    from pika.adapters.select_connection import SelectConnection
+
+    st: dict[str, Any] = {"sent": 0, "upto": 0, "nacks": 0, "acked": 0, "error": None}
+    times: dict[str, float] = {}
+
+    def fail(msg: str) -> None:
+        if st["error"] is None:
+            st["error"] = msg
+        conn.ioloop.stop()
+
+    def on_open(c: Any) -> None:
+        c.channel(on_open_callback=on_channel)
+
+    def on_channel(ch: Any) -> None:
+        st["ch"] = ch
+        ch.add_on_close_callback(lambda _ch, reason: fail(f"channel closed: {reason}"))
+        ch.confirm_delivery(ack_nack_callback=on_confirm, callback=lambda _f: declare(ch))
+
+    def declare(ch: Any) -> None:
+        ch.queue_declare("", exclusive=True, callback=on_declared)
+
+    def on_declared(frame: Any) -> None:
+        st["queue"] = frame.method.queue
+        times["t0"] = time.perf_counter()
+        fill()
+
+    def fill() -> None:
+        ch = st["ch"]
+        q = st["queue"]
+        limit = min(n, st["upto"] + PIKA_SELECT_WINDOW)
+        while st["sent"] < limit:
+            ch.basic_publish("", q, BODY)
+            st["sent"] += 1
+
+    def on_confirm(frame: Any) -> None:
+        m = frame.method
+        if isinstance(m, pika.spec.Basic.Nack):
+            st["nacks"] += 1
+        if m.multiple or m.delivery_tag == st["upto"] + 1:
+            st["upto"] = max(st["upto"], m.delivery_tag)
+        else:
+            st["upto"] = m.delivery_tag  # RabbitMQ confirms in order on one queue
+        if st["upto"] >= n:
+            times["pub"] = time.perf_counter() - times["t0"]
+            st["ch"].basic_qos(prefetch_count=PREFETCH, callback=start_consume)
+        else:
+            fill()
+
+    def start_consume(_frame: Any) -> None:
+        times["t1"] = time.perf_counter()
+        st["ch"].basic_consume(st["queue"], on_message)
+
+    def on_message(ch: Any, method: Any, _props: Any, _body: bytes) -> None:
+        ch.basic_ack(method.delivery_tag)
+        st["acked"] += 1
+        if st["acked"] == n:
+            times["cons"] = time.perf_counter() - times["t1"]
+            ch.queue_delete(st["queue"], callback=lambda _f: conn.close())
+
+    conn = SelectConnection(
+        pika.URLParameters(url),
+        on_open_callback=on_open,
+        on_open_error_callback=lambda _c, err: fail(f"cannot open: {err}"),
+        on_close_callback=lambda _c, _reason: conn.ioloop.stop(),
+    )
+    deadline = conn.ioloop.call_later(SCENARIO_TIMEOUT, lambda: fail("timed out"))
+    conn.ioloop.start()
+    conn.ioloop.remove_timeout(deadline)
+    if st["error"] is not None:
+        raise RuntimeError(st["error"])
+    if st["nacks"]:
+        raise RuntimeError(f"{st['nacks']} publishes were nacked")
+    return times["pub"], times["cons"]
+
+
+SCENARIOS: dict[str, Callable[[str, int, int], tuple[float, float]]] = {
+    CEILING: run_raw,
+    "ojs-anyio/asyncio": _ours_on("asyncio"),
+    "ojs-anyio/trio": _ours_on("trio"),
+    "aio-pika": run_aio_pika,
+    "aiormq": run_aiormq,
+    "pika": run_pika,
+    "pika-select": run_pika_select,
+}
+
+
+# =====================================================================================
+# Runner
+# =====================================================================================
+
+
+@dataclass
+class Result:
+    name: str
+    publish: list[float] = field(default_factory=list)  # msgs/s per round
+    consume: list[float] = field(default_factory=list)
+    skipped: str | None = None
+    error: str | None = None
+
+    def best(self, workload: str) -> float | None:
+        samples = self.publish if workload == "publish" else self.consume
+        return max(samples) if samples else None
+
+
+def run_all(url: str, n: int, repeat: int, window: int, only: list[str] | None) -> dict[str, Result]:
+    names = [s for s in SCENARIOS if only is None or s in only]
+    results = {name: Result(name) for name in names}
+    for _ in range(repeat):
+        for name in names:
+            res = results[name]
+            if res.skipped or res.error:
+                continue
+            try:
+                pub, cons = SCENARIOS[name](url, n, window)
+            except Skipped as exc:
+                res.skipped = str(exc)
+                continue
+            except Exception as exc:
+                res.error = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc(file=sys.stderr)
+                continue
+            res.publish.append(n / pub)
+            res.consume.append(n / cons)
+    return results
+
+
+def ratios(results: dict[str, Result]) -> dict[str, Any]:
+    out: dict[str, Any] = {"to_ceiling": {}, "to_peers": {}, "targets": []}
+    ceiling = results.get(CEILING)
+    for ours in OURS:
+        r = results.get(ours)
+        if r is None:
+            continue
+        for wl, _label in WORKLOADS:
+            mine = r.best(wl)
+            if mine is None:
+                continue
+            if ceiling is not None and (top := ceiling.best(wl)):
+                out["to_ceiling"][f"{ours}:{wl}"] = mine / top
+            for peer in PEERS:
+                p = results.get(peer)
+                if p is not None and (theirs := p.best(wl)):
+                    out["to_peers"][f"{ours}/{peer}:{wl}"] = mine / theirs
+    for ours, wl, minimum in TARGETS:
+        got = out["to_ceiling"].get(f"{ours}:{wl}")
+        out["targets"].append(
+            {
+                "scenario": ours,
+                "workload": wl,
+                "minimum": minimum,
+                "got": got,
+                "status": "n/a" if got is None else ("PASS" if got >= minimum else "MISS"),
+            }
+        )
+    return out
+
+
+# =====================================================================================
+# Memory: consume 200,000 vs 20,000 in a child process
+# =====================================================================================
+
+
+def _maxrss_kb() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss // 1024 if sys.platform == "darwin" else rss  # bytes on macOS, KiB elsewhere
+
+
+def memory_child(url: str, queue: str, n: int, backend: str) -> None:
+    async def main() -> dict[str, Any]:
+        async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
+            before = _maxrss_kb()
+            count = 0
+            t0 = time.perf_counter()
+            async with ch.consume(queue, prefetch=PREFETCH) as messages:
+                async for m in messages:
+                    await m.ack()
+                    count += 1
+                    if count >= n:
+                        break
+            elapsed = time.perf_counter() - t0
+        return {"n": count, "maxrss_kb": _maxrss_kb(), "maxrss_before_kb": before, "rate": count / elapsed}
+
+    print(json.dumps(anyio.run(main, backend=backend)))
+
+
+def run_memory(url: str, backend: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"backend": backend, "runs": {}}
+    for count in MEMORY_COUNTS:
+        queue = f"ojs-bench-hotpath-mem-{os.getpid()}-{count}"
+        raw = RawConnection(url)
+        try:
+            raw.declare(queue, exclusive=False)
+            raw.publish(queue, count)
+        finally:
+            raw.close()
+        try:
+            proc = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--memory-child", queue, "--n", str(count),
+                 "--backend", backend, "--url", url],
+                capture_output=True,
+                text=True,
+                timeout=SCENARIO_TIMEOUT * 2,
+                check=False,
+            )
+        finally:
+            raw = RawConnection(url)
+            try:
+                raw.delete(queue)
+            finally:
+                raw.close()
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory child for {count} failed:\n{proc.stderr}")
+        out["runs"][str(count)] = json.loads(proc.stdout.strip().splitlines()[-1])
+    small, big = (out["runs"][str(c)]["maxrss_kb"] for c in MEMORY_COUNTS)
+    out["diff_mb"] = (big - small) / 1024
+    out["status"] = "PASS" if out["diff_mb"] <= MEMORY_TARGET_MB else "MISS"
+    return out
+
+
+# =====================================================================================
+# Profiling our hot path
+# =====================================================================================
+
+
+def profile(url: str, n: int, window: int, backend: str, top: int = 30) -> None:
+    run = _ours_on(backend)
+    for label, wl in (("publish+confirm", 0), ("consume+ack", 1)):
+        prof = cProfile.Profile()
+        if wl == 0:
+            # Profile only the publish phase: run it alone.
+            async def pub_only() -> None:
+                async with amqp.connect(url) as conn, conn.channel(confirms=True) as ch:
+                    info = await ch.queue_declare("", exclusive=True)
+                    w = ch.publish_window(max_in_flight=window)
+                    prof.enable()
+                    for _ in range(n):
+                        await w.publish(BODY, routing_key=info.name)
+                    await w.wait_all()
+                    prof.disable()
+
+            anyio.run(pub_only, backend=backend)
+        else:
+            async def cons_only() -> None:
+                async with amqp.connect(url) as conn, conn.channel(confirms=True) as ch:
+                    info = await ch.queue_declare("", exclusive=True)
+                    w = ch.publish_window(max_in_flight=window)
+                    for _ in range(n):
+                        await w.publish(BODY, routing_key=info.name)
+                    await w.wait_all()
+                    count = 0
+                    prof.enable()
+                    async with ch.consume(info.name, prefetch=PREFETCH) as messages:
+                        async for m in messages:
+                            await m.ack()
+                            count += 1
+                            if count >= n:
+                                break
+                    prof.disable()
+
+            anyio.run(cons_only, backend=backend)
+        stats = pstats.Stats(prof)
+        entries = stats.stats  # type: ignore[attr-defined]
+        total = sum(v[2] for v in entries.values()) or 1e-9
+        rows = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+        print(f"\n== cProfile, ojs-anyio/{backend}, {label}, N={n}: top {top} by own time "
+              f"(total {total:.3f}s) ==")
+        print(f"{'own%':>6} {'cum%':>6} {'calls':>9}  function")
+        for (filename, line, func), (_cc, nc, tt, ct, _callers) in rows:
+            short = _short_path(filename)
+            print(f"{100 * tt / total:6.1f} {100 * ct / total:6.1f} {nc:9d}  {short}:{line}:{func}")
+    del run
+
+
+def _short_path(filename: str) -> str:
+    for marker in ("/ojs_anyio/", "/codec/", "/anyio/", "/asyncio/", "/trio/", "/pamqp/"):
+        i = filename.rfind(marker)
+        if i >= 0:
+            return filename[i + 1 :]
+    return os.path.basename(filename) if filename.startswith("/") else filename
+
+
+# =====================================================================================
+# Output
+# =====================================================================================
+
+
+def _fmt_rate(r: Result, wl: str) -> str:
+    if r.skipped:
+        return "skipped"
+    if r.error:
+        return "error"
+    best = r.best(wl)
+    return f"{best:>10,.0f}" if best is not None else "-"
+
+
+def print_report(
+    args: argparse.Namespace, results: dict[str, Result], rat: dict[str, Any], memory: dict[str, Any] | None
+) -> None:
+    print(
+        f"hotpath: N={args.n} body={len(BODY)}B prefetch={PREFETCH} window={args.window} "
+        f"peer-batch={PEER_BATCH} best of {args.repeat} round(s); broker {urlsplit(args.url).hostname}:"
+        f"{urlsplit(args.url).port or 5672}; Python {platform.python_version()}, {os.cpu_count()} CPUs"
+    )
+    ceiling = results.get(CEILING)
+    for wl, label in WORKLOADS:
+        print(f"\n{label} (msgs/s, best of {args.repeat}):")
+        top = ceiling.best(wl) if ceiling else None
+        for name, r in results.items():
+            line = f"  {name:<20} {_fmt_rate(r, wl):>10}"
+            best = r.best(wl)
+            if top and best and name != CEILING:
+                line += f"   {100 * best / top:5.1f}% of ceiling"
+            samples = r.publish if wl == "publish" else r.consume
+            if len(samples) > 1:
+                line += "   [" + " ".join(f"{s:,.0f}" for s in samples) + "]"
+            if r.skipped:
+                line += f"   ({r.skipped})"
+            elif r.error:
+                line += f"   ({r.error})"
+            print(line)
+    print("\nours / ceiling:")
+    for ours in OURS:
+        parts = []
+        for wl, label in WORKLOADS:
+            v = rat["to_ceiling"].get(f"{ours}:{wl}")
+            parts.append(f"{label} {'n/a' if v is None else f'{100 * v:.1f}%'}")
+        print(f"  {ours:<20} " + ", ".join(parts))
+    print("\nours / peers (x = ours is that many times faster):")
+    for ours in OURS:
+        for peer in PEERS:
+            parts = []
+            for wl, label in WORKLOADS:
+                v = rat["to_peers"].get(f"{ours}/{peer}:{wl}")
+                if v is not None:
+                    parts.append(f"{label} {v:.2f}x")
+            if parts:
+                print(f"  {ours:<20} vs {peer:<12} " + ", ".join(parts))
+    print("\ntargets (context, not asserted):")
+    for t in rat["targets"]:
+        got = "n/a" if t["got"] is None else f"{100 * t['got']:.1f}%"
+        wl_label = dict(WORKLOADS)[t["workload"]]
+        print(
+            f"  [{t['status']}] {t['scenario']} {wl_label}: {got} of ceiling (target >= {100 * t['minimum']:.0f}%)"
+        )
+    if memory is not None:
+        print_memory(memory)
+
+
+def print_memory(memory: dict[str, Any]) -> None:
+    print(f"\nmemory: peak RSS (ru_maxrss) of a child consuming with ojs-anyio/{memory['backend']}, prefetch {PREFETCH}:")
+    for count, run in memory["runs"].items():
+        print(
+            f"  {int(count):>7,} messages: peak {run['maxrss_kb'] / 1024:7.1f} MB "
+            f"(before consuming {run['maxrss_before_kb'] / 1024:.1f} MB; {run['rate']:,.0f} msgs/s)"
+        )
+    print(
+        f"  [{memory['status']}] difference {memory['diff_mb']:+.1f} MB (target: within {MEMORY_TARGET_MB:.0f} MB)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--n", type=int, default=None, help="messages per workload (default 20000; 300 with --smoke)")
+    ap.add_argument("--repeat", type=int, default=None, help="rounds, best reported (default 3; 1 with --smoke)")
+    ap.add_argument("--url", default=DEFAULT_URL)
+    ap.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="our publish_window max_in_flight")
+    ap.add_argument("--smoke", action="store_true", help="tiny N, one round, no memory run")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--memory", action="store_true", help="only the memory comparison")
+    ap.add_argument("--no-memory", action="store_true", help="skip the memory comparison")
+    ap.add_argument("--only", action="append", choices=list(SCENARIOS), help="run only these scenarios")
+    ap.add_argument("--profile", choices=["asyncio", "trio"], help="cProfile our client's hot paths")
+    ap.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"], help=argparse.SUPPRESS)
+    ap.add_argument("--memory-child", metavar="QUEUE", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.n is None:
+        args.n = 300 if args.smoke else 20_000
+    if args.repeat is None:
+        args.repeat = 1 if args.smoke else 3
+
+    if args.memory_child:
+        memory_child(args.url, args.memory_child, args.n, args.backend)
+        return 0
+    if args.profile:
+        profile(args.url, args.n, args.window, args.profile)
+        return 0
+
+    results: dict[str, Result] = {}
+    rat: dict[str, Any] = {"to_ceiling": {}, "to_peers": {}, "targets": []}
+    if not args.memory:
+        stdout = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(stdout):
+            results = run_all(args.url, args.n, args.repeat, args.window, args.only)
+        rat = ratios(results)
+    memory = None
+    if (args.memory or not (args.no_memory or args.smoke)) and not args.only:
+        memory = run_memory(args.url, args.backend)
+
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "n": args.n,
+                    "body_bytes": len(BODY),
+                    "prefetch": PREFETCH,
+                    "window": args.window,
+                    "peer_batch": PEER_BATCH,
+                    "repeat": args.repeat,
+                    "python": platform.python_version(),
+                    "results": {
+                        name: {
+                            "publish_msgs_per_s": r.best("publish"),
+                            "consume_msgs_per_s": r.best("consume"),
+                            "publish_samples": r.publish,
+                            "consume_samples": r.consume,
+                            "skipped": r.skipped,
+                            "error": r.error,
+                        }
+                        for name, r in results.items()
+                    },
+                    **rat,
+                    "memory": memory,
+                }
+            )
+        )
+    elif args.memory:
+        assert memory is not None
+        print_memory(memory)
+    else:
+        print_report(args, results, rat, memory)
+    failed = [name for name in (CEILING, *OURS) if name in results and results[name].error]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

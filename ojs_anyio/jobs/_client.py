@@ -1,0 +1,517 @@
+"""The OJS client: topology, PUSH (single and batch), and dead-letter management.
+
+Reading a push from ``Client.push()`` to the socket: this file builds the job and its
+properties (``_wire.job_properties``), publishes with ``amqp.Channel.publish``
+(``ojs_anyio/amqp/_channel.py``), which encodes through ``codec`` and writes in
+``ojs_anyio/amqp/_connection.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+
+from codec import Int32
+
+from .. import amqp
+from . import _tracing
+from ._envelope import Job, encode_job, format_timestamp, new_job, parse_timestamp
+from ._exceptions import (
+    PushError,
+    PushOutcomeUnknownError,
+    QueueFullError,
+    TopologyConflictError,
+    UnroutableJobError,
+)
+from ._retry import DEFAULT_RETRY_POLICY, RetryPolicy, merge, resolve_retry
+from ._topology import (
+    Binding,
+    Names,
+    QueueOptions,
+    delay_deliver_binding,
+    delay_landing_queue_arguments,
+    delay_level_bindings,
+    delay_level_queue_arguments,
+    delay_routing_key,
+    dlx_queue_arguments,
+    dlx_queue_binding,
+    exchanges,
+    job_queue_arguments,
+    job_queue_binding,
+    retry_queue_arguments,
+    retry_queue_binding,
+    strip_dead_letter_headers,
+    DELAY_LEVELS,
+)
+from ._wire import (
+    H_ATTEMPT,
+    H_DEAD_LETTER,
+    H_ENQUEUED_AT,
+    H_ERROR_CODE,
+    H_ERROR_MESSAGE,
+    H_SCHEDULED_AT,
+    header_int,
+    job_properties,
+    with_headers,
+)
+
+__all__ = ["Client", "DeadLetters", "DeadJob", "PushResult", "connect"]
+
+log = logging.getLogger("ojs_anyio.jobs")
+
+DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+#: Below this, a scheduled job is pushed straight to its queue.
+SCHEDULE_IMMEDIATE_MS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    """One job of a batch: ``error`` is None when the broker confirmed it."""
+
+    job: Job
+    error: PushError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Client:
+    """What ``async with ojs_anyio.connect(...) as client`` yields."""
+
+    def __init__(
+        self,
+        conn: amqp.Connection,
+        *,
+        names: Names,
+        declare: str = "lazy",
+        queue_options: QueueOptions | dict[str, QueueOptions] | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if declare not in ("eager", "lazy"):
+            raise ValueError("declare must be 'eager' or 'lazy'")
+        self.conn = conn
+        self.names = names
+        self.declare = declare
+        self._queue_options = queue_options
+        self.retry = merge(retry, DEFAULT_RETRY_POLICY)
+        self._channel: amqp.Channel | None = None
+        self._declared_queues: set[str] = set()
+        self._declared_retry: set[tuple[str, int]] = set()
+        self._base_declared = False
+        self._delay_declared = False
+        self._declare_lock = anyio.Lock()
+        self._channel_lock = anyio.Lock()
+
+    # ------------------------------------------------------------ plumbing
+
+    async def channel(self) -> amqp.Channel:
+        """The client's publishing channel (confirms on); re-opened after a channel error."""
+        ch = self._channel
+        if ch is not None and not ch._closed:
+            return ch
+        async with self._channel_lock:
+            if self._channel is None or self._channel._closed:
+                ch = self.conn.channel(confirms=True)
+                await ch.open()
+                self._channel = ch
+            return self._channel
+
+    async def aclose(self) -> None:
+        ch, self._channel = self._channel, None
+        if ch is not None:
+            await ch.aclose()
+
+    def queue_options(self, queue: str) -> QueueOptions | None:
+        opts = self._queue_options
+        if isinstance(opts, dict):
+            return opts.get(queue)
+        return opts
+
+    async def _declare_base(self, ch: amqp.Channel) -> None:
+        if self._base_declared:
+            return
+        for spec in exchanges(self.names)[:3]:  # direct, dlx, retry (AMQP-001/002)
+            await ch.exchange_declare(spec.name, spec.type, durable=True, arguments=spec.arguments or None)
+        self._base_declared = True
+
+    async def declare_queue(self, queue: str) -> None:
+        """Declare (idempotently) the exchanges, ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}`` and
+        their bindings.  A queue that exists with other arguments raises
+        :class:`TopologyConflictError` naming it and showing both argument sets."""
+        if queue in self._declared_queues:
+            return
+        async with self._declare_lock:
+            if queue in self._declared_queues:
+                return
+            ch = await self.channel()
+            await self._declare_base(ch)
+            names = self.names
+            options = self.queue_options(queue)
+            dlq_args = dlx_queue_arguments(names, queue, options)
+            await self._declare_checked(names.dlx_queue(queue), dlq_args)
+            await self._bind(dlx_queue_binding(names, queue))
+            args = job_queue_arguments(names, queue, options)
+            await self._declare_checked(names.job_queue(queue), args)
+            await self._bind(job_queue_binding(names, queue))
+            self._declared_queues.add(queue)
+
+    async def _declare_checked(self, name: str, arguments: dict[str, Any]) -> None:
+        ch = await self.channel()
+        try:
+            await ch.queue_declare(name, durable=True, arguments=arguments)
+        except amqp.PreconditionFailed as exc:
+            raise TopologyConflictError(
+                f"queue {name!r} already exists with other arguments; ours are {arguments!r}, "
+                f"the broker says: {exc.reply_text}.  Delete the queue or pass matching QueueOptions.",
+                queue=name,
+                ours=arguments,
+                broker_text=exc.reply_text,
+            ) from exc
+
+    async def _bind(self, binding: Binding) -> None:
+        ch = await self.channel()
+        if binding.to_exchange:
+            await ch.exchange_bind(binding.destination, binding.source, binding.routing_key)
+        else:
+            await ch.queue_bind(binding.destination, binding.source, binding.routing_key)
+
+    async def declare_retry_queue(self, queue: str, delay_ms: int) -> None:
+        """Declare ``ojs.queue.retry.{q}.{delay_ms}`` exactly as 001 §8.2, bound to the retry exchange."""
+        key = (queue, delay_ms)
+        if key in self._declared_retry:
+            return
+        ch = await self.channel()
+        await self._declare_base(ch)
+        await self._declare_checked(
+            self.names.retry_queue(queue, delay_ms), retry_queue_arguments(self.names, queue, delay_ms)
+        )
+        await self._bind(retry_queue_binding(self.names, queue, delay_ms))
+        self._declared_retry.add(key)
+
+    async def declare_delay_levels(self) -> None:
+        """Declare the 32 binary delay levels shared by every queue (DECISIONS 5)."""
+        if self._delay_declared:
+            return
+        async with self._declare_lock:
+            if self._delay_declared:
+                return
+            ch = await self.channel()
+            for spec in exchanges(self.names)[3:]:
+                await ch.exchange_declare(spec.name, spec.type, durable=True, arguments=spec.arguments or None)
+            for k in range(DELAY_LEVELS):
+                await self._declare_checked(self.names.delay_queue(k), delay_level_queue_arguments(self.names, k))
+            for binding in delay_level_bindings(self.names):
+                await self._bind(binding)
+            self._delay_declared = True
+
+    async def _declare_landing(self, queue: str) -> None:
+        await self.declare_delay_levels()
+        await self._declare_checked(
+            self.names.delay_landing_queue(queue), delay_landing_queue_arguments(self.names, queue)
+        )
+        await self._bind(delay_deliver_binding(self.names, queue))
+
+    # --------------------------------------------------------------- PUSH
+
+    def build(
+        self,
+        type: str,
+        args: Sequence[Any] = (),
+        *,
+        queue: str = "default",
+        priority: int | None = None,
+        timeout: int | None = None,
+        retry: RetryPolicy | None = None,
+        meta: dict[str, Any] | None = None,
+        scheduled_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        expires_at: datetime | None = None,
+        id: str | None = None,
+    ) -> Job:
+        """Build (and validate) a job without pushing it."""
+        now = datetime.now(UTC)
+        if delay is not None:
+            if scheduled_at is not None:
+                raise ValueError("give scheduled_at or delay, not both")
+            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+            scheduled_at = now + timedelta(seconds=seconds)
+        return new_job(
+            type,
+            args,
+            queue=queue,
+            meta=meta,
+            priority=priority,
+            timeout=timeout,
+            scheduled_at=scheduled_at,
+            expires_at=expires_at,
+            retry=retry,
+            id=id,
+            now=now,
+        )
+
+    async def push(
+        self,
+        type: str,
+        args: Sequence[Any] = (),
+        *,
+        queue: str = "default",
+        priority: int | None = None,
+        timeout: int | None = None,
+        retry: RetryPolicy | None = None,
+        meta: dict[str, Any] | None = None,
+        scheduled_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        expires_at: datetime | None = None,
+        idempotency_key: str | None = None,
+        id: str | None = None,
+    ) -> Job:
+        """PUSH one job; return it once the broker confirmed it (001 §5.1).
+
+        Raises :class:`UnroutableJobError` (its queue doesn't exist), :class:`QueueFullError`
+        (QUEUE_FULL), :class:`PushOutcomeUnknownError` (connection lost before the confirm).
+        """
+        job = self.build(
+            type,
+            args,
+            queue=queue,
+            priority=priority,
+            timeout=timeout,
+            retry=retry,
+            meta=meta,
+            scheduled_at=scheduled_at,
+            delay=delay,
+            expires_at=expires_at,
+            id=id,
+        )
+        return await self.push_job(job, idempotency_key=idempotency_key)
+
+    async def push_job(self, job: Job, *, idempotency_key: str | None = None) -> Job:
+        if self.declare == "eager" or job.queue not in self._declared_queues:
+            await self.declare_queue(job.queue)
+        exchange, routing_key, props, body = await self._message(job, idempotency_key)
+        ch = await self.channel()
+        with _tracing.producer_span(job, exchange):
+            try:
+                await ch.publish(body, exchange=exchange, routing_key=routing_key, properties=props, mandatory=True)
+            except amqp.PublishError as exc:
+                raise _push_error(exc, job) from exc
+        return job
+
+    async def push_batch(self, jobs: Iterable[Job], *, max_in_flight: int = 1024) -> list[PushResult]:
+        """PUSH many jobs pipelined on one channel (one round trip's latency, not one per job).
+
+        Returns one :class:`PushResult` per job, in order; a failed job doesn't stop the others.
+        """
+        jobs = list(jobs)
+        for queue in {j.queue for j in jobs}:
+            await self.declare_queue(queue)
+        ch = await self.channel()
+        window = ch.publish_window(max_in_flight=max_in_flight)
+        handles: list[amqp.PublishHandle | PushError] = []
+        for job in jobs:
+            exchange, routing_key, props, body = await self._message(job, None)
+            try:
+                handles.append(
+                    await window.publish(body, exchange=exchange, routing_key=routing_key, properties=props, mandatory=True)
+                )
+            except amqp.PublishError as exc:
+                handles.append(_push_error(exc, job))
+        await window.wait_all()
+        results: list[PushResult] = []
+        for job, handle in zip(jobs, handles, strict=True):
+            if isinstance(handle, PushError):
+                results.append(PushResult(job, handle))
+            elif handle.error is not None:
+                results.append(PushResult(job, _push_error(handle.error, job)))
+            else:
+                results.append(PushResult(job))
+        return results
+
+    async def _message(
+        self, job: Job, idempotency_key: str | None
+    ) -> tuple[str, str, amqp.BasicProperties, bytes]:
+        now = datetime.now(UTC)
+        eff = resolve_retry(job.retry, self.retry)
+        props = job_properties(
+            job,
+            max_attempts=eff.max_attempts,
+            enqueued_at=now,
+            idempotency_key=idempotency_key,
+            trace_headers=_tracing.inject_headers(),
+        )
+        body = encode_job(job)
+        exchange, routing_key = self.names.direct_exchange, job.queue
+        if isinstance(job.scheduled_at, str):
+            delay_ms = int((parse_timestamp(job.scheduled_at) - now).total_seconds() * 1000)
+            if delay_ms > SCHEDULE_IMMEDIATE_MS:
+                routing_key = delay_routing_key(delay_ms, job.queue)  # raises when out of range
+                await self._declare_landing(job.queue)
+                exchange = self.names.delay_entry_exchange
+        return exchange, routing_key, props, body
+
+    # -------------------------------------------------------------- misc
+
+    def dead_letters(self, queue: str) -> DeadLetters:
+        return DeadLetters(self, queue)
+
+
+def _push_error(exc: BaseException, job: Job) -> PushError:
+    if isinstance(exc, amqp.UnroutableError):
+        return UnroutableJobError(
+            f"job {job.id} could not be routed to queue {job.queue!r}: {exc.reply_text} "
+            f"(is ojs.queue.{job.queue} declared and bound?)",
+            job_id=job.id,
+            queue=job.queue,
+        )
+    if isinstance(exc, amqp.PublishNackedError):
+        return QueueFullError(
+            f"QUEUE_FULL: queue {job.queue!r} rejected job {job.id} (x-overflow=reject-publish)",
+            job_id=job.id,
+            queue=job.queue,
+        )
+    if isinstance(exc, PushError):
+        return exc
+    return PushOutcomeUnknownError(
+        f"outcome of job {job.id} on queue {job.queue!r} is unknown: {exc}", job_id=job.id, queue=job.queue
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeadJob:
+    """A job in a dead-letter queue, with why it died."""
+
+    job_id: str | None
+    type: str | None
+    error_code: str | None
+    error_message: str | None
+    attempt: int
+    body: bytes
+    headers: dict[str, Any]
+
+
+class DeadLetters:
+    """List, requeue and purge ``ojs.queue.dlx.{q}``."""
+
+    def __init__(self, client: Client, queue: str) -> None:
+        self.client = client
+        self.queue = queue
+        self.name = client.names.dlx_queue(queue)
+
+    async def count(self) -> int:
+        ch = await self.client.channel()
+        info = await ch.queue_declare(self.name, passive=True)
+        return info.message_count
+
+    async def peek(self, limit: int = 100) -> list[DeadJob]:
+        """Up to ``limit`` dead jobs, oldest first, left in the queue.
+
+        Implemented with Basic.Get + one Basic.Reject(requeue) per message on a private
+        channel, so it sets ``redelivered`` on them but never removes one.
+        """
+        out: list[DeadJob] = []
+        async with self.client.conn.channel(confirms=False) as ch:
+            held: list[amqp.IncomingMessage] = []
+            try:
+                for _ in range(limit):
+                    msg = await ch.get(self.name)
+                    if msg is None:
+                        break
+                    held.append(msg)
+                    out.append(_dead_job(msg))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for msg in held:
+                        await msg.reject(requeue=True)
+        return out
+
+    async def requeue(self, limit: int | None = None) -> int:
+        """Move dead jobs back to ``ojs.queue.{q}`` with the attempt reset to 1 and the id kept.
+
+        Each move publishes with a confirm, then acks the dead copy: a failure in between
+        leaves a duplicate, never a loss.
+        """
+        client = self.client
+        await client.declare_queue(self.queue)
+        moved = 0
+        async with client.conn.channel(confirms=True) as ch:
+            while limit is None or moved < limit:
+                msg = await ch.get(self.name)
+                if msg is None:
+                    break
+                props = with_headers(
+                    msg.properties,
+                    {H_ATTEMPT: Int32(1), H_ENQUEUED_AT: format_timestamp(datetime.now(UTC))},
+                    drop=(H_DEAD_LETTER, H_ERROR_CODE, H_ERROR_MESSAGE, H_SCHEDULED_AT),
+                    base=strip_dead_letter_headers(msg.properties.headers),
+                )
+                try:
+                    await ch.publish(
+                        msg.body,
+                        exchange=client.names.direct_exchange,
+                        routing_key=self.queue,
+                        properties=props,
+                        mandatory=True,
+                    )
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await msg.reject(requeue=True)
+                    raise
+                await msg.ack()
+                moved += 1
+        return moved
+
+    async def purge(self) -> int:
+        ch = await self.client.channel()
+        return await ch.queue_purge(self.name)
+
+
+def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
+    headers = dict(msg.properties.headers or {})
+    code = headers.get(H_ERROR_CODE)
+    message = headers.get(H_ERROR_MESSAGE)
+    return DeadJob(
+        job_id=msg.properties.message_id,
+        type=msg.properties.type,
+        error_code=code if isinstance(code, str) else None,
+        error_message=message if isinstance(message, str) else None,
+        attempt=header_int(headers, H_ATTEMPT, 1),
+        body=msg.body,
+        headers=headers,
+    )
+
+
+@asynccontextmanager
+async def connect(
+    url: str | None = None,
+    *,
+    prefix: str = "",
+    declare: str = "lazy",
+    queue_options: QueueOptions | dict[str, QueueOptions] | None = None,
+    retry: RetryPolicy | None = None,
+    recovery: amqp.RecoveryPolicy | None = None,
+    **amqp_options: Any,
+) -> AsyncIterator[Client]:
+    """``async with ojs_anyio.connect("amqp://guest:guest@localhost/") as client:``
+
+    ``url`` defaults to ``$OJS_AMQP_URL``, then ``amqp://guest:guest@localhost:5672/``.
+    Recovery (reconnect with backoff, topology re-declared, consumers re-registered) is on
+    by default here; pass ``recovery=amqp.RecoveryPolicy(enabled=False)`` to turn it off.
+    """
+    url = url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
+    policy = recovery if recovery is not None else amqp.RecoveryPolicy()
+    async with amqp.connect(url, recovery=policy, **amqp_options) as conn:
+        client = Client(conn, names=Names(prefix), declare=declare, queue_options=queue_options, retry=retry)
+        try:
+            yield client
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
+

@@ -1,0 +1,441 @@
+"""The OJS job envelope (``job.schema.json``) as msgspec Structs, with JSON decode and encode.
+
+Pure: no I/O; only :func:`new_job` reads the clock, and only when ``now`` is not given.
+
+Absent is not the same as default
+    Every optional attribute defaults to ``UNSET`` and is left out on encode, so a decoded
+    envelope re-encodes to the same JSON (as parsed values): ``"meta": {}`` stays, a missing
+    ``meta`` stays missing.  The ``effective_*`` methods give the value with the OJS default.
+
+Unknown attributes are kept (OJS JSON format §9.2, §14.3)
+    Top-level keys the schema does not define land in :attr:`Job.extensions` and are written
+    back at the top level by :func:`encode_job`; likewise for extra keys of an ``errors[]``
+    entry (the schema allows them).  ``retry``, ``unique`` and ``error`` forbid extra keys,
+    as their schemas do (``additionalProperties: false``); ``retry`` additionally accepts
+    the ``backoff_strategy`` extension of OJS retry §3.
+
+Explicit nulls
+    An optional attribute set to ``null`` is treated as absent (OJS JSON format §14.2), so
+    it is dropped on re-encode.  ``result: null`` is a value and is kept.  ``args: null`` is
+    invalid.
+
+Errors
+    Anything invalid raises :class:`InvalidJobError` whose ``field`` is the path of the
+    offending attribute: ``type``, ``retry.backoff_coefficient``, ``unique.meta_keys``,
+    ``errors[1].occurred_at``; ``"<body>"`` when the bytes are not a JSON object.
+
+Beyond the schemas we also check: timestamps are real calendar instants; durations are
+usable (see :func:`parse_duration_ms`); the effective retry policy has
+``max_interval >= initial_interval`` after merging with the defaults (OJS retry §11.1);
+``priority`` is within the OJS range -100..100 (DECISIONS 9).
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Annotated, Any, Final, Literal, get_args
+
+import msgspec
+import uuid6
+from msgspec import UNSET, Meta, UnsetType
+
+from ._errors import InvalidDurationError, InvalidJobError
+from ._retry import Duration, EffectiveRetryPolicy, RetryPolicy, resolve_retry, validate_duration_syntax
+
+__all__ = [
+    "JOB_STATES",
+    "SPEC_VERSION",
+    "ErrorInfo",
+    "ErrorRecord",
+    "Job",
+    "JobState",
+    "UniquePolicy",
+    "decode_job",
+    "encode_job",
+    "format_timestamp",
+    "job_from_dict",
+    "job_to_dict",
+    "new_job",
+    "parse_timestamp",
+    "validate_job",
+]
+
+SPEC_VERSION: Final = "1.0"
+
+# Patterns from job.schema.json, anchored with \Z (``$`` would let a trailing newline through).
+ID_PATTERN: Final = r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z"
+TYPE_PATTERN: Final = r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*\Z"
+QUEUE_PATTERN: Final = r"^[a-z0-9][a-z0-9\-\.]*\Z"
+TIMESTAMP_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})\Z"
+URI_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9+.\-]*:\S*\Z"
+
+JobState = Literal[
+    "scheduled", "available", "pending", "active", "completed", "retryable", "cancelled", "discarded"
+]
+JOB_STATES: Final[tuple[str, ...]] = get_args(JobState)
+
+NonEmptyStr = Annotated[str, Meta(min_length=1)]
+Timestamp = Annotated[str, Meta(pattern=TIMESTAMP_PATTERN)]
+JobId = Annotated[str, Meta(pattern=ID_PATTERN)]
+JobType = Annotated[str, Meta(min_length=1, max_length=255, pattern=TYPE_PATTERN)]
+QueueName = Annotated[str, Meta(max_length=128, pattern=QUEUE_PATTERN)]
+Uri = Annotated[str, Meta(pattern=URI_PATTERN)]
+
+_TIMESTAMP_RE: Final = re.compile(
+    r"(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})[Tt](?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})"
+    r"(?:\.(?P<frac>\d+))?(?:(?P<z>[Zz])|(?P<sign>[+-])(?P<oh>\d{2}):(?P<om>\d{2}))"
+)
+
+
+def parse_timestamp(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp into an aware datetime (OJS JSON format §5).
+
+    The offset is kept.  Fractions beyond microseconds are truncated; a leap second
+    (``:60``) becomes the first instant of the next minute.
+    """
+    match = _TIMESTAMP_RE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not an RFC 3339 timestamp with a timezone ('2026-02-15T10:30:00Z')")
+    year, month, day = int(match["y"]), int(match["mo"]), int(match["d"])
+    hour, minute, second = int(match["h"]), int(match["mi"]), int(match["s"])
+    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]):
+        raise ValueError(f"{text!r} is not a calendar date")
+    if hour > 23 or minute > 59 or second > 60:
+        raise ValueError(f"{text!r} is not a time of day")
+    if match["z"]:
+        tz = UTC
+    else:
+        off_h, off_m = int(match["oh"]), int(match["om"])
+        if off_h > 23 or off_m > 59:
+            raise ValueError(f"{text!r} has an invalid UTC offset")
+        offset = timedelta(hours=off_h, minutes=off_m)
+        tz = timezone(-offset if match["sign"] == "-" else offset)
+    micros = int((match["frac"] or "0")[:6].ljust(6, "0"))
+    leap = second == 60
+    result = datetime(year, month, day, hour, minute, 59 if leap else second, micros, tzinfo=tz)
+    return result + timedelta(seconds=1) if leap else result
+
+
+def format_timestamp(moment: datetime) -> str:
+    """Format an aware datetime as RFC 3339 UTC with milliseconds: ``2026-02-15T10:30:00.000Z``."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError("timestamps must be timezone-aware (OJS JSON format §5.3)")
+    utc = moment.astimezone(UTC)
+    return f"{utc:%Y-%m-%dT%H:%M:%S}.{utc.microsecond // 1000:03d}Z"
+
+
+def _check_timestamp(field: str, value: str | UnsetType) -> None:
+    if isinstance(value, str):
+        try:
+            parse_timestamp(value)
+        except ValueError as exc:
+            raise InvalidJobError(field, str(exc)) from None
+
+
+def _check_unique_items(field: str, items: tuple[Any, ...] | UnsetType) -> None:
+    if isinstance(items, tuple) and len(set(items)) != len(items):
+        raise InvalidJobError(field, "items must be unique")
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The job's last error (``error.schema.json``)."""
+
+    type: NonEmptyStr
+    message: NonEmptyStr
+    backtrace: Annotated[tuple[str, ...], Meta(max_length=50)] | UnsetType = UNSET
+
+
+class ErrorRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One entry of the job's ``errors`` history; unknown keys go to ``extensions``."""
+
+    code: NonEmptyStr
+    message: NonEmptyStr
+    attempt: Annotated[int, Meta(ge=1)]
+    occurred_at: Timestamp
+    type: str | UnsetType = UNSET
+    #: Keys the schema does not define; written back beside the others.
+    extensions: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        _check_timestamp("occurred_at", self.occurred_at)
+        _check_extensions(self.extensions, _RECORD_FIELDS)
+
+
+UniqueKey = Literal["type", "queue", "args", "meta"]
+OnConflict = Literal["reject", "replace", "replace_except_schedule", "ignore"]
+
+
+class UniquePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A uniqueness policy (``unique-policy.schema.json``); every field may be absent."""
+
+    keys: tuple[UniqueKey, ...] | UnsetType = UNSET
+    args_keys: tuple[NonEmptyStr, ...] | UnsetType = UNSET
+    meta_keys: Annotated[tuple[NonEmptyStr, ...], Meta(min_length=1)] | UnsetType = UNSET
+    period: Duration | UnsetType = UNSET
+    states: tuple[JobState, ...] | UnsetType = UNSET
+    on_conflict: OnConflict | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        for name in ("keys", "args_keys", "meta_keys", "states"):
+            _check_unique_items(name, getattr(self, name))
+        if isinstance(self.keys, tuple) and "meta" in self.keys and self.meta_keys is UNSET:
+            raise InvalidJobError("meta_keys", "is required when keys contains 'meta'")
+        if isinstance(self.period, str):
+            try:
+                validate_duration_syntax(self.period)
+            except InvalidDurationError as exc:
+                raise InvalidJobError("period", str(exc)) from None
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An OJS job envelope.  Build one with :func:`new_job` or :func:`decode_job`.
+
+    A direct ``Job(...)`` runs the cross-field checks but not the per-field patterns and
+    ranges; pass it through :func:`validate_job` when it comes from untrusted code.
+    """
+
+    specversion: Literal["1.0"]
+    id: JobId
+    type: JobType
+    queue: QueueName
+    args: list[Any]
+    meta: dict[str, Any] | UnsetType = UNSET
+    priority: Annotated[int, Meta(ge=-100, le=100)] | UnsetType = UNSET
+    timeout: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+    scheduled_at: Timestamp | UnsetType = UNSET
+    expires_at: Timestamp | UnsetType = UNSET
+    retry: RetryPolicy | UnsetType = UNSET
+    unique: UniquePolicy | UnsetType = UNSET
+    schema: Uri | UnsetType = UNSET
+    state: JobState | UnsetType = UNSET
+    attempt: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+    created_at: Timestamp | UnsetType = UNSET
+    enqueued_at: Timestamp | UnsetType = UNSET
+    started_at: Timestamp | UnsetType = UNSET
+    completed_at: Timestamp | UnsetType = UNSET
+    error: ErrorInfo | UnsetType = UNSET
+    errors: tuple[ErrorRecord, ...] | UnsetType = UNSET
+    result: Any | UnsetType = UNSET
+    #: Top-level attributes the schema does not define; re-emitted at the top level.
+    extensions: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        for name in _TIMESTAMP_FIELDS:
+            _check_timestamp(name, getattr(self, name))
+        if isinstance(self.retry, RetryPolicy):
+            try:
+                resolve_retry(self.retry)
+            except InvalidJobError as exc:
+                raise InvalidJobError(f"retry.{exc.field}", exc.message) from None
+        _check_extensions(self.extensions, _JOB_FIELDS)
+
+    def effective_meta(self) -> dict[str, Any]:
+        """``meta``, or ``{}`` when absent."""
+        return {} if isinstance(self.meta, UnsetType) else self.meta
+
+    def effective_priority(self) -> int:
+        """``priority``, or the OJS default 0 when absent."""
+        return 0 if isinstance(self.priority, UnsetType) else self.priority
+
+    def effective_attempt(self) -> int:
+        """``attempt``, or 0 (never executed) when absent."""
+        return 0 if isinstance(self.attempt, UnsetType) else self.attempt
+
+    def effective_retry(self) -> EffectiveRetryPolicy:
+        """The retry policy merged with the OJS defaults (OJS retry §8.1)."""
+        return resolve_retry(self.retry)
+
+
+_TIMESTAMP_FIELDS: Final = (
+    "scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at"
+)
+_JOB_FIELDS: Final = frozenset(Job.__struct_fields__) - {"extensions"}
+_RECORD_FIELDS: Final = frozenset(ErrorRecord.__struct_fields__) - {"extensions"}
+_REQUIRED_FIELDS: Final = frozenset({"specversion", "id", "type", "queue", "args"})
+# An explicit null means "absent" (OJS JSON §14.2) except here: kept for result, rejected for the rest.
+_NULL_IS_VALUE: Final = frozenset({"result"}) | _REQUIRED_FIELDS
+_NESTED_OBJECTS: Final = ("retry", "unique", "error")
+
+
+def _check_extensions(extensions: Mapping[str, Any], known: frozenset[str]) -> None:
+    for key in extensions:
+        if key in known:
+            raise InvalidJobError(f"extensions.{key}", f"{key!r} is a defined attribute, not an extension")
+
+
+def _drop_nulls(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: v for k, v in obj.items() if v is not None}
+    return obj
+
+
+def _split_record(record: Any) -> Any:
+    if not isinstance(record, dict):
+        return record
+    known = {k: v for k, v in record.items() if k in _RECORD_FIELDS and v is not None}
+    extra = {k: v for k, v in record.items() if k not in _RECORD_FIELDS}
+    if extra:
+        known["extensions"] = extra
+    return known
+
+
+_PATTERN_HINTS: Final = {
+    ID_PATTERN: "a lowercase UUIDv7 (8-4-4-4-12 hex, version 7, variant 8/9/a/b)",
+    TYPE_PATTERN: "dot-separated segments of [a-z][a-z0-9_]* (e.g. 'email.send')",
+    QUEUE_PATTERN: "lowercase [a-z0-9][a-z0-9.-]* (e.g. 'email', 'billing.invoices')",
+    TIMESTAMP_PATTERN: "an RFC 3339 timestamp with a timezone (e.g. '2026-02-15T10:30:00.000Z')",
+    URI_PATTERN: "a URI (e.g. 'urn:ojs:schema:email.send:v1')",
+}
+_MSGSPEC_ERROR_RE: Final = re.compile(r"(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?", re.DOTALL)
+_NAMED_FIELD_RE: Final = re.compile(r"Object (?:missing required|contains unknown) field `(?P<name>[^`]+)`")
+
+
+def _invalid(exc: msgspec.ValidationError) -> InvalidJobError:
+    """Turn msgspec's ``"<message> - at `$.a.b[0]`"`` into ``InvalidJobError("a.b[0]", ...)``."""
+    match = _MSGSPEC_ERROR_RE.fullmatch(str(exc))
+    assert match is not None  # the pattern matches any string
+    message, path = match["msg"], (match["path"] or "").lstrip(".")
+    leaf = ""
+    cause = exc.__cause__
+    if isinstance(cause, InvalidJobError):  # raised by a __post_init__ at that path
+        leaf, message = cause.field, cause.message
+    elif (named := _NAMED_FIELD_RE.match(message)) is not None:
+        leaf = named["name"]
+    else:
+        for pattern, hint in _PATTERN_HINTS.items():
+            if message.endswith(f"matching regex {pattern!r}"):
+                message = f"must be {hint}"
+    return InvalidJobError(".".join(part for part in (path, leaf) if part), message)
+
+
+def job_from_dict(data: Mapping[str, Any]) -> Job:
+    """Validate a parsed JSON object as a job envelope; unknown keys go to ``extensions``."""
+    if not isinstance(data, Mapping):
+        raise InvalidJobError("<body>", f"a job envelope must be a JSON object, not {type(data).__name__}")
+    known: dict[str, Any] = {}
+    extensions: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in _JOB_FIELDS:
+            extensions[key] = value
+        elif value is not None or key in _NULL_IS_VALUE:
+            known[key] = value
+    for key in _NESTED_OBJECTS:
+        if key in known:
+            known[key] = _drop_nulls(known[key])
+    if isinstance(known.get("errors"), list):
+        known["errors"] = [_split_record(record) for record in known["errors"]]
+    if extensions:
+        known["extensions"] = extensions
+    try:
+        return msgspec.convert(known, Job)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from exc
+
+
+def job_to_dict(job: Job) -> dict[str, Any]:
+    """The envelope as plain JSON values, extensions back at their place."""
+    out: dict[str, Any] = msgspec.to_builtins(job)
+    out.pop("extensions", None)
+    if isinstance(job.errors, tuple):
+        for record_out, record in zip(out["errors"], job.errors, strict=True):
+            record_out.pop("extensions", None)
+            record_out.update(record.extensions)
+    out.update(job.extensions)
+    return out
+
+
+_decoder: Final = msgspec.json.Decoder()
+_encoder: Final = msgspec.json.Encoder()
+
+
+def decode_job(data: bytes | bytearray | memoryview | str) -> Job:
+    """Parse and validate a JSON job envelope; raise :class:`InvalidJobError` on any fault."""
+    try:
+        parsed = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidJobError("<body>", f"not valid JSON: {exc}") from exc
+    return job_from_dict(parsed)
+
+
+def encode_job(job: Job) -> bytes:
+    """Serialize a job envelope as compact UTF-8 JSON (the AMQP message body, 001 §6.3)."""
+    if not job.extensions and (
+        isinstance(job.errors, UnsetType) or not any(record.extensions for record in job.errors)
+    ):
+        return _encoder.encode(job)
+    return _encoder.encode(job_to_dict(job))
+
+
+def validate_job(job: Job) -> Job:
+    """Check every schema rule on a job built in code (``Job(...)`` skips the field rules)."""
+    return job_from_dict(job_to_dict(job))
+
+
+def _timestamp_text(field: str, value: datetime | str) -> str:
+    if isinstance(value, datetime):
+        try:
+            return format_timestamp(value)
+        except ValueError as exc:
+            raise InvalidJobError(field, str(exc)) from None
+    return value
+
+
+def new_job(
+    type: str,
+    args: Sequence[Any],
+    *,
+    queue: str = "default",
+    meta: Mapping[str, Any] | None = None,
+    priority: int | None = None,
+    timeout: int | None = None,
+    scheduled_at: datetime | str | None = None,
+    expires_at: datetime | str | None = None,
+    retry: RetryPolicy | None = None,
+    unique: UniquePolicy | None = None,
+    schema: str | None = None,
+    extensions: Mapping[str, Any] | None = None,
+    id: str | None = None,
+    now: datetime | None = None,
+) -> Job:
+    """A new, validated job: fresh UUIDv7 ``id``, ``created_at`` = ``now``, ``attempt`` 0.
+
+    ``state`` is ``scheduled`` when ``scheduled_at`` is after ``now``, else ``available``.
+    ``now`` defaults to the current UTC time (the only clock read of this module) and must
+    be timezone-aware.  Options left as ``None`` are absent from the envelope.
+    """
+    if isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence):
+        raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
+    created = datetime.now(UTC) if now is None else now
+    data: dict[str, Any] = {
+        "specversion": SPEC_VERSION,
+        "id": str(uuid6.uuid7()) if id is None else id,
+        "type": type,
+        "queue": queue,
+        "args": list(args),
+        "state": "available",
+        "attempt": 0,
+        "created_at": _timestamp_text("created_at", created),
+    }
+    options: dict[str, Any] = {
+        "meta": None if meta is None else dict(meta),
+        "priority": priority,
+        "timeout": timeout,
+        "scheduled_at": None if scheduled_at is None else _timestamp_text("scheduled_at", scheduled_at),
+        "expires_at": None if expires_at is None else _timestamp_text("expires_at", expires_at),
+        "retry": None if retry is None else msgspec.to_builtins(retry),
+        "unique": None if unique is None else msgspec.to_builtins(unique),
+        "schema": schema,
+    }
+    data.update((key, value) for key, value in options.items() if value is not None)
+    if extensions:
+        clash = sorted(set(extensions) & _JOB_FIELDS)
+        if clash:
+            raise InvalidJobError(f"extensions.{clash[0]}", f"{clash[0]!r} is a defined attribute")
+        data.update(extensions)
+    job = job_from_dict(data)
+    if isinstance(job.scheduled_at, str) and parse_timestamp(job.scheduled_at) > created:
+        job = msgspec.structs.replace(job, state="scheduled")
+    return job

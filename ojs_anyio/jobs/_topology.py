@@ -1,0 +1,555 @@
+"""OJS AMQP topology as pure data: entity names, declaration arguments, bindings.
+
+Nothing here talks to a broker; the runtime declares what these functions describe.
+
+Names (001 §4.1, DECISIONS 1)
+    :class:`Names` builds every exchange and queue name, with an optional tenant prefix
+    (``Names("tenant1.").job_queue("email") == "tenant1.ojs.queue.email"``).  Because the
+    spec nests per-queue entities under ``ojs.queue.`` (``ojs.queue.dlx.email``), an OJS
+    queue whose first segment is ``dlx``, ``retry``, ``control``, ``delay`` or ``ojs`` would
+    collide with another queue's entities (queue ``dlx.email`` *is* the dead-letter queue of
+    ``email``), so such names are refused with :class:`TopologyError`.
+
+Queue arguments
+    Job queues get exactly ``x-dead-letter-exchange``, ``x-dead-letter-routing-key`` and
+    ``x-max-priority: 10`` by default (DECISIONS 12, 001 §15.1); length limits, overflow,
+    TTL and the queue type are opt-in through :class:`QueueOptions`.  Retry queues get
+    exactly the three arguments of 001 §8.2 (DECISIONS 4).  Dead-letter queues get the
+    retention bound of DECISIONS 3 (see :func:`dlx_queue_arguments`).
+
+Priority (DECISIONS 9)
+    :func:`priority_to_amqp` maps OJS -100..100 onto AMQP 0..9.
+
+Scheduled jobs without the plugin: binary delay levels (DECISIONS 5)
+    A TTL queue delays correctly only if all its messages have the same TTL (001 §8.2), so
+    an arbitrary delay ``d`` (0 <= d <= :data:`MAX_DELAY_MS` = 2**32 - 1 ms, 49.7 days) is
+    spent in a chain of fixed-TTL queues: level ``k`` (k = 0..31) waits exactly 2**k ms, and
+    a message visits level ``k`` iff bit ``k`` of ``d`` is set.  The levels are shared by
+    every job queue of a prefix.  As in NServiceBus's RabbitMQ delayed delivery:
+
+    * The routing key carries the bits, most significant first, then the OJS queue name:
+      ``b31.b30. ... .b1.b0.{queue}``, each ``b`` being ``0`` or ``1``
+      (:func:`delay_routing_key`).  Routing keys are never rewritten by dead-lettering
+      unless ``x-dead-letter-routing-key`` is set, and the level queues do not set it, so
+      the key travels unchanged down the chain.
+    * Each level has its own topic exchange ``ojs.exchange.delay.{k:02d}`` and queue
+      ``ojs.queue.delay.{k:02d}``.  A single shared exchange cannot work: the key never
+      changes, so after level ``k`` the message would match level ``k`` again (a loop), and
+      a key with several set bits would be copied into several level queues at once.  The
+      exchange a message is in is the "program counter" of the chain.
+    * Exchange ``k`` has two bindings that test word ``31 - k`` of the key (bit ``k``):
+      ``*.*. ... .1.#`` (``31 - k`` stars) to queue ``k``, and ``*.*. ... .0.#`` to the next
+      exchange down (an exchange-to-exchange binding).  Exactly one of the two matches.
+    * Queue ``k`` has ``x-message-ttl = 2**k`` and dead-letters (key unchanged) to exchange
+      ``k - 1``; level 0 and exchange 0's "bit clear" binding lead to the topic exchange
+      ``ojs.exchange.delay.deliver``.
+    * Publishing goes to the top exchange ``ojs.exchange.delay.31``.  The message enters
+      the queue of the highest set bit, and leaves the chain after exactly
+      ``sum(2**k for set bits) == d`` ms, having visited each level at most once (so
+      RabbitMQ's dead-letter cycle detection never fires).
+    * Last hop.  ``ojs.exchange.delay.deliver`` binds, for each job queue ``q``, the key
+      ``*.*. ... .*.{q}`` (32 stars, then ``q``'s words; ``*`` is exactly one word, so a
+      different queue name cannot match) to a per-job-queue landing queue
+      ``ojs.queue.delay.deliver.{q}`` declared with ``x-message-ttl = 0``,
+      ``x-dead-letter-exchange = ojs.exchange.direct`` and
+      ``x-dead-letter-routing-key = {q}``.  A TTL-0 queue without consumers dead-letters
+      at once, and this dead-lettering is the only broker step that can *replace* a routing
+      key, so the message re-enters ``ojs.exchange.direct`` with routing key ``{q}``, the
+      same way a PUSH does (001 §5.1), and reaches ``ojs.queue.{q}`` through the job queue's
+      normal binding.  (An exchange-to-exchange binding from the delay exchanges into
+      ``ojs.exchange.direct`` would keep the ``b31...b0.{q}`` key, which no direct binding
+      matches.)  Declare the landing queue and its binding together with the job queue: a
+      delayed message for a queue without one is dropped at the last hop.
+
+    Caveats for the runtime: classic-queue dead-lettering is at-most-once, so each hop can
+    lose a message if a broker node fails at that instant; a job queue with
+    ``x-overflow=reject-publish`` drops (not dead-letters) a delayed message that arrives
+    while it is full.  Messages that went through the levels (or a retry queue) carry
+    ``x-death`` headers; strip them (:func:`strip_dead_letter_headers`) before republishing,
+    or RabbitMQ's cycle detection may drop the republished message when it expires from a
+    queue it already expired from.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from collections.abc import Mapping
+from typing import Any, Final, Literal, NamedTuple
+
+import msgspec
+
+from ._errors import DelayOutOfRangeError, TopologyError
+
+__all__ = [
+    "CONTROL_MAX_LENGTH",
+    "CONTROL_MESSAGE_TTL_MS",
+    "DEAD_LETTER_HEADERS",
+    "DELAY_LEVELS",
+    "DLQ_MAX_AGE_MS",
+    "DLQ_MAX_LENGTH",
+    "MAX_DELAY_MS",
+    "MAX_TTL_MS",
+    "RESERVED_QUEUE_SEGMENTS",
+    "Binding",
+    "ExchangeSpec",
+    "Names",
+    "QueueOptions",
+    "control_queue_arguments",
+    "control_queue_binding",
+    "delay_deliver_binding",
+    "delay_landing_queue_arguments",
+    "delay_level_binding_key",
+    "delay_level_bindings",
+    "delay_level_queue_arguments",
+    "delay_routing_key",
+    "delayed_exchange_arguments",
+    "delayed_queue_binding",
+    "dlx_queue_arguments",
+    "dlx_queue_binding",
+    "exchanges",
+    "job_queue_arguments",
+    "job_queue_binding",
+    "priority_to_amqp",
+    "retry_queue_arguments",
+    "retry_queue_binding",
+    "strip_dead_letter_headers",
+]
+
+#: Largest ``x-message-ttl`` RabbitMQ accepts (its ``MAX_EXPIRY_TIMER``): 2**32 - 1 ms, 49.7 days.
+MAX_TTL_MS: Final = 2**32 - 1
+#: Number of binary delay levels; level k waits 2**k ms.
+DELAY_LEVELS: Final = 32
+#: Longest delay the levels express: all 32 bits set, 2**32 - 1 ms (49.7 days).
+MAX_DELAY_MS: Final = 2**DELAY_LEVELS - 1
+#: Dead-letter retention defaults (OJS dead-letter §5.2, DECISIONS 3): 180 days, 10,000 jobs.
+DLQ_MAX_AGE_MS: Final = 180 * 86_400_000
+DLQ_MAX_LENGTH: Final = 10_000
+#: Bounds of the durable control queue, which no worker drains (DECISIONS 6): 1 h, 10,000.
+CONTROL_MESSAGE_TTL_MS: Final = 3_600_000
+CONTROL_MAX_LENGTH: Final = 10_000
+#: First segments an OJS queue name may not have (they would collide with other entities).
+RESERVED_QUEUE_SEGMENTS: Final = frozenset({"dlx", "retry", "control", "delay", "ojs"})
+#: Headers RabbitMQ adds when it dead-letters a message.
+DEAD_LETTER_HEADERS: Final = frozenset(
+    {
+        "x-death",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-first-death-exchange",
+        "x-last-death-queue",
+        "x-last-death-reason",
+        "x-last-death-exchange",
+    }
+)
+
+_QUEUE_RE: Final = re.compile(r"[a-z0-9][a-z0-9\-.]*")
+_MAX_NAME_BYTES: Final = 255  # AMQP shortstr
+
+
+def _check_queue(queue: str) -> str:
+    if not isinstance(queue, str) or _QUEUE_RE.fullmatch(queue) is None or len(queue) > 128:
+        raise TopologyError(f"{queue!r} is not an OJS queue name ([a-z0-9][a-z0-9.-]*, at most 128 chars)")
+    if queue.split(".", 1)[0] in RESERVED_QUEUE_SEGMENTS and "." in queue:
+        raise TopologyError(
+            f"queue {queue!r} starts with a reserved segment ({', '.join(sorted(RESERVED_QUEUE_SEGMENTS))}): "
+            f"its AMQP entities would collide with another queue's (e.g. 'dlx.email' vs the DLQ of 'email')"
+        )
+    return queue
+
+
+def _check_name(name: str) -> str:
+    if len(name.encode()) > _MAX_NAME_BYTES:
+        raise TopologyError(f"AMQP name {name[:60]!r}... is longer than {_MAX_NAME_BYTES} bytes")
+    return name
+
+
+def _check_delay(delay_ms: int, *, low: int, high: int, what: str) -> int:
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int):
+        raise DelayOutOfRangeError(f"{what} must be an int of milliseconds, got {delay_ms!r}")
+    if not low <= delay_ms <= high:
+        raise DelayOutOfRangeError(f"{what} {delay_ms} ms is outside {low}..{high} ms")
+    return delay_ms
+
+
+class Names(msgspec.Struct, frozen=True):
+    """Every AMQP entity name of the OJS binding, under an optional tenant ``prefix``.
+
+    The prefix is empty or ends with ``.`` (``"tenant1."``) and applies to exchanges and
+    queues alike; routing keys stay the bare OJS queue name.  Methods taking an OJS queue
+    name validate it (pattern, length, reserved first segments).
+    """
+
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.prefix and (not self.prefix.endswith(".") or any(c.isspace() for c in self.prefix)):
+            raise TopologyError(f"prefix {self.prefix!r} must be empty or end with '.', without spaces")
+
+    def _name(self, tail: str) -> str:
+        return _check_name(f"{self.prefix}{tail}")
+
+    # Exchanges (001 §4.1)
+    @property
+    def direct_exchange(self) -> str:
+        return self._name("ojs.exchange.direct")
+
+    @property
+    def dlx_exchange(self) -> str:
+        return self._name("ojs.exchange.dlx")
+
+    @property
+    def retry_exchange(self) -> str:
+        return self._name("ojs.exchange.retry")
+
+    @property
+    def delayed_exchange(self) -> str:
+        """The delayed-message-exchange plugin's exchange (001 §8.4, §9.1.2)."""
+        return self._name("ojs.exchange.delayed")
+
+    # Per-queue entities (001 §4.1)
+    def job_queue(self, queue: str) -> str:
+        return self._name(f"ojs.queue.{_check_queue(queue)}")
+
+    def dlx_queue(self, queue: str) -> str:
+        return self._name(f"ojs.queue.dlx.{_check_queue(queue)}")
+
+    def retry_queue(self, queue: str, delay_ms: int) -> str:
+        _check_delay(delay_ms, low=1, high=MAX_TTL_MS, what="retry delay")
+        return self._name(f"ojs.queue.retry.{_check_queue(queue)}.{delay_ms}")
+
+    def retry_routing_key(self, queue: str, delay_ms: int) -> str:
+        """``{q}.{delay_ms}`` on the retry exchange (001 §8.1, §15.3)."""
+        _check_delay(delay_ms, low=1, high=MAX_TTL_MS, what="retry delay")
+        return f"{_check_queue(queue)}.{delay_ms}"
+
+    def control_queue(self, queue: str) -> str:
+        return self._name(f"ojs.queue.control.{_check_queue(queue)}")
+
+    def control_routing_key(self, queue: str) -> str:
+        """CANCEL and BEAT go to the direct exchange with the control queue's name as key (001 §5)."""
+        return self.control_queue(queue)
+
+    # Binary delay levels (DECISIONS 5; module docstring)
+    def delay_exchange(self, level: int) -> str:
+        return self._name(f"ojs.exchange.delay.{_check_level(level):02d}")
+
+    def delay_queue(self, level: int) -> str:
+        return self._name(f"ojs.queue.delay.{_check_level(level):02d}")
+
+    @property
+    def delay_entry_exchange(self) -> str:
+        """Where scheduled jobs are published (the highest level)."""
+        return self.delay_exchange(DELAY_LEVELS - 1)
+
+    @property
+    def delay_deliver_exchange(self) -> str:
+        return self._name("ojs.exchange.delay.deliver")
+
+    def delay_landing_queue(self, queue: str) -> str:
+        return self._name(f"ojs.queue.delay.deliver.{_check_queue(queue)}")
+
+    def delay_next_exchange(self, level: int) -> str:
+        """Where level ``level`` sends a message on: the level below, or the deliver exchange."""
+        return self.delay_exchange(level - 1) if _check_level(level) else self.delay_deliver_exchange
+
+
+def _check_level(level: int) -> int:
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < DELAY_LEVELS:
+        raise TopologyError(f"delay level must be an int in 0..{DELAY_LEVELS - 1}, got {level!r}")
+    return level
+
+
+class Binding(NamedTuple):
+    """``Queue.Bind`` (or ``Exchange.Bind`` when ``to_exchange``) of ``destination`` to ``source``."""
+
+    destination: str
+    source: str
+    routing_key: str
+    to_exchange: bool = False
+
+
+class ExchangeSpec(NamedTuple):
+    """An ``Exchange.Declare``: durable, not auto-delete, not internal."""
+
+    name: str
+    type: str
+    arguments: dict[str, Any]
+
+
+def exchanges(names: Names, *, delayed_plugin: bool = False) -> list[ExchangeSpec]:
+    """Every exchange of the binding, in declaration order.
+
+    Direct, DLX and retry exchanges (direct, 001 §4.2, AMQP-001/002), the 32 delay-level
+    exchanges and the deliver exchange (topic), and the plugin's ``x-delayed-message``
+    exchange only when ``delayed_plugin`` (DECISIONS 5: detected, not assumed).
+    """
+    specs = [
+        ExchangeSpec(names.direct_exchange, "direct", {}),
+        ExchangeSpec(names.dlx_exchange, "direct", {}),
+        ExchangeSpec(names.retry_exchange, "direct", {}),
+        *(ExchangeSpec(names.delay_exchange(k), "topic", {}) for k in reversed(range(DELAY_LEVELS))),
+        ExchangeSpec(names.delay_deliver_exchange, "topic", {}),
+    ]
+    if delayed_plugin:
+        specs.append(ExchangeSpec(names.delayed_exchange, "x-delayed-message", delayed_exchange_arguments()))
+    return specs
+
+
+def delayed_exchange_arguments() -> dict[str, Any]:
+    """Arguments of the plugin exchange (001 §8.4)."""
+    return {"x-delayed-type": "direct"}
+
+
+class QueueOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Options of a job queue and its dead-letter queue; ``None`` means "not set".
+
+    ``max_priority`` defaults to 10 (001 §15.1); quorum queues need ``max_priority=None``.
+    ``dlq_max_age_ms`` and ``dlq_max_length`` bound the dead-letter queue (DECISIONS 3).
+    """
+
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: Literal["reject-publish", "drop-head", "reject-publish-dlx"] | None = None
+    message_ttl_ms: int | None = None
+    queue_type: Literal["classic", "quorum"] | None = None
+    max_priority: int | None = 10
+    dlq_max_age_ms: int | None = DLQ_MAX_AGE_MS
+    dlq_max_length: int | None = DLQ_MAX_LENGTH
+
+    def __post_init__(self) -> None:
+        for name in ("max_length", "max_length_bytes", "message_ttl_ms", "dlq_max_age_ms", "dlq_max_length"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise TopologyError(f"QueueOptions.{name} must be a non-negative int or None, got {value!r}")
+        if self.message_ttl_ms is not None and self.message_ttl_ms > MAX_TTL_MS:
+            raise TopologyError(f"QueueOptions.message_ttl_ms exceeds RabbitMQ's maximum of {MAX_TTL_MS} ms")
+        if self.max_priority is not None and (
+            isinstance(self.max_priority, bool)
+            or not isinstance(self.max_priority, int)
+            or not 1 <= self.max_priority <= 255
+        ):
+            raise TopologyError(f"QueueOptions.max_priority must be 1..255 or None: {self.max_priority!r}")
+        _check_quorum(self)
+
+
+def _check_quorum(options: QueueOptions) -> None:
+    if options.queue_type != "quorum":
+        return
+    if options.max_priority is not None:
+        raise TopologyError(
+            "quorum queues on RabbitMQ 3.10 have no priorities (x-max-priority is classic-only); "
+            "pass max_priority=None with queue_type='quorum', or use a classic queue (DECISIONS 9)"
+        )
+    if options.overflow == "reject-publish-dlx":
+        raise TopologyError("quorum queues do not support x-overflow=reject-publish-dlx; use reject-publish")
+
+
+def job_queue_arguments(names: Names, queue: str, options: QueueOptions | None = None) -> dict[str, Any]:
+    """``Queue.Declare`` arguments of ``ojs.queue.{q}`` (durable, not exclusive, not auto-delete).
+
+    By default exactly ``{"x-dead-letter-exchange": <dlx>, "x-dead-letter-routing-key": q,
+    "x-max-priority": 10}`` (001 §7.2, §15.1).  Every other argument appears only when its
+    option is set.
+    """
+    options = QueueOptions() if options is None else options
+    _check_quorum(options)
+    args: dict[str, Any] = {
+        "x-dead-letter-exchange": names.dlx_exchange,
+        "x-dead-letter-routing-key": _check_queue(queue),
+    }
+    if options.max_priority is not None:
+        args["x-max-priority"] = options.max_priority
+    if options.max_length is not None:
+        args["x-max-length"] = options.max_length
+    if options.max_length_bytes is not None:
+        args["x-max-length-bytes"] = options.max_length_bytes
+    if options.overflow is not None:
+        args["x-overflow"] = options.overflow
+    if options.message_ttl_ms is not None:
+        args["x-message-ttl"] = options.message_ttl_ms
+    if options.queue_type is not None:
+        args["x-queue-type"] = options.queue_type
+    return args
+
+
+def job_queue_binding(names: Names, queue: str) -> Binding:
+    return Binding(names.job_queue(queue), names.direct_exchange, queue)
+
+
+def dlx_queue_arguments(names: Names, queue: str, options: QueueOptions | None = None) -> dict[str, Any]:
+    """Arguments of ``ojs.queue.dlx.{q}``: the retention bound of DECISIONS 3.
+
+    ``x-max-length`` = ``dlq_max_length`` (default 10,000); the default overflow,
+    drop-head, prunes the oldest first (OJS dead-letter §5.1).  ``x-message-ttl`` =
+    ``dlq_max_age_ms``, but only when it fits RabbitMQ's TTL limit (:data:`MAX_TTL_MS`,
+    49.7 days): the OJS default of 180 days does not, so by default the age bound is left
+    to an application-side pruner and only the count bound is enforced by the broker.
+    Omitting the TTL keeps jobs longer than asked rather than dropping them early.
+    ``x-queue-type`` follows the job queue's, when set (dead letters deserve the same
+    durability).
+    """
+    options = QueueOptions() if options is None else options
+    _check_queue(queue)
+    args: dict[str, Any] = {}
+    if options.dlq_max_age_ms is not None and options.dlq_max_age_ms <= MAX_TTL_MS:
+        args["x-message-ttl"] = options.dlq_max_age_ms
+    if options.dlq_max_length is not None:
+        args["x-max-length"] = options.dlq_max_length
+    if options.queue_type is not None:
+        args["x-queue-type"] = options.queue_type
+    return args
+
+
+def dlx_queue_binding(names: Names, queue: str) -> Binding:
+    return Binding(names.dlx_queue(queue), names.dlx_exchange, queue)
+
+
+def retry_queue_arguments(names: Names, queue: str, delay_ms: int) -> dict[str, Any]:
+    """Exactly the arguments of 001 §8.2, nothing more (DECISIONS 4)."""
+    _check_delay(delay_ms, low=1, high=MAX_TTL_MS, what="retry delay")
+    return {
+        "x-dead-letter-exchange": names.direct_exchange,
+        "x-dead-letter-routing-key": _check_queue(queue),
+        "x-message-ttl": delay_ms,
+    }
+
+
+def retry_queue_binding(names: Names, queue: str, delay_ms: int) -> Binding:
+    key = names.retry_routing_key(queue, delay_ms)
+    return Binding(names.retry_queue(queue, delay_ms), names.retry_exchange, key)
+
+
+def control_queue_arguments(
+    *, message_ttl_ms: int | None = CONTROL_MESSAGE_TTL_MS, max_length: int | None = CONTROL_MAX_LENGTH
+) -> dict[str, Any]:
+    """Arguments of the durable ``ojs.queue.control.{q}``.
+
+    001 gives none.  Workers read control messages from their own exclusive queues
+    (DECISIONS 6), so nothing need drain the durable one; without a bound it would keep
+    every BEAT forever.  Defaults: messages expire after an hour, at most 10,000 kept
+    (oldest dropped).  Pass ``None`` to leave a bound out.
+    """
+    args: dict[str, Any] = {}
+    if message_ttl_ms is not None:
+        args["x-message-ttl"] = _check_delay(message_ttl_ms, low=0, high=MAX_TTL_MS, what="control TTL")
+    if max_length is not None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
+            raise TopologyError(f"max_length must be a non-negative int or None, got {max_length!r}")
+        args["x-max-length"] = max_length
+    return args
+
+
+def control_queue_binding(names: Names, queue: str) -> Binding:
+    """The durable control queue's binding; per-worker queues bind the same key (DECISIONS 6)."""
+    return Binding(names.control_queue(queue), names.direct_exchange, names.control_routing_key(queue))
+
+
+def delayed_queue_binding(names: Names, queue: str) -> Binding:
+    """Job queue binding on the plugin exchange (publish with ``x-delay``, key = queue, 001 §9.1.2)."""
+    return Binding(names.job_queue(queue), names.delayed_exchange, queue)
+
+
+# Priority ------------------------------------------------------------------------------
+
+# Upper bounds (inclusive) of the OJS priorities mapped to AMQP 0, 1, ... 9.
+_PRIORITY_BOUNDS: Final = (-50, -20, -10, -1, 0, 9, 19, 49, 99, 100)
+
+
+def priority_to_amqp(ojs_priority: int) -> int:
+    """Map an OJS priority (-100..100, higher runs first) onto AMQP priority 0..9.
+
+    Monotone (a higher OJS priority never gets a lower AMQP priority), finest near 0 where
+    the named levels are, and giving LOW (-10), NORMAL (0) and HIGH (10) distinct values:
+
+    ====  ===========  ==========
+    AMQP  OJS          note
+    ====  ===========  ==========
+    0     -100 .. -50
+    1     -49 .. -20
+    2     -19 .. -10   LOW = -10
+    3     -9 .. -1
+    4     0            NORMAL, the default
+    5     1 .. 9
+    6     10 .. 19     HIGH = 10
+    7     20 .. 49
+    8     50 .. 99
+    9     100
+    ====  ===========  ==========
+
+    RabbitMQ treats a message without a priority property as priority 0, below every
+    negative OJS priority but -50..-100, so the producer should always set the property,
+    using ``job.effective_priority()`` (0 when the job gives none).  Values outside
+    -100..100 raise ``ValueError`` (non-integers ``TypeError``).
+    """
+    if isinstance(ojs_priority, bool) or not isinstance(ojs_priority, int):
+        raise TypeError(f"OJS priority must be an int, got {ojs_priority!r}")
+    if not -100 <= ojs_priority <= 100:
+        raise ValueError(f"OJS priority {ojs_priority} is outside -100..100")
+    return bisect_left(_PRIORITY_BOUNDS, ojs_priority)
+
+
+# Binary delay levels ---------------------------------------------------------------------
+
+
+def delay_routing_key(delay_ms: int, queue: str) -> str:
+    """``b31.b30. ... .b0.{queue}``: publish with this key to ``names.delay_entry_exchange``.
+
+    Raises :class:`DelayOutOfRangeError` unless ``0 <= delay_ms <= MAX_DELAY_MS``.
+    """
+    _check_delay(delay_ms, low=0, high=MAX_DELAY_MS, what="scheduling delay")
+    return ".".join(format(delay_ms, f"0{DELAY_LEVELS}b")) + "." + _check_queue(queue)
+
+
+def delay_level_binding_key(level: int, bit: Literal["0", "1"]) -> str:
+    """Topic pattern matching keys whose bit ``level`` is ``bit`` (word ``31 - level``)."""
+    return "*." * (DELAY_LEVELS - 1 - _check_level(level)) + bit + ".#"
+
+
+def delay_level_bindings(names: Names) -> list[Binding]:
+    """All bindings of the delay levels, from level 31 down to 0.
+
+    For each level ``k``: queue ``k`` on exchange ``k`` when bit ``k`` is 1, and the next
+    exchange down (``to_exchange=True``; the deliver exchange after level 0) when it is 0.
+    """
+    bindings: list[Binding] = []
+    for k in reversed(range(DELAY_LEVELS)):
+        exchange = names.delay_exchange(k)
+        bindings.append(Binding(names.delay_queue(k), exchange, delay_level_binding_key(k, "1")))
+        bindings.append(
+            Binding(names.delay_next_exchange(k), exchange, delay_level_binding_key(k, "0"), to_exchange=True)
+        )
+    return bindings
+
+
+def delay_level_queue_arguments(names: Names, level: int) -> dict[str, Any]:
+    """Queue ``level`` waits 2**level ms, then dead-letters to the next exchange, key unchanged."""
+    return {
+        "x-message-ttl": 2 ** _check_level(level),
+        "x-dead-letter-exchange": names.delay_next_exchange(level),
+    }
+
+
+def delay_deliver_binding(names: Names, queue: str) -> Binding:
+    """The landing queue of ``queue`` on the deliver exchange: 32 one-word bits, then ``queue``."""
+    key = "*." * DELAY_LEVELS + queue
+    return Binding(names.delay_landing_queue(queue), names.delay_deliver_exchange, key)
+
+
+def delay_landing_queue_arguments(names: Names, queue: str) -> dict[str, Any]:
+    """TTL 0, dead-letter to the direct exchange with routing key ``queue`` (the last hop)."""
+    return {
+        "x-message-ttl": 0,
+        "x-dead-letter-exchange": names.direct_exchange,
+        "x-dead-letter-routing-key": _check_queue(queue),
+    }
+
+
+def strip_dead_letter_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``headers`` without the ``x-death`` family RabbitMQ adds on dead-lettering.
+
+    Use it when republishing a delivered job (retry, reschedule): a republished message
+    that still carries ``x-death`` for a queue may be dropped by RabbitMQ as a dead-letter
+    cycle when it expires from that queue again.
+    """
+    return {k: v for k, v in (headers or {}).items() if k not in DEAD_LETTER_HEADERS}

@@ -1,0 +1,168 @@
+"""Mapping a job to an AMQP message and back (001 §6).
+
+Properties: ``message_id`` = id, ``type`` = job type, ``content_type``
+``application/openjobspec+json``, ``content_encoding`` ``utf-8``, ``timestamp`` =
+``created_at`` (whole seconds), ``delivery_mode`` 2, ``app_id`` ``ojs``, ``priority``
+mapped onto 0..9 when the job has one.
+
+Headers (``x-ojs-*``): queue, attempt and max-attempts (int32), created-at, enqueued-at,
+scheduled-at, tags, idempotency-key, and the trace context.  ``x-ojs-attempt`` is the
+1-based number of the attempt the message will run as.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from codec import BasicProperties, Int32
+
+from ._envelope import Job, format_timestamp, parse_timestamp
+from ._topology import priority_to_amqp
+
+__all__ = [
+    "CONTENT_TYPE",
+    "H_ATTEMPT",
+    "H_CREATED_AT",
+    "H_DEAD_LETTER",
+    "H_ENQUEUED_AT",
+    "H_ERROR_CODE",
+    "H_ERROR_MESSAGE",
+    "H_IDEMPOTENCY_KEY",
+    "H_MAX_ATTEMPTS",
+    "H_QUEUE",
+    "H_SCHEDULED_AT",
+    "H_TAGS",
+    "H_TRACEPARENT",
+    "H_TRACE_ID",
+    "H_TRACE_STATE",
+    "header_int",
+    "job_properties",
+    "with_headers",
+]
+
+CONTENT_TYPE: Final = "application/openjobspec+json"
+H_QUEUE: Final = "x-ojs-queue"
+H_ATTEMPT: Final = "x-ojs-attempt"
+H_MAX_ATTEMPTS: Final = "x-ojs-max-attempts"
+H_CREATED_AT: Final = "x-ojs-created-at"
+H_ENQUEUED_AT: Final = "x-ojs-enqueued-at"
+H_SCHEDULED_AT: Final = "x-ojs-scheduled-at"
+H_TAGS: Final = "x-ojs-tags"
+H_TRACE_ID: Final = "x-ojs-trace-id"  # 001 §6.2: the traceparent value
+H_TRACEPARENT: Final = "x-ojs-traceparent"  # 000's name, written too (DECISIONS 10)
+H_TRACE_STATE: Final = "x-ojs-trace-state"
+H_IDEMPOTENCY_KEY: Final = "x-ojs-idempotency-key"
+H_ERROR_CODE: Final = "x-ojs-error-code"
+H_ERROR_MESSAGE: Final = "x-ojs-error-message"
+#: Our own marker: "this copy carries its death reason; reject it to the DLQ" (see _worker).
+H_DEAD_LETTER: Final = "x-ojs-dead-letter"
+
+
+def _tags(job: Job) -> str | None:
+    meta = job.effective_meta()
+    tags = meta.get("tags")
+    if isinstance(tags, list | tuple) and tags:
+        return ",".join(str(t) for t in tags)
+    if isinstance(tags, str) and tags:
+        return tags
+    return None
+
+
+def job_properties(
+    job: Job,
+    *,
+    max_attempts: int,
+    enqueued_at: datetime,
+    idempotency_key: str | None = None,
+    trace_headers: dict[str, str] | None = None,
+    attempt: int = 1,
+) -> BasicProperties:
+    """The AMQP properties of a job's message (001 §6.1, §6.2)."""
+    created = job.created_at if isinstance(job.created_at, str) else format_timestamp(enqueued_at)
+    headers: dict[str, Any] = {
+        H_QUEUE: job.queue,
+        H_ATTEMPT: Int32(attempt),
+        H_MAX_ATTEMPTS: Int32(max_attempts),
+        H_CREATED_AT: created,
+        H_ENQUEUED_AT: format_timestamp(enqueued_at),
+    }
+    if isinstance(job.scheduled_at, str):
+        headers[H_SCHEDULED_AT] = job.scheduled_at
+    tags = _tags(job)
+    if tags is not None:
+        headers[H_TAGS] = tags
+    if idempotency_key is not None:
+        headers[H_IDEMPOTENCY_KEY] = idempotency_key
+    if trace_headers:
+        headers.update(trace_headers)
+    priority = job.priority if isinstance(job.priority, int) else None
+    return BasicProperties(
+        message_id=job.id,
+        type=job.type,
+        content_type=CONTENT_TYPE,
+        content_encoding="utf-8",
+        timestamp=_whole_seconds(created),
+        delivery_mode=2,
+        app_id="ojs",
+        priority=priority_to_amqp(priority) if priority is not None else None,
+        headers=headers,
+    )
+
+
+def _whole_seconds(created: str) -> datetime:
+    try:
+        moment = parse_timestamp(created)
+    except ValueError:
+        moment = datetime.now(UTC)
+    return moment.astimezone(UTC).replace(microsecond=0)
+
+
+def with_headers(
+    props: BasicProperties,
+    updates: dict[str, Any],
+    *,
+    drop: tuple[str, ...] = (),
+    base: dict[str, Any] | None = None,
+) -> BasicProperties:
+    """A copy of ``props`` with headers updated; every other property kept (001 §8.3).
+
+    ``base`` replaces the original headers as the starting point (before ``drop`` and
+    ``updates`` apply)."""
+    headers = dict(base if base is not None else (props.headers or {}))
+    for key in drop:
+        headers.pop(key, None)
+    headers.update(updates)
+    return BasicProperties(
+        content_type=props.content_type,
+        content_encoding=props.content_encoding,
+        headers=headers,
+        delivery_mode=props.delivery_mode,
+        priority=props.priority,
+        correlation_id=props.correlation_id,
+        reply_to=props.reply_to,
+        expiration=props.expiration,
+        message_id=props.message_id,
+        timestamp=props.timestamp,
+        type=props.type,
+        user_id=props.user_id,
+        app_id=props.app_id,
+        cluster_id=props.cluster_id,
+    )
+
+
+def header_int(headers: dict[str, Any] | None, key: str, default: int) -> int:
+    """An integer header (any AMQP integer type, or a numeric string); ``default`` if absent."""
+    if not headers:
+        return default
+    value = headers.get(key)
+    if isinstance(value, bool) or value is None:
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, bytes | str):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default

@@ -1,0 +1,502 @@
+"""The OJS worker: FETCH, ACK, FAIL (001 §5.2-5.5), with retry and dead letters.
+
+Per queue: one channel with publisher confirms, ``Basic.Qos(prefetch=concurrency)`` then
+``Basic.Consume(no_ack=False)`` (AMQP-006/007), and ``concurrency`` long-lived tasks
+pulling from the bounded delivery stream (no task per job).  Each job runs in its own
+cancel scope under its ``timeout`` (default 1800 s).
+
+Outcomes:
+
+* success → ``Basic.Ack`` (AMQP-008);
+* retryable failure → publish to ``ojs.exchange.retry`` (routing key ``{q}.{delay}``,
+  delay on the bounded ladder) with ``x-ojs-attempt`` + 1 and the error headers, wait for
+  the confirm, then ``Basic.Ack`` the original (001 §5.4, DECISIONS 2): a crash in between
+  duplicates the job, never loses it;
+* exhausted, non-retryable, discarded or bad input → dead letter (see below);
+* the worker is stopping and the grace period ran out → the job is left unacked; the
+  broker redelivers it when the channel closes.  Nothing is acked that did not complete.
+
+Dead letters and their reason.  AMQP-009 requires the discard to be a
+``Basic.Nack(requeue=false)``, and DECISIONS 3 requires the reason to travel in
+``x-ojs-error-code`` / ``x-ojs-error-message``.  A Nack cannot add headers, so a dead job
+makes one extra hop: the worker republishes the message, with the reason headers and
+our marker ``x-ojs-dead-letter``, to the head of its own queue (priority 9, confirmed),
+acks the original, and the worker that receives the marked copy Nacks it without
+running it.  The broker's own dead-lettering then puts it in ``ojs.queue.dlx.{q}`` with
+our headers and RabbitMQ's ``x-death``.  A marked copy is never executed by us.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from codec import Int32
+
+from .. import amqp
+from . import _tracing
+from ._client import Client
+from ._envelope import Job, decode_job, format_timestamp, parse_timestamp
+from ._errors import ErrorCode, InvalidJobError
+from ._exceptions import DeadLetter, Discard, Retry
+from ._retry import RetryPolicy, compute_delay_ms, is_retryable, ladder_delay_ms, merge, resolve_retry
+from ._topology import strip_dead_letter_headers
+from ._wire import (
+    H_ATTEMPT,
+    H_DEAD_LETTER,
+    H_ERROR_CODE,
+    H_ERROR_MESSAGE,
+    H_MAX_ATTEMPTS,
+    header_int,
+    with_headers,
+)
+
+__all__ = ["Handler", "JobContext", "JobOutcome", "Worker"]
+
+log = logging.getLogger("ojs_anyio.worker")
+
+Handler = Callable[..., Awaitable[Any]]
+
+DEFAULT_TIMEOUT = 1800.0
+#: RabbitMQ's default consumer_timeout (30 min): an unacked delivery older than this gets
+#: its channel closed with 406 PRECONDITION_FAILED (DECISIONS 7).
+BROKER_CONSUMER_TIMEOUT = 1800.0
+
+
+@dataclass(slots=True)
+class JobContext:
+    """What a handler receives first: the job, its attempt, and the worker."""
+
+    job: Job
+    attempt: int
+    max_attempts: int
+    queue: str
+    worker_id: str
+    message: amqp.IncomingMessage
+    started_at: float = field(default_factory=time.monotonic)
+    cancel_requested: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    @property
+    def args(self) -> list[Any]:
+        return self.job.args
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """One line of the worker's story: what happened to a job attempt."""
+
+    job_id: str | None
+    type: str | None
+    queue: str
+    attempt: int
+    outcome: str  # completed | retried | dead_lettered | cancelled | abandoned
+    error_code: str | None = None
+    error_message: str | None = None
+    delay_ms: int | None = None
+    duration: float = 0.0
+
+
+class _Abandon(Exception):  # noqa: N818 - internal control flow
+    """The job was stopped by shutdown: leave it unacked."""
+
+
+class Worker:
+    """Consumes jobs from ``queues`` and runs their handlers.
+
+    ::
+
+        worker = ojs_anyio.Worker(queues=["email"], concurrency=10)
+
+        @worker.handler("email.send")
+        async def send_email(ctx: ojs_anyio.JobContext, to: str, template: str) -> None: ...
+
+        async with ojs_anyio.connect() as client:
+            await worker.run(client)   # until cancelled, or worker.stop()
+    """
+
+    def __init__(
+        self,
+        queues: list[str] | tuple[str, ...] = ("default",),
+        *,
+        concurrency: int = 10,
+        retry: RetryPolicy | None = None,
+        grace_period: float = 25.0,
+        default_timeout: float = DEFAULT_TIMEOUT,
+        worker_id: str | None = None,
+        rng: random.Random | None = None,
+        broker_consumer_timeout: float = BROKER_CONSUMER_TIMEOUT,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.retry = retry
+        self.grace_period = grace_period
+        self.default_timeout = default_timeout
+        self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
+        self.broker_consumer_timeout = broker_consumer_timeout
+        self._rng = rng or random.Random()
+        self._handlers: dict[str, tuple[Handler, inspect.Signature]] = {}
+        self._listeners: list[Callable[[JobOutcome], None]] = []
+        self._stopping = False
+        self._fetch_scopes: set[anyio.CancelScope] = set()
+        self._job_scopes: dict[str, tuple[anyio.CancelScope, JobContext]] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._ready = anyio.Event()
+        self.active: dict[str, JobContext] = {}
+        self.counts: dict[str, int] = {}
+
+    # ------------------------------------------------------------- config
+
+    def handler(self, job_type: str) -> Callable[[Handler], Handler]:
+        """Decorator registering ``fn(ctx, *args)`` for ``job_type``."""
+
+        def register(fn: Handler) -> Handler:
+            self.register(job_type, fn)
+            return fn
+
+        return register
+
+    def register(self, job_type: str, fn: Handler) -> None:
+        self._handlers[job_type] = (fn, inspect.signature(fn))
+
+    def add_listener(self, callback: Callable[[JobOutcome], None]) -> Callable[[], None]:
+        """Call ``callback`` with every :class:`JobOutcome` (synchronously)."""
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback) if callback in self._listeners else None
+
+    async def wait_ready(self) -> None:
+        """Wait until every queue's consumer is registered."""
+        await self._ready.wait()
+
+    # ---------------------------------------------------------------- run
+
+    async def run(self, client: Client) -> None:
+        """Consume until cancelled or :meth:`stop`; returns after a graceful stop."""
+        self._stopping = False
+        for queue in self.queues:
+            await client.declare_queue(queue)
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            started = [anyio.Event() for _ in self.queues]
+            for queue, ev in zip(self.queues, started, strict=True):
+                tg.start_soon(self._serve_queue, client, queue, ev)
+            for ev in started:
+                await ev.wait()
+            self._ready.set()
+        self._tg = None
+
+    def stop(self) -> None:
+        """Graceful stop: take no new jobs; let running ones finish within ``grace_period``;
+        cancel (and leave unacked) what still runs after it."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("worker %s stopping (grace period %.1fs)", self.worker_id, self.grace_period)
+        for scope in list(self._fetch_scopes):
+            scope.cancel()
+        if self._tg is not None:
+            self._tg.start_soon(self._enforce_grace)
+
+    async def _enforce_grace(self) -> None:
+        with anyio.move_on_after(self.grace_period):
+            while self._job_scopes:
+                await anyio.sleep(0.05)
+            return
+        for scope, ctx in list(self._job_scopes.values()):
+            log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
+            scope.cancel()
+
+    async def _serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
+        names = client.names
+        async with client.conn.channel(confirms=True) as ch:
+            async with ch.consume(names.job_queue(queue), prefetch=self.concurrency) as deliveries:
+                started.set()
+                async with anyio.create_task_group() as tg:
+                    for _ in range(self.concurrency):
+                        tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
+
+    async def _pull_loop(self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer) -> None:
+        while not self._stopping:
+            scope = anyio.CancelScope()
+            self._fetch_scopes.add(scope)
+            msg: amqp.IncomingMessage | None = None
+            try:
+                with scope:
+                    msg = await deliveries.__anext__()
+            except StopAsyncIteration:
+                return
+            finally:
+                self._fetch_scopes.discard(scope)
+            if msg is None:
+                return  # stop() cancelled the fetch
+            await self._handle(client, ch, queue, msg)
+
+    # ---------------------------------------------------------- one job
+
+    async def _handle(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
+        try:
+            await self._handle_one(client, ch, queue, msg)
+        except (
+            amqp.PublishOutcomeUnknownError,
+            amqp.StaleDeliveryError,
+            amqp.ChannelClosedError,
+            amqp.ConnectionLostError,
+        ) as exc:
+            # The connection or channel died while settling: the job was not acked, so the
+            # broker redelivers it (redelivered=True).  At-least-once, never lost.
+            log.warning(
+                "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
+                msg.properties.message_id, msg.delivery_tag, queue, exc,
+            )  # fmt: skip
+
+    async def _handle_one(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
+        headers = msg.properties.headers or {}
+        started = time.monotonic()
+        if headers.get(H_DEAD_LETTER):
+            # A copy carrying its death reason: reject it into ojs.queue.dlx.{q} (AMQP-009).
+            await msg.nack(requeue=False)
+            return
+        attempt = header_int(headers, H_ATTEMPT, 1)
+        try:
+            job = decode_job(msg.body)
+        except InvalidJobError as exc:
+            await self._dead_letter(client, ch, queue, msg, None, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started)
+            return
+        entry = self._handlers.get(job.type)
+        if entry is None:
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, ErrorCode.INVALID_JOB_TYPE,
+                f"no handler registered for job type {job.type!r} on worker {self.worker_id}", started,
+            )  # fmt: skip
+            return
+        fn, signature = entry
+        try:
+            policy = resolve_retry(job.retry, merge(self.retry, client.retry))
+        except InvalidJobError as exc:
+            await self._dead_letter(client, ch, queue, msg, job, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started)
+            return
+        max_attempts = header_int(headers, H_MAX_ATTEMPTS, policy.max_attempts)
+        if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, ErrorCode.EXPIRED, f"job expired at {job.expires_at}", started
+            )
+            return
+        ctx = JobContext(job, attempt, max_attempts, queue, self.worker_id, msg)
+        try:
+            signature.bind(ctx, *job.args)
+        except TypeError as exc:
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, ErrorCode.INVALID_ARGS,
+                f"args {job.args!r} do not fit {fn.__name__}{signature}: {exc}", started,
+            )  # fmt: skip
+            return
+        timeout = float(job.timeout) if isinstance(job.timeout, int) and job.timeout > 0 else self.default_timeout
+        if timeout > self.broker_consumer_timeout:
+            log.warning(
+                "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): the broker would "
+                "close the channel and redeliver it; it is capped at %.0fs",
+                job.id, timeout, self.broker_consumer_timeout, self.broker_consumer_timeout,
+            )  # fmt: skip
+            timeout = self.broker_consumer_timeout
+        error: tuple[str, str, str] | None = None  # (code, error type, message)
+        verdict: BaseException | None = None
+        scope = anyio.CancelScope()
+        self._job_scopes[job.id] = (scope, ctx)
+        self.active[job.id] = ctx
+        try:
+            with scope, _tracing.consumer_span(
+                headers, queue=queue, job_id=job.id, job_type=job.type, attempt=attempt
+            ):
+                with anyio.move_on_after(timeout) as timer:
+                    await fn(ctx, *job.args)
+                if timer.cancelled_caught:
+                    error = (ErrorCode.HANDLER_TIMEOUT, "TimeoutError", f"handler exceeded its timeout of {timeout:g}s")
+            if scope.cancelled_caught:
+                if ctx.cancel_requested:
+                    await msg.ack()
+                    self._report(JobOutcome(job.id, job.type, queue, attempt, "cancelled", duration=time.monotonic() - started))
+                    return
+                raise _Abandon
+        except (Retry, Discard, DeadLetter) as exc:
+            verdict = exc
+        except _Abandon:
+            self._report(JobOutcome(job.id, job.type, queue, attempt, "abandoned", duration=time.monotonic() - started))
+            return
+        except anyio.get_cancelled_exc_class():
+            raise  # the worker itself is being cancelled: leave the job unacked
+        except Exception as exc:
+            error = (ErrorCode.HANDLER_ERROR, _error_type(exc), str(exc) or type(exc).__name__)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit… from a handler
+            error = (ErrorCode.HANDLER_PANIC, _error_type(exc), repr(exc))
+        finally:
+            self._job_scopes.pop(job.id, None)
+            self.active.pop(job.id, None)
+        if verdict is None and error is None:
+            await msg.ack()
+            self._report(JobOutcome(job.id, job.type, queue, attempt, "completed", duration=time.monotonic() - started))
+            return
+        if isinstance(verdict, Discard):
+            await self._dead_letter(client, ch, queue, msg, job, attempt, ErrorCode.DISCARDED, verdict.reason, started)
+            return
+        if isinstance(verdict, DeadLetter):
+            await self._dead_letter(client, ch, queue, msg, job, attempt, "DEAD_LETTER", verdict.reason, started)
+            return
+        if isinstance(verdict, Retry):
+            error = (ErrorCode.HANDLER_ERROR, "Retry", verdict.reason or "handler asked for a retry")
+        assert error is not None
+        code, etype, message = error
+        retryable = code != ErrorCode.HANDLER_PANIC and is_retryable(policy, etype)
+        if not retryable:
+            code = ErrorCode.NON_RETRYABLE_ERROR if code == ErrorCode.HANDLER_ERROR else code
+            await self._dead_letter(client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", started)
+            return
+        if attempt >= max_attempts:
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, code,
+                f"{etype}: {message} (attempt {attempt} of {max_attempts}, retries exhausted)", started,
+            )  # fmt: skip
+            return
+        if isinstance(verdict, Retry) and verdict.delay is not None:
+            delay_ms = max(1, int(verdict.delay * 1000))
+        else:
+            delay_ms = compute_delay_ms(policy, attempt, self._rng)
+        ladder_ms = ladder_delay_ms(delay_ms, max_ms=max(policy.max_interval_ms, delay_ms))
+        await self._retry(client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", ladder_ms, started)
+
+    async def _retry(
+        self,
+        client: Client,
+        ch: amqp.Channel,
+        queue: str,
+        msg: amqp.IncomingMessage,
+        job: Job,
+        attempt: int,
+        code: str,
+        message: str,
+        ladder_ms: int,
+        started: float,
+    ) -> None:
+        names = client.names
+        await client.declare_retry_queue(queue, ladder_ms)
+        props = with_headers(
+            msg.properties,
+            {H_ATTEMPT: Int32(attempt + 1), H_ERROR_CODE: str(code), H_ERROR_MESSAGE: message[:1000]},
+            base=strip_dead_letter_headers(msg.properties.headers),
+        )
+        try:
+            await ch.publish(
+                msg.body,
+                exchange=names.retry_exchange,
+                routing_key=names.retry_routing_key(queue, ladder_ms),
+                properties=props,
+                mandatory=True,
+            )
+        except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, code, f"{message} (retry publish failed: {exc})", started
+            )
+            return
+        await msg.ack()
+        log.info(
+            "job %s type=%s queue=%s attempt=%d outcome=retried code=%s delay=%dms: %s",
+            job.id, job.type, queue, attempt, code, ladder_ms, message,
+        )  # fmt: skip
+        self._report(
+            JobOutcome(job.id, job.type, queue, attempt, "retried", str(code), message, ladder_ms, time.monotonic() - started)
+        )
+
+    async def _dead_letter(
+        self,
+        client: Client,
+        ch: amqp.Channel,
+        queue: str,
+        msg: amqp.IncomingMessage,
+        job: Job | None,
+        attempt: int,
+        code: str,
+        message: str,
+        started: float,
+    ) -> None:
+        props = with_headers(
+            msg.properties,
+            {
+                H_ERROR_CODE: str(code),
+                H_ERROR_MESSAGE: message[:1000],
+                H_DEAD_LETTER: True,
+                "x-ojs-dead-lettered-at": format_timestamp(datetime.now(UTC)),
+            },
+        )
+        props = _with_priority(props, 9)
+        try:
+            await ch.publish(
+                msg.body,
+                exchange=client.names.direct_exchange,
+                routing_key=queue,
+                properties=props,
+                mandatory=True,
+            )
+        except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
+            # The annotated copy can't go back through the queue (full, or unbound): reject
+            # the original straight to the DLQ; x-death still says where it came from.
+            log.warning("dead-lettering job on %s without reason headers: %s", queue, exc)
+            await msg.nack(requeue=False)
+        else:
+            await msg.ack()
+        job_id = job.id if job is not None else msg.properties.message_id
+        job_type = job.type if job is not None else msg.properties.type
+        log.info(
+            "job %s type=%s queue=%s attempt=%d outcome=dead_lettered code=%s: %s",
+            job_id, job_type, queue, attempt, code, message,
+        )  # fmt: skip
+        self._report(
+            JobOutcome(job_id, job_type, queue, attempt, "dead_lettered", str(code), message, None, time.monotonic() - started)
+        )
+
+    def _report(self, outcome: JobOutcome) -> None:
+        self.counts[outcome.outcome] = self.counts.get(outcome.outcome, 0) + 1
+        if outcome.outcome in ("completed", "cancelled", "abandoned"):
+            log.info(
+                "job %s type=%s queue=%s attempt=%d outcome=%s duration=%.3fs",
+                outcome.job_id, outcome.type, outcome.queue, outcome.attempt, outcome.outcome, outcome.duration,
+            )  # fmt: skip
+        for cb in list(self._listeners):
+            cb(outcome)
+
+    # ------------------------------------------------------------ control
+
+    def cancel_job(self, job_id: str) -> bool:
+        """Cancel a running job (CANCEL): it is acked and reported as cancelled."""
+        entry = self._job_scopes.get(job_id)
+        if entry is None:
+            return False
+        scope, ctx = entry
+        ctx.cancel_requested = True
+        scope.cancel()
+        return True
+
+
+def _error_type(exc: BaseException) -> str:
+    cls = type(exc)
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+
+
+def _with_priority(props: amqp.BasicProperties, priority: int) -> amqp.BasicProperties:
+    import msgspec
+
+    return msgspec.structs.replace(props, priority=priority)
