@@ -310,7 +310,15 @@ _CONNECTION_CLASSES: dict[int, type[ConnectionLevelError]] = {
 
 _CHANNEL_CLASSES: dict[int, type[ChannelLevelError]] = {
     cls.reply_code: cls
-    for cls in (ContentTooLarge, NoRoute, NoConsumers, AccessRefused, NotFound, ResourceLocked, PreconditionFailed)
+    for cls in (
+        ContentTooLarge,
+        NoRoute,
+        NoConsumers,
+        AccessRefused,
+        NotFound,
+        ResourceLocked,
+        PreconditionFailed,
+    )
 }
 
 
@@ -349,7 +357,15 @@ def channel_error_for(
     return cls(reply_text, class_id=class_id, method_id=method_id, remote=remote, channel_id=channel_id)
 
 
-_CLASS_NAMES = {10: "Connection", 20: "Channel", 40: "Exchange", 50: "Queue", 60: "Basic", 85: "Confirm", 90: "Tx"}
+_CLASS_NAMES = {
+    10: "Connection",
+    20: "Channel",
+    40: "Exchange",
+    50: "Queue",
+    60: "Basic",
+    85: "Confirm",
+    90: "Tx",
+}
 _METHOD_NAMES: dict[tuple[int, int], str] = {
     (10, 10): "Start", (10, 11): "StartOk", (10, 20): "Secure", (10, 21): "SecureOk",
     (10, 30): "Tune", (10, 31): "TuneOk", (10, 40): "Open", (10, 41): "OpenOk",

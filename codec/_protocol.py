@@ -41,14 +41,14 @@ from ._errors import (
     connection_error_for,
 )
 from ._events import (
-    ChannelCloseOk,
     ChannelClosed,
+    ChannelCloseOk,
     ChannelFlow,
     ChannelOpened,
     Confirmed,
     ConnectionBlocked,
-    ConnectionCloseOk,
     ConnectionClosed,
+    ConnectionCloseOk,
     ConnectionOpened,
     ConnectionUnblocked,
     ConsumerCancelled,
@@ -162,7 +162,9 @@ class Credentials:
 
     def __post_init__(self) -> None:
         if self.mechanism not in ("PLAIN", "AMQPLAIN", "EXTERNAL"):
-            raise UsageError(f"unsupported auth mechanism {self.mechanism!r}: use PLAIN, AMQPLAIN or EXTERNAL")
+            raise UsageError(
+                f"unsupported auth mechanism {self.mechanism!r}: use PLAIN, AMQPLAIN or EXTERNAL"
+            )
 
     def response(self) -> bytes:
         """The Start-Ok response bytes for this mechanism."""
@@ -426,7 +428,8 @@ class AMQPConnection:
             self.state = ConnectionState.CLOSED
             return
         self._out += encode_method_frame(
-            0, commands.Connection.Close(reply_code=reply_code, reply_text=reply_text, class_id=0, method_id=0)
+            0,
+            commands.Connection.Close(reply_code=reply_code, reply_text=reply_text, class_id=0, method_id=0),
         )
         self.state = ConnectionState.CLOSING
 
@@ -439,7 +442,9 @@ class AMQPConnection:
         self._out += encode_method_frame(channel_id, commands.Channel.Open())
         return channel_id
 
-    def close_channel(self, channel_id: int, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:
+    def close_channel(
+        self, channel_id: int, reply_code: int = 200, reply_text: str = "Normal shutdown"
+    ) -> None:
         """Queue Channel.Close.  ``ChannelCloseOk`` follows; idempotent while closing."""
         ch = self._channels.get(channel_id)
         if ch is None or ch.state in (ChannelState.CLOSING, ChannelState.CLOSED):
@@ -476,7 +481,9 @@ class AMQPConnection:
         if replies is None and mid not in _ASYNC_CLIENT_METHODS:
             raise UsageError(f"{method.name} cannot be sent on a channel by a client")
         if expects_reply and ch.awaiting is not None:
-            raise UsageError(f"channel {channel_id} already waits for a reply; one synchronous method at a time")
+            raise UsageError(
+                f"channel {channel_id} already waits for a reply; one synchronous method at a time"
+            )
         if mid == _mid(85, 10):  # Confirm.Select
             if ch.confirm_mode or ch.confirm_select_pending:
                 return expects_reply
@@ -705,7 +712,8 @@ class AMQPConnection:
         if ftype == FRAME_METHOD:
             if ch.content_kind != _NO_CONTENT:
                 raise UnexpectedFrame(
-                    f"method frame on channel {channel_id} while a message's content was expected", remote=False
+                    f"method frame on channel {channel_id} while a message's content was expected",
+                    remote=False,
                 )
             self._on_channel_method(ch, payload, events)
         elif ftype == FRAME_HEADER:
@@ -793,7 +801,8 @@ class AMQPConnection:
         received = ch.body_received + len(payload)
         if received > ch.body_size:
             raise FrameError(
-                f"content body on channel {ch.id} longer than the {ch.body_size} bytes announced", remote=False
+                f"content body on channel {ch.id} longer than the {ch.body_size} bytes announced",
+                remote=False,
             )
         if received == ch.body_size and not ch.body_parts:
             self._complete_content(ch, payload, events)
@@ -934,7 +943,9 @@ def _as_text(value: str | bytes) -> str:
 _START_OK_PREFIX = struct.pack(">HH", 10, 11)
 
 
-def _encode_start_ok(client_properties: Mapping[str, Any], mechanism: str, response: bytes, locale: str) -> bytes:
+def _encode_start_ok(
+    client_properties: Mapping[str, Any], mechanism: str, response: bytes, locale: str
+) -> bytes:
     """Connection.Start-Ok, written by hand because its response is binary for AMQPLAIN."""
     mech = mechanism.encode()
     loc = locale.encode()

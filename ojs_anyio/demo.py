@@ -15,6 +15,7 @@ import sys
 import time
 
 import anyio
+import anyio.lowlevel
 
 import ojs_anyio as ojs
 
@@ -34,7 +35,7 @@ async def run_demo(url: str | None, n_jobs: int) -> dict[str, int]:
 
     @worker.handler("demo.notify")
     async def notify(ctx: ojs.JobContext, user: str) -> None:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
     @worker.handler("demo.explode")
     async def explode(ctx: ojs.JobContext) -> None:
@@ -78,18 +79,26 @@ async def run_demo(url: str | None, n_jobs: int) -> dict[str, int]:
     print(f"processed in {elapsed:.2f}s: completed={finished['completed']} "
           f"retried={finished['retried']} dead-lettered={finished['dead_lettered']}")  # fmt: skip
     for d in dead:
-        print(f"  in ojs.queue.dlx.{QUEUE}: job {d.job_id} type={d.type} code={d.error_code} reason={d.error_message}")
+        print(
+            f"  in ojs.queue.dlx.{QUEUE}: job {d.job_id} type={d.type} code={d.error_code} reason={d.error_message}"
+        )
     return finished
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    parser.add_argument("--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL or amqp://guest:guest@localhost/)")
+    parser.add_argument(
+        "--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL or amqp://guest:guest@localhost/)"
+    )
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     finished = anyio.run(run_demo, args.url, args.jobs, backend=args.backend)
     ok = finished["completed"] == args.jobs and finished["dead_lettered"] == 1
     print("demo OK" if ok else "demo FAILED")

@@ -518,7 +518,7 @@ class Channel:
         if type(ev) is GetOk:
             waiter.result = ev
         elif type(ev) is MethodReply:
-            waiter.result = ev.method  # type: ignore[attr-defined]
+            waiter.result = ev.method
         elif type(ev) is ChannelOpened:
             waiter.result = ev
         waiter.event.set()

@@ -36,8 +36,8 @@ from codec import (
     ChannelOpened,
     Confirmed,
     ConnectionBlocked,
-    ConnectionCloseOk,
     ConnectionClosed,
+    ConnectionCloseOk,
     ConnectionLevelError,
     ConnectionOpened,
     ConnectionParameters,
@@ -376,7 +376,7 @@ class Connection:
         elif tp is ChannelClosed or tp is ChannelCloseOk:
             ch = self._by_id.pop(ev.channel_id, None)  # type: ignore[attr-defined]
             if ch is not None:
-                ch._on_closed(ev)  # type: ignore[arg-type]
+                ch._on_closed(ev)
         elif tp is ConsumerCancelled:
             ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
             if ch is not None:
@@ -501,6 +501,7 @@ class Connection:
                 return
             if deadline is None:
                 await anyio.sleep_forever()
+                return
             if proto.has_data_to_send:
                 await self._flush_quietly()
             await anyio.sleep(max(0.0, deadline - anyio.current_time()))

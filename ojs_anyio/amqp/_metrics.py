@@ -50,10 +50,14 @@ def _by_queue(name: str) -> object:
 
 
 meter.create_observable_gauge(
-    "ojs_amqp_connections_active", [_gauge("connections_active")], description="Active AMQP connections"  # type: ignore[list-item]
+    "ojs_amqp_connections_active",
+    [_gauge("connections_active")],
+    description="Active AMQP connections",  # type: ignore[list-item]
 )
 meter.create_observable_gauge(
-    "ojs_amqp_channels_active", [_gauge("channels_active")], description="Active AMQP channels"  # type: ignore[list-item]
+    "ojs_amqp_channels_active",
+    [_gauge("channels_active")],
+    description="Active AMQP channels",  # type: ignore[list-item]
 )
 for _name, _attr, _desc in (
     ("ojs_amqp_messages_published_total", "published", "Messages published, by queue"),
@@ -64,7 +68,9 @@ for _name, _attr, _desc in (
 ):
     meter.create_observable_counter(_name, [_by_queue(_attr)], description=_desc)  # type: ignore[list-item]
 meter.create_observable_gauge(
-    "ojs_amqp_messages_unacked", [_by_queue("unacked")], description="Unacknowledged deliveries, by queue"  # type: ignore[list-item]
+    "ojs_amqp_messages_unacked",
+    [_by_queue("unacked")],
+    description="Unacknowledged deliveries, by queue",  # type: ignore[list-item]
 )
 reconnections = meter.create_counter("ojs_amqp_reconnections_total", description="Reconnection attempts")
 confirm_latency = meter.create_histogram(

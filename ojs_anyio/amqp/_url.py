@@ -134,8 +134,10 @@ def parse_url(url: str) -> AMQPURL:
         user_raw, colon, pass_raw = userinfo.partition(":")
         username = unquote(user_raw)
         password = unquote(pass_raw) if colon else ""
-    hosts = tuple(_parse_host(h, default_port) for h in hostpart.split(",")) if hostpart else (
-        ("localhost", default_port),
+    hosts = (
+        tuple(_parse_host(h, default_port) for h in hostpart.split(","))
+        if hostpart
+        else (("localhost", default_port),)
     )
     if slash:
         if "/" in path:

@@ -32,6 +32,7 @@ from ._exceptions import (
 )
 from ._retry import DEFAULT_RETRY_POLICY, RetryPolicy, merge, resolve_retry
 from ._topology import (
+    DELAY_LEVELS,
     Binding,
     Names,
     QueueOptions,
@@ -48,7 +49,6 @@ from ._topology import (
     retry_queue_arguments,
     retry_queue_binding,
     strip_dead_letter_headers,
-    DELAY_LEVELS,
 )
 from ._wire import (
     H_ATTEMPT,
@@ -205,9 +205,13 @@ class Client:
                 return
             ch = await self.channel()
             for spec in exchanges(self.names)[3:]:
-                await ch.exchange_declare(spec.name, spec.type, durable=True, arguments=spec.arguments or None)
+                await ch.exchange_declare(
+                    spec.name, spec.type, durable=True, arguments=spec.arguments or None
+                )
             for k in range(DELAY_LEVELS):
-                await self._declare_checked(self.names.delay_queue(k), delay_level_queue_arguments(self.names, k))
+                await self._declare_checked(
+                    self.names.delay_queue(k), delay_level_queue_arguments(self.names, k)
+                )
             for binding in delay_level_bindings(self.names):
                 await self._bind(binding)
             self._delay_declared = True
@@ -300,7 +304,9 @@ class Client:
         ch = await self.channel()
         with _tracing.producer_span(job, exchange):
             try:
-                await ch.publish(body, exchange=exchange, routing_key=routing_key, properties=props, mandatory=True)
+                await ch.publish(
+                    body, exchange=exchange, routing_key=routing_key, properties=props, mandatory=True
+                )
             except amqp.PublishError as exc:
                 raise _push_error(exc, job) from exc
         return job
@@ -320,7 +326,9 @@ class Client:
             exchange, routing_key, props, body = await self._message(job, None)
             try:
                 handles.append(
-                    await window.publish(body, exchange=exchange, routing_key=routing_key, properties=props, mandatory=True)
+                    await window.publish(
+                        body, exchange=exchange, routing_key=routing_key, properties=props, mandatory=True
+                    )
                 )
             except amqp.PublishError as exc:
                 handles.append(_push_error(exc, job))
@@ -514,4 +522,3 @@ async def connect(
         finally:
             with anyio.CancelScope(shield=True):
                 await client.aclose()
-

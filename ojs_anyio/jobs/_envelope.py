@@ -250,7 +250,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 _TIMESTAMP_FIELDS: Final = (
-    "scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at"
+    "scheduled_at",
+    "expires_at",
+    "created_at",
+    "enqueued_at",
+    "started_at",
+    "completed_at",
 )
 _JOB_FIELDS: Final = frozenset(Job.__struct_fields__) - {"extensions"}
 _RECORD_FIELDS: Final = frozenset(ErrorRecord.__struct_fields__) - {"extensions"}

@@ -65,7 +65,7 @@ class TopologyConflictError(JobError):
         super().__init__(message)
 
 
-class _Verdict(Exception):  # noqa: N818 - these are control-flow signals, not errors
+class _Verdict(Exception):
     """Raised by a handler to decide the job's fate explicitly."""
 
     def __init__(self, reason: str = "") -> None:

@@ -95,5 +95,7 @@ def consumer_span(
         attributes["messaging.message.id"] = job_id
     if job_type:
         attributes["ojs.job.type"] = job_type
-    with tracer.start_as_current_span(f"{queue} process", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes) as span:
+    with tracer.start_as_current_span(
+        f"{queue} process", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
+    ) as span:
         yield span

@@ -110,7 +110,7 @@ class JobOutcome:
     duration: float = 0.0
 
 
-class _Abandon(Exception):  # noqa: N818 - internal control flow
+class _Abandon(Exception):
     """The job was stopped by shutdown: leave it unacked."""
 
 
@@ -230,7 +230,9 @@ class Worker:
                     for _ in range(self.concurrency):
                         tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
 
-    async def _pull_loop(self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer) -> None:
+    async def _pull_loop(
+        self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer
+    ) -> None:
         while not self._stopping:
             scope = anyio.CancelScope()
             self._fetch_scopes.add(scope)
@@ -264,7 +266,9 @@ class Worker:
                 msg.properties.message_id, msg.delivery_tag, queue, exc,
             )  # fmt: skip
 
-    async def _handle_one(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
+    async def _handle_one(
+        self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage
+    ) -> None:
         headers = msg.properties.headers or {}
         started = time.monotonic()
         if headers.get(H_DEAD_LETTER):
@@ -275,7 +279,9 @@ class Worker:
         try:
             job = decode_job(msg.body)
         except InvalidJobError as exc:
-            await self._dead_letter(client, ch, queue, msg, None, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started)
+            await self._dead_letter(
+                client, ch, queue, msg, None, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started
+            )
             return
         entry = self._handlers.get(job.type)
         if entry is None:
@@ -288,12 +294,22 @@ class Worker:
         try:
             policy = resolve_retry(job.retry, merge(self.retry, client.retry))
         except InvalidJobError as exc:
-            await self._dead_letter(client, ch, queue, msg, job, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started)
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started
+            )
             return
         max_attempts = header_int(headers, H_MAX_ATTEMPTS, policy.max_attempts)
         if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
             await self._dead_letter(
-                client, ch, queue, msg, job, attempt, ErrorCode.EXPIRED, f"job expired at {job.expires_at}", started
+                client,
+                ch,
+                queue,
+                msg,
+                job,
+                attempt,
+                ErrorCode.EXPIRED,
+                f"job expired at {job.expires_at}",
+                started,
             )
             return
         ctx = JobContext(job, attempt, max_attempts, queue, self.worker_id, msg)
@@ -305,7 +321,9 @@ class Worker:
                 f"args {job.args!r} do not fit {fn.__name__}{signature}: {exc}", started,
             )  # fmt: skip
             return
-        timeout = float(job.timeout) if isinstance(job.timeout, int) and job.timeout > 0 else self.default_timeout
+        timeout = (
+            float(job.timeout) if isinstance(job.timeout, int) and job.timeout > 0 else self.default_timeout
+        )
         if timeout > self.broker_consumer_timeout:
             log.warning(
                 "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): the broker would "
@@ -319,23 +337,36 @@ class Worker:
         self._job_scopes[job.id] = (scope, ctx)
         self.active[job.id] = ctx
         try:
-            with scope, _tracing.consumer_span(
-                headers, queue=queue, job_id=job.id, job_type=job.type, attempt=attempt
+            with (
+                scope,
+                _tracing.consumer_span(
+                    headers, queue=queue, job_id=job.id, job_type=job.type, attempt=attempt
+                ),
             ):
                 with anyio.move_on_after(timeout) as timer:
                     await fn(ctx, *job.args)
                 if timer.cancelled_caught:
-                    error = (ErrorCode.HANDLER_TIMEOUT, "TimeoutError", f"handler exceeded its timeout of {timeout:g}s")
+                    error = (
+                        ErrorCode.HANDLER_TIMEOUT,
+                        "TimeoutError",
+                        f"handler exceeded its timeout of {timeout:g}s",
+                    )
             if scope.cancelled_caught:
                 if ctx.cancel_requested:
                     await msg.ack()
-                    self._report(JobOutcome(job.id, job.type, queue, attempt, "cancelled", duration=time.monotonic() - started))
+                    self._report(
+                        JobOutcome(
+                            job.id, job.type, queue, attempt, "cancelled", duration=time.monotonic() - started
+                        )
+                    )
                     return
                 raise _Abandon
         except (Retry, Discard, DeadLetter) as exc:
             verdict = exc
         except _Abandon:
-            self._report(JobOutcome(job.id, job.type, queue, attempt, "abandoned", duration=time.monotonic() - started))
+            self._report(
+                JobOutcome(job.id, job.type, queue, attempt, "abandoned", duration=time.monotonic() - started)
+            )
             return
         except anyio.get_cancelled_exc_class():
             raise  # the worker itself is being cancelled: leave the job unacked
@@ -348,13 +379,19 @@ class Worker:
             self.active.pop(job.id, None)
         if verdict is None and error is None:
             await msg.ack()
-            self._report(JobOutcome(job.id, job.type, queue, attempt, "completed", duration=time.monotonic() - started))
+            self._report(
+                JobOutcome(job.id, job.type, queue, attempt, "completed", duration=time.monotonic() - started)
+            )
             return
         if isinstance(verdict, Discard):
-            await self._dead_letter(client, ch, queue, msg, job, attempt, ErrorCode.DISCARDED, verdict.reason, started)
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, ErrorCode.DISCARDED, verdict.reason, started
+            )
             return
         if isinstance(verdict, DeadLetter):
-            await self._dead_letter(client, ch, queue, msg, job, attempt, "DEAD_LETTER", verdict.reason, started)
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, "DEAD_LETTER", verdict.reason, started
+            )
             return
         if isinstance(verdict, Retry):
             error = (ErrorCode.HANDLER_ERROR, "Retry", verdict.reason or "handler asked for a retry")
@@ -363,7 +400,9 @@ class Worker:
         retryable = code != ErrorCode.HANDLER_PANIC and is_retryable(policy, etype)
         if not retryable:
             code = ErrorCode.NON_RETRYABLE_ERROR if code == ErrorCode.HANDLER_ERROR else code
-            await self._dead_letter(client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", started)
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", started
+            )
             return
         if attempt >= max_attempts:
             await self._dead_letter(
@@ -376,7 +415,9 @@ class Worker:
         else:
             delay_ms = compute_delay_ms(policy, attempt, self._rng)
         ladder_ms = ladder_delay_ms(delay_ms, max_ms=max(policy.max_interval_ms, delay_ms))
-        await self._retry(client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", ladder_ms, started)
+        await self._retry(
+            client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", ladder_ms, started
+        )
 
     async def _retry(
         self,
@@ -408,7 +449,15 @@ class Worker:
             )
         except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
             await self._dead_letter(
-                client, ch, queue, msg, job, attempt, code, f"{message} (retry publish failed: {exc})", started
+                client,
+                ch,
+                queue,
+                msg,
+                job,
+                attempt,
+                code,
+                f"{message} (retry publish failed: {exc})",
+                started,
             )
             return
         await msg.ack()
@@ -417,7 +466,17 @@ class Worker:
             job.id, job.type, queue, attempt, code, ladder_ms, message,
         )  # fmt: skip
         self._report(
-            JobOutcome(job.id, job.type, queue, attempt, "retried", str(code), message, ladder_ms, time.monotonic() - started)
+            JobOutcome(
+                job.id,
+                job.type,
+                queue,
+                attempt,
+                "retried",
+                str(code),
+                message,
+                ladder_ms,
+                time.monotonic() - started,
+            )
         )
 
     async def _dead_letter(
@@ -464,7 +523,17 @@ class Worker:
             job_id, job_type, queue, attempt, code, message,
         )  # fmt: skip
         self._report(
-            JobOutcome(job_id, job_type, queue, attempt, "dead_lettered", str(code), message, None, time.monotonic() - started)
+            JobOutcome(
+                job_id,
+                job_type,
+                queue,
+                attempt,
+                "dead_lettered",
+                str(code),
+                message,
+                None,
+                time.monotonic() - started,
+            )
         )
 
     def _report(self, outcome: JobOutcome) -> None:

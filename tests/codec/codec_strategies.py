@@ -122,6 +122,10 @@ def expected_roundtrip(value: Any) -> Any:
         return value.value
     if isinstance(value, bytes | bytearray):
         return bytes(value)
+    if isinstance(value, Decimal):
+        exponent = value.as_tuple().exponent
+        assert isinstance(exponent, int)
+        return Decimal(int(value)) if exponent > 0 else value  # 1E+2 is sent as 100
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)

@@ -30,7 +30,9 @@ from ojs_anyio.jobs._retry import RetryPolicy
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "ojs-json-schema"
 if not (SCHEMA_DIR / "tests" / "valid").is_dir():
-    pytest.fail(f"OJS JSON schema fixtures not found at {SCHEMA_DIR} (../shared beside the repo)", pytrace=False)
+    pytest.fail(
+        f"OJS JSON schema fixtures not found at {SCHEMA_DIR} (../shared beside the repo)", pytrace=False
+    )
 
 VALID = sorted((SCHEMA_DIR / "tests" / "valid").glob("*.json"))
 INVALID = sorted((SCHEMA_DIR / "tests" / "invalid").glob("*.json"))
@@ -164,10 +166,14 @@ def test_bad_bodies(body: bytes, message: str) -> None:
         ({"unique": {"states": ["processing"]}}, "unique.states[0]"),
         ({"error": {"type": "E", "message": "m", "code": "X"}}, "error.code"),
         ({"error": {"type": "E", "message": "m", "backtrace": ["f"] * 51}}, "error.backtrace"),
-        ({"errors": [{"code": "X", "message": "m", "attempt": 0, "occurred_at": "2026-01-01T00:00:00Z"}]},
-         "errors[0].attempt"),
-        ({"errors": [{"code": "X", "message": "m", "attempt": 1, "occurred_at": "yesterday"}]},
-         "errors[0].occurred_at"),
+        (
+            {"errors": [{"code": "X", "message": "m", "attempt": 0, "occurred_at": "2026-01-01T00:00:00Z"}]},
+            "errors[0].attempt",
+        ),
+        (
+            {"errors": [{"code": "X", "message": "m", "attempt": 1, "occurred_at": "yesterday"}]},
+            "errors[0].occurred_at",
+        ),
         ({"created_at": "2026-02-30T10:00:00Z"}, "created_at"),
         ({"created_at": "2026-02-12T10:00:00"}, "created_at"),  # no timezone
         ({"scheduled_at": "2026-02-12T10:00:00+24:00"}, "scheduled_at"),
@@ -207,19 +213,30 @@ def test_effective_values() -> None:
     retry = job.effective_retry()
     assert (retry.max_attempts, retry.initial_interval_ms, retry.max_interval_ms) == (3, 1000, 300_000)
     job = decode_job(json.dumps(minimal(priority=-10, attempt=2, retry={"max_attempts": 9})))
-    assert (job.effective_priority(), job.effective_attempt(), job.effective_retry().max_attempts) == (-10, 2, 9)
+    assert (job.effective_priority(), job.effective_attempt(), job.effective_retry().max_attempts) == (
+        -10,
+        2,
+        9,
+    )
 
 
 def test_timestamps() -> None:
     assert parse_timestamp("2026-02-17T08:00:00+01:00") == datetime(2026, 2, 17, 7, 0, tzinfo=UTC)
     assert parse_timestamp("2026-02-17T08:00:00.123456789Z").microsecond == 123456
     assert parse_timestamp("2016-12-31T23:59:60Z") == datetime(2017, 1, 1, tzinfo=UTC)
-    assert format_timestamp(datetime(2026, 2, 15, 10, 30, 0, 123999, tzinfo=UTC)) == "2026-02-15T10:30:00.123Z"
+    assert (
+        format_timestamp(datetime(2026, 2, 15, 10, 30, 0, 123999, tzinfo=UTC)) == "2026-02-15T10:30:00.123Z"
+    )
     plus2 = timezone(timedelta(hours=2))
     assert format_timestamp(datetime(2026, 2, 15, 12, 30, tzinfo=plus2)) == "2026-02-15T10:30:00.000Z"
     with pytest.raises(ValueError, match="timezone-aware"):
         format_timestamp(datetime(2026, 2, 15))
-    for bad in ("2026-13-01T00:00:00Z", "2026-01-01T24:00:00Z", "2026-01-01 00:00:00Z", "2026-01-01T00:00:00"):
+    for bad in (
+        "2026-13-01T00:00:00Z",
+        "2026-01-01T24:00:00Z",
+        "2026-01-01 00:00:00Z",
+        "2026-01-01T00:00:00",
+    ):
         with pytest.raises(ValueError):
             parse_timestamp(bad)
 
@@ -230,7 +247,12 @@ NOW = datetime(2026, 2, 15, 10, 30, 0, 250_000, tzinfo=UTC)
 def test_new_job() -> None:
     job = new_job("email.send", ["a@example.com"], now=NOW)
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", job.id)
-    assert (job.specversion, job.type, job.queue, job.args) == ("1.0", "email.send", "default", ["a@example.com"])
+    assert (job.specversion, job.type, job.queue, job.args) == (
+        "1.0",
+        "email.send",
+        "default",
+        ["a@example.com"],
+    )
     assert (job.state, job.attempt, job.created_at) == ("available", 0, "2026-02-15T10:30:00.250Z")
     assert json.loads(encode_job(job)) == {
         "specversion": "1.0",
@@ -301,8 +323,12 @@ def test_direct_construction_and_validate_job() -> None:
     assert job_from_dict(job_to_dict(ok)) == ok
 
 
-json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8) | st.floats(
-    allow_nan=False, allow_infinity=False
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.text(max_size=8)
+    | st.floats(allow_nan=False, allow_infinity=False)
 )
 json_values = st.recursive(
     json_scalars,

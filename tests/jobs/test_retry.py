@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -54,7 +55,22 @@ def test_parse_duration(text: str, ms: int) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "P", "PT", "P1DT", "1S", "PT1.S", "PT.5S", "PT-1S", "PT1S\n", "pt1s", "PT1H1H", "PT1S1M", "P1.5D", "PT1,5S"],
+    [
+        "",
+        "P",
+        "PT",
+        "P1DT",
+        "1S",
+        "PT1.S",
+        "PT.5S",
+        "PT-1S",
+        "PT1S\n",
+        "pt1s",
+        "PT1H1H",
+        "PT1S1M",
+        "P1.5D",
+        "PT1,5S",
+    ],
 )
 def test_parse_duration_rejects_garbage(text: str) -> None:
     with pytest.raises(InvalidDurationError):
@@ -75,8 +91,16 @@ def test_too_long_duration() -> None:
 
 @pytest.mark.parametrize(
     ("ms", "text"),
-    [(0, "PT0S"), (500, "PT0.5S"), (1000, "PT1S"), (1250, "PT1.25S"), (300_000, "PT5M"), (3_600_000, "PT1H"),
-     (86_400_000, "P1D"), (90_061_001, "P1DT1H1M1.001S")],
+    [
+        (0, "PT0S"),
+        (500, "PT0.5S"),
+        (1000, "PT1S"),
+        (1250, "PT1.25S"),
+        (300_000, "PT5M"),
+        (3_600_000, "PT1H"),
+        (86_400_000, "P1D"),
+        (90_061_001, "P1DT1H1M1.001S"),
+    ],
 )
 def test_format_duration(ms: int, text: str) -> None:
     assert format_duration_ms(ms) == text
@@ -99,10 +123,16 @@ def test_format_duration_rejects(bad: object) -> None:
 def test_defaults_are_ojs_defaults() -> None:
     eff = resolve_retry(None)
     assert (eff.max_attempts, eff.initial_interval_ms, eff.backoff_coefficient, eff.max_interval_ms) == (
-        3, 1000, 2.0, 300_000,
+        3,
+        1000,
+        2.0,
+        300_000,
     )
     assert (eff.jitter, eff.non_retryable_errors, eff.on_exhaustion, eff.backoff_strategy) == (
-        True, (), "discard", "exponential",
+        True,
+        (),
+        "discard",
+        "exponential",
     )
 
 
@@ -163,8 +193,12 @@ RNG = random.Random(0)
         (no_jitter(initial_interval="PT5S", backoff_strategy="none"), [5000, 5000, 5000, 5000]),
         # §3.4 / §12.3 polynomial: 15 s * n^4, capped at 1 h.
         (
-            no_jitter(initial_interval="PT15S", backoff_coefficient=4.0, max_interval="PT1H",
-                      backoff_strategy="polynomial"),
+            no_jitter(
+                initial_interval="PT15S",
+                backoff_coefficient=4.0,
+                max_interval="PT1H",
+                backoff_strategy="polynomial",
+            ),
             [15000, 240000, 1215000, 3600000, 3600000],
         ),
         # coefficient 1.0 with max == initial: constant (§12.5).
@@ -189,13 +223,16 @@ def test_attempt_must_be_positive_int(bad: object) -> None:
 
 
 def formula_ms(strategy: str, initial: int, coeff: float, cap: int, n: int) -> float:
+    """OJS retry §3 written out plainly, capped at ``cap``."""
     try:
-        raw = {
-            "exponential": lambda: initial * coeff ** (n - 1),
-            "linear": lambda: float(initial * n),
-            "none": lambda: float(initial),
-            "polynomial": lambda: initial * float(n) ** coeff,
-        }[strategy]()
+        if strategy == "exponential":
+            raw = initial * coeff ** (n - 1)
+        elif strategy == "polynomial":
+            raw = initial * float(n) ** coeff
+        elif strategy == "linear":
+            raw = float(initial * n)
+        else:
+            raw = float(initial)
     except OverflowError:
         raw = math.inf
     return min(raw, float(cap))
@@ -232,8 +269,10 @@ def test_delay_is_formula_within_jitter_and_cap(
 
 def test_jitter_spreads_over_the_whole_range() -> None:
     rng = random.Random(42)
-    delays = [compute_delay_ms(RetryPolicy(initial_interval="PT10S", max_interval="PT1H"), 1, rng)
-              for _ in range(2000)]
+    delays = [
+        compute_delay_ms(RetryPolicy(initial_interval="PT10S", max_interval="PT1H"), 1, rng)
+        for _ in range(2000)
+    ]
     assert 5000 <= min(delays) < 5100
     assert 14900 < max(delays) < 15000
 
@@ -272,15 +311,24 @@ def test_ladder_is_small_sorted_and_stated() -> None:
     assert MAX_RETRY_QUEUES == len(RETRY_LADDER_MS) == 21
     assert RETRY_LADDER_MS[0] == 100
     assert RETRY_LADDER_MS[-1] == 86_400_000
-    assert all(b / a <= 2.5 for a, b in zip(RETRY_LADDER_MS, RETRY_LADDER_MS[1:], strict=False))
+    assert all(b / a <= 2.5 for a, b in itertools.pairwise(RETRY_LADDER_MS))
     for common in ("PT1S", "PT30S", "PT1M", "PT5M", "PT30M", "PT1H", "PT24H"):
         assert parse_duration_ms(common) in RETRY_LADDER_MS
 
 
 @pytest.mark.parametrize(
     ("delay", "rung"),
-    [(0, 0), (1, 100), (149, 100), (150, 200), (350, 500), (1_400, 1_000), (1_500, 2_000), (250_000, 300_000),
-     (10**12, 86_400_000)],
+    [
+        (0, 0),
+        (1, 100),
+        (149, 100),
+        (150, 200),
+        (350, 500),
+        (1_400, 1_000),
+        (1_500, 2_000),
+        (250_000, 300_000),
+        (10**12, 86_400_000),
+    ],
 )
 def test_ladder_examples(delay: int, rung: int) -> None:
     assert ladder_delay_ms(delay) == rung
@@ -319,8 +367,11 @@ def test_ladder_rejects(bad: object) -> None:
 
 def test_retry_queues_per_job_queue_stay_bounded() -> None:
     rng = random.Random(7)
-    policies = [None, RetryPolicy(max_interval="PT24H", initial_interval="PT0.1S", backoff_coefficient=1.7),
-                RetryPolicy(backoff_strategy="polynomial", backoff_coefficient=4.0, max_interval="PT2H")]
+    policies = [
+        None,
+        RetryPolicy(max_interval="PT24H", initial_interval="PT0.1S", backoff_coefficient=1.7),
+        RetryPolicy(backoff_strategy="polynomial", backoff_coefficient=4.0, max_interval="PT2H"),
+    ]
     seen = {retry_queue_delay_ms(p, n, rng) for p in policies for n in range(1, 40) for _ in range(50)}
     assert seen <= set(RETRY_LADDER_MS)
     assert len(seen) <= MAX_RETRY_QUEUES
