@@ -160,6 +160,9 @@ class Connection:
         self._host_index = 0
         # lifecycle
         self._tg: anyio.abc.TaskGroup | None = None
+        #: Shields the supervisor (reader, heartbeats, recovery) from the caller's cancellation,
+        #: so close handshakes still get their replies; only aclose() cancels it.
+        self._service_scope = anyio.CancelScope(shield=True)
         self._closing = False
         self._closed = False
         self._fatal: BaseException | None = None
@@ -250,12 +253,13 @@ class Connection:
         with anyio.CancelScope(shield=True):
             try:
                 with anyio.move_on_after(self.close_timeout):
-                    if self._connected.is_set():
+                    if self._connected.is_set() and self._stream is not None:
                         for ch in list(self._channels):
                             await ch._close_for_shutdown()
                         self._proto.close()
                         await self._flush_quietly()
-                        await self._close_ok.wait()
+                        # The reader ends on Close-Ok, or as soon as the transport fails.
+                        await self._transport_down.wait()
             finally:
                 self._closed = True
                 self._connected = anyio.Event()  # waiters now see _closed
@@ -264,6 +268,7 @@ class Connection:
                 for ch in list(self._channels):
                     ch._on_connection_gone(err, final=True)
                 self._events.close()
+                self._service_scope.cancel()
                 if self._tg is not None:
                     self._tg.cancel_scope.cancel()
 
@@ -292,7 +297,8 @@ class Connection:
         self._tg = tg
         with anyio.fail_after(self.connection_timeout):
             await self._open_transport()
-        tg.start_soon(self._supervise, name="ojs-amqp-supervisor")
+        # Returns once the reader runs, so even an immediate aclose() gets its Close-Ok.
+        await tg.start(self._supervise, name="ojs-amqp-supervisor")
 
     async def _open_transport(self) -> None:
         """Connect the socket and complete the AMQP handshake (caller bounds the time)."""
@@ -339,9 +345,11 @@ class Connection:
             raise
 
     async def _receive(self) -> bytes:
-        assert self._stream is not None
+        stream = self._stream
+        if stream is None:  # closed by aclose(), a failed send or the heartbeat check
+            raise ConnectionLostError("connection closed")
         try:
-            return await self._stream.receive(_READ_SIZE)
+            return await stream.receive(_READ_SIZE)
         except anyio.EndOfStream:
             raise ConnectionLostError("broker closed the socket") from None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as exc:
@@ -450,7 +458,9 @@ class Connection:
                 except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass  # already broken; nothing else to release
 
-    async def _run_transport(self, restore: bool) -> BaseException:
+    async def _run_transport(
+        self, restore: bool, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> BaseException:
         """Run reader and heartbeat until the transport dies; return why.
 
         With ``restore``, topology and channels are re-established first (while the
@@ -463,6 +473,7 @@ class Connection:
                 tg.start_soon(self._restore, name="ojs-amqp-restore")
             else:
                 self._connected.set()
+            task_status.started()
         return self._transport_error or ConnectionLostError("connection lost")
 
     async def _reader(self, scope: anyio.CancelScope) -> None:
@@ -506,13 +517,22 @@ class Connection:
                 await self._flush_quietly()
             await anyio.sleep(max(0.0, deadline - anyio.current_time()))
 
-    async def _supervise(self) -> None:
-        """Own the transport for the connection's lifetime; recover it when allowed."""
+    async def _supervise(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Own the transport for the connection's lifetime; recover it when allowed.
+
+        Runs in ``_service_scope``: cancelling the ``connect()`` block does not stop the
+        reader before aclose() has exchanged Close/Close-Ok; aclose() then cancels it.
+        """
+        with self._service_scope:
+            await self._supervise_transports(task_status)
+
+    async def _supervise_transports(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         restore = False
         attempt = 0
         down_since = 0.0
         while True:
-            err = await self._run_transport(restore)
+            err = await self._run_transport(restore, task_status)
+            task_status = anyio.TASK_STATUS_IGNORED
             if self._closing or self._closed:
                 return
             was_up = self._connected.is_set()
@@ -645,8 +665,8 @@ async def connect(
     conn = Connection(parsed, **options)
     try:
         async with anyio.create_task_group() as tg:
-            await conn._start(tg)
             try:
+                await conn._start(tg)
                 yield conn
             finally:
                 await conn.aclose()

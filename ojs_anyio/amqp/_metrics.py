@@ -7,7 +7,7 @@ them, so publishes and acks don't even pay for that.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -34,14 +34,14 @@ class _Stats:
 stats = _Stats()
 
 
-def _gauge(value_of: str) -> object:
+def _gauge(value_of: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(getattr(stats, value_of))]
 
     return callback
 
 
-def _by_queue(name: str) -> object:
+def _by_queue(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         table: dict[str, int] = getattr(stats, name)
         return [Observation(v, {"queue": q}) for q, v in list(table.items())]
@@ -52,12 +52,12 @@ def _by_queue(name: str) -> object:
 meter.create_observable_gauge(
     "ojs_amqp_connections_active",
     [_gauge("connections_active")],
-    description="Active AMQP connections",  # type: ignore[list-item]
+    description="Active AMQP connections",
 )
 meter.create_observable_gauge(
     "ojs_amqp_channels_active",
     [_gauge("channels_active")],
-    description="Active AMQP channels",  # type: ignore[list-item]
+    description="Active AMQP channels",
 )
 for _name, _attr, _desc in (
     ("ojs_amqp_messages_published_total", "published", "Messages published, by queue"),
@@ -66,11 +66,11 @@ for _name, _attr, _desc in (
     ("ojs_amqp_messages_nacked_total", "nacked", "Messages negatively acknowledged, by queue"),
     ("ojs_amqp_messages_returned_total", "returned", "Messages returned by the broker (Basic.Return)"),
 ):
-    meter.create_observable_counter(_name, [_by_queue(_attr)], description=_desc)  # type: ignore[list-item]
+    meter.create_observable_counter(_name, [_by_queue(_attr)], description=_desc)
 meter.create_observable_gauge(
     "ojs_amqp_messages_unacked",
     [_by_queue("unacked")],
-    description="Unacknowledged deliveries, by queue",  # type: ignore[list-item]
+    description="Unacknowledged deliveries, by queue",
 )
 reconnections = meter.create_counter("ojs_amqp_reconnections_total", description="Reconnection attempts")
 confirm_latency = meter.create_histogram(

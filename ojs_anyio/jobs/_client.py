@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import msgspec
 
 from codec import Int32
 
@@ -35,6 +37,8 @@ from ._topology import (
     DELAY_LEVELS,
     Binding,
     Names,
+    control_queue_arguments,
+    control_queue_binding,
     QueueOptions,
     delay_deliver_binding,
     delay_landing_queue_arguments,
@@ -62,13 +66,42 @@ from ._wire import (
     with_headers,
 )
 
-__all__ = ["Client", "DeadLetters", "DeadJob", "PushResult", "connect"]
+__all__ = [
+    "CONTROL_CANCEL",
+    "CONTROL_HEARTBEAT",
+    "CONTROL_INFO",
+    "JobInfo",
+    "Client",
+    "DeadLetters",
+    "DeadJob",
+    "PushResult",
+    "connect",
+]
 
 log = logging.getLogger("ojs_anyio.jobs")
+
+CONTROL_CANCEL = "ojs.control.cancel"
+CONTROL_HEARTBEAT = "ojs.control.heartbeat"
+CONTROL_INFO = "ojs.control.info"
+_DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
+_json = msgspec.json.Encoder()
+_json_decode = msgspec.json.Decoder()
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 #: Below this, a scheduled job is pushed straight to its queue.
 SCHEDULE_IMMEDIATE_MS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A worker's answer to INFO; ``state == "unknown"`` when no worker answered in time."""
+
+    job_id: str
+    state: str
+    attempt: int | None = None
+    worker_id: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +397,82 @@ class Client:
                 await self._declare_landing(job.queue)
                 exchange = self.names.delay_entry_exchange
         return exchange, routing_key, props, body
+
+    # ------------------------------------------------- control plane (001 §5.6-5.8)
+
+    async def declare_control_queue(self, queue: str) -> None:
+        """The durable ``ojs.queue.control.{q}`` (001 §4.1), bounded (see control_queue_arguments)."""
+        ch = await self.channel()
+        await self._declare_base(ch)
+        await self._declare_checked(self.names.control_queue(queue), control_queue_arguments())
+        await self._bind(control_queue_binding(self.names, queue))
+
+    async def _control_publish(self, queue: str, kind: str, body: dict[str, Any], **props: Any) -> None:
+        await self.declare_control_queue(queue)
+        ch = await self.channel()
+        await ch.publish(
+            _json.encode(body),
+            exchange=self.names.direct_exchange,
+            routing_key=self.names.control_routing_key(queue),
+            properties=amqp.BasicProperties(
+                type=kind, content_type="application/json", app_id="ojs", **props
+            ),
+            mandatory=True,
+        )
+
+    async def cancel(self, job_id: str, *, queue: str = "default") -> None:
+        """CANCEL: ask the workers of ``queue`` to abort job ``job_id`` (001 §5.6).
+
+        Asynchronous: the worker running it cancels its handler and acks it as cancelled;
+        a worker receiving the job later skips it (the cancel is remembered for a while).
+        """
+        await self._control_publish(queue, CONTROL_CANCEL, {"job_id": job_id})
+
+    async def heartbeat(self, job_id: str, worker_id: str, *, queue: str = "default") -> None:
+        """BEAT: tell every worker of ``queue`` that ``worker_id`` still runs ``job_id`` (001 §5.7)."""
+        await self._control_publish(queue, CONTROL_HEARTBEAT, {"job_id": job_id, "worker_id": worker_id})
+
+    async def info(self, job_id: str, *, queue: str = "default", timeout: float = 5.0) -> JobInfo:
+        """INFO over RPC (001 §5.8): the state of ``job_id`` from the worker that knows it.
+
+        Uses RabbitMQ's direct reply-to and a unique ``correlation_id``.  No answer within
+        ``timeout`` gives ``JobInfo(state="unknown")``, not an exception.
+        """
+        await self.declare_control_queue(queue)
+        correlation_id = uuid.uuid4().hex
+        async with self.conn.channel(confirms=False) as ch:
+            async with ch.consume(_DIRECT_REPLY_TO, no_ack=True, max_buffer=64) as replies:
+                await ch.publish(
+                    _json.encode({"job_id": job_id}),
+                    exchange=self.names.direct_exchange,
+                    routing_key=self.names.control_routing_key(queue),
+                    properties=amqp.BasicProperties(
+                        type=CONTROL_INFO,
+                        content_type="application/json",
+                        reply_to=_DIRECT_REPLY_TO,
+                        correlation_id=correlation_id,
+                        app_id="ojs",
+                    ),
+                )
+                with anyio.move_on_after(timeout):
+                    async for reply in replies:
+                        if reply.properties.correlation_id != correlation_id:
+                            continue
+                        try:
+                            data = _json_decode.decode(reply.body)
+                        except msgspec.DecodeError:
+                            log.warning("malformed INFO reply for job %s: %r", job_id, reply.body[:200])
+                            continue
+                        if isinstance(data, dict) and data.get("job_id") == job_id:
+                            return JobInfo(
+                                job_id=job_id,
+                                state=str(data.get("state", "unknown")),
+                                attempt=data.get("attempt"),
+                                worker_id=data.get("worker_id"),
+                                started_at=data.get("started_at"),
+                                finished_at=data.get("finished_at"),
+                            )
+        return JobInfo(job_id=job_id, state="unknown")
 
     # -------------------------------------------------------------- misc
 

@@ -33,6 +33,7 @@ import logging
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,12 +41,13 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from codec import Int32
 
 from .. import amqp
 from . import _tracing
-from ._client import Client
+from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, Client
 from ._envelope import Job, decode_job, format_timestamp, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._exceptions import DeadLetter, Discard, Retry
@@ -64,6 +66,9 @@ from ._wire import (
 __all__ = ["Handler", "JobContext", "JobOutcome", "Worker"]
 
 log = logging.getLogger("ojs_anyio.worker")
+
+_json = msgspec.json.Encoder()
+_json_decode = msgspec.json.Decoder()
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -84,6 +89,7 @@ class JobContext:
     worker_id: str
     message: amqp.IncomingMessage
     started_at: float = field(default_factory=time.monotonic)
+    started_wall: str = field(default_factory=lambda: format_timestamp(datetime.now(UTC)))
     cancel_requested: bool = False
 
     @property
@@ -139,6 +145,8 @@ class Worker:
         worker_id: str | None = None,
         rng: random.Random | None = None,
         broker_consumer_timeout: float = BROKER_CONSUMER_TIMEOUT,
+        heartbeat_interval: float = 5.0,
+        cancel_memory: float = 3600.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -159,6 +167,15 @@ class Worker:
         self._ready = anyio.Event()
         self.active: dict[str, JobContext] = {}
         self.counts: dict[str, int] = {}
+        self.heartbeat_interval = heartbeat_interval
+        self.cancel_memory = cancel_memory
+        #: Jobs cancelled before they reached this worker: job id -> when (monotonic); bounded.
+        self._cancelled: OrderedDict[str, float] = OrderedDict()
+        #: Liveness seen through BEAT messages: job id -> (worker id, monotonic time); bounded.
+        self.liveness: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        #: Jobs this worker finished recently, for INFO: job id -> answer; bounded.
+        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._control_ch: amqp.Channel | None = None
 
     # ------------------------------------------------------------- config
 
@@ -192,13 +209,124 @@ class Worker:
             await client.declare_queue(queue)
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            control_started = anyio.Event()
+            tg.start_soon(self._serve_control, client, control_started)
+            await control_started.wait()
             started = [anyio.Event() for _ in self.queues]
+            self._queues_done = anyio.Event()
+            self._queues_running = len(self.queues)
             for queue, ev in zip(self.queues, started, strict=True):
                 tg.start_soon(self._serve_queue, client, queue, ev)
             for ev in started:
                 await ev.wait()
+            beat_scope = anyio.CancelScope()
+            tg.start_soon(self._beat_loop, client, beat_scope)
             self._ready.set()
+            await self._wait_queues_done(started)
+            beat_scope.cancel()
+            self._control_scope.cancel()
         self._tg = None
+
+    async def _wait_queues_done(self, started: list[anyio.Event]) -> None:
+        await self._queues_done.wait()
+
+    # ------------------------------------------------------ control plane
+
+    async def _serve_control(self, client: Client, started: anyio.Event) -> None:
+        """DECISIONS 6: an exclusive queue per worker bound to each control routing key, so
+        every worker sees every CANCEL, BEAT and INFO; the durable control queue is declared too."""
+        names = client.names
+        self._control_scope = anyio.CancelScope()
+        with self._control_scope:
+            async with client.conn.channel(confirms=True) as ch:
+                self._control_ch = ch
+                info = await ch.queue_declare("", exclusive=True, auto_delete=True)
+                for queue in self.queues:
+                    await client.declare_control_queue(queue)
+                    await ch.queue_bind(info.name, names.direct_exchange, names.control_routing_key(queue))
+                async with ch.consume(info.name, prefetch=64) as messages:
+                    started.set()
+                    async for msg in messages:
+                        await self._on_control(ch, msg)
+                        await msg.ack()
+        self._control_ch = None
+
+    async def _on_control(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
+        kind = msg.properties.type
+        try:
+            data = _json_decode.decode(msg.body)
+        except msgspec.DecodeError:
+            log.warning("ignoring malformed control message %r: %r", kind, msg.body[:200])
+            return
+        job_id = data.get("job_id") if isinstance(data, dict) else None
+        if not isinstance(job_id, str):
+            log.warning("ignoring control message %r without a job_id", kind)
+            return
+        now = time.monotonic()
+        if kind == CONTROL_CANCEL:
+            if self.cancel_job(job_id):
+                log.info("job %s: cancel requested, handler cancelled", job_id)
+            else:
+                _remember(self._cancelled, job_id, now, limit=10_000)
+        elif kind == CONTROL_HEARTBEAT:
+            worker_id = data.get("worker_id")
+            if isinstance(worker_id, str):
+                _remember(self.liveness, job_id, (worker_id, now), limit=10_000)
+        elif kind == CONTROL_INFO:
+            answer = self._info(job_id)
+            if answer is not None and msg.properties.reply_to:
+                await ch.publish(
+                    _json.encode(answer),
+                    exchange="",
+                    routing_key=msg.properties.reply_to,
+                    properties=amqp.BasicProperties(
+                        correlation_id=msg.properties.correlation_id,
+                        content_type="application/json",
+                        app_id="ojs",
+                    ),
+                )
+
+    def _info(self, job_id: str) -> dict[str, Any] | None:
+        ctx = self.active.get(job_id)
+        if ctx is not None:
+            return {
+                "job_id": job_id,
+                "state": "active",
+                "attempt": ctx.attempt,
+                "worker_id": self.worker_id,
+                "started_at": ctx.started_wall,
+            }
+        return self._recent.get(job_id)
+
+    def _was_cancelled(self, job_id: str) -> bool:
+        when = self._cancelled.get(job_id)
+        if when is None:
+            return False
+        if time.monotonic() - when > self.cancel_memory:
+            del self._cancelled[job_id]
+            return False
+        return True
+
+    async def _beat_loop(self, client: Client, scope: anyio.CancelScope) -> None:
+        """BEAT (001 §5.7): every ``heartbeat_interval``, one heartbeat per running job."""
+        with scope:
+            while True:
+                await anyio.sleep(self.heartbeat_interval)
+                ch = self._control_ch
+                if ch is None:
+                    continue
+                for ctx in list(self.active.values()):
+                    try:
+                        await ch.publish(
+                            _json.encode({"job_id": ctx.id, "worker_id": self.worker_id}),
+                            exchange=client.names.direct_exchange,
+                            routing_key=client.names.control_routing_key(ctx.queue),
+                            properties=amqp.BasicProperties(
+                                type=CONTROL_HEARTBEAT, content_type="application/json", app_id="ojs"
+                            ),
+                        )
+                    except amqp.PublishError as exc:
+                        log.warning("heartbeat for job %s not confirmed: %s", ctx.id, exc)
 
     def stop(self) -> None:
         """Graceful stop: take no new jobs; let running ones finish within ``grace_period``;
@@ -223,12 +351,17 @@ class Worker:
 
     async def _serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
         names = client.names
-        async with client.conn.channel(confirms=True) as ch:
-            async with ch.consume(names.job_queue(queue), prefetch=self.concurrency) as deliveries:
-                started.set()
-                async with anyio.create_task_group() as tg:
-                    for _ in range(self.concurrency):
-                        tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
+        try:
+            async with client.conn.channel(confirms=True) as ch:
+                async with ch.consume(names.job_queue(queue), prefetch=self.concurrency) as deliveries:
+                    started.set()
+                    async with anyio.create_task_group() as tg:
+                        for _ in range(self.concurrency):
+                            tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
+        finally:
+            self._queues_running -= 1
+            if self._queues_running <= 0:
+                self._queues_done.set()
 
     async def _pull_loop(
         self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer
@@ -282,6 +415,16 @@ class Worker:
             await self._dead_letter(
                 client, ch, queue, msg, None, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started
             )
+            return
+        if self._was_cancelled(job.id):
+            await msg.ack()
+            log.info(
+                "job %s type=%s queue=%s outcome=cancelled (cancelled before it started)",
+                job.id,
+                job.type,
+                queue,
+            )
+            self._report(JobOutcome(job.id, job.type, queue, attempt, "cancelled"))
             return
         entry = self._handlers.get(job.type)
         if entry is None:
@@ -538,6 +681,20 @@ class Worker:
 
     def _report(self, outcome: JobOutcome) -> None:
         self.counts[outcome.outcome] = self.counts.get(outcome.outcome, 0) + 1
+        if outcome.job_id:
+            state = _OUTCOME_STATE.get(outcome.outcome, outcome.outcome)
+            _remember(
+                self._recent,
+                outcome.job_id,
+                {
+                    "job_id": outcome.job_id,
+                    "state": state,
+                    "attempt": outcome.attempt,
+                    "worker_id": self.worker_id,
+                    "finished_at": format_timestamp(datetime.now(UTC)),
+                },
+                limit=1000,
+            )
         if outcome.outcome in ("completed", "cancelled", "abandoned"):
             log.info(
                 "job %s type=%s queue=%s attempt=%d outcome=%s duration=%.3fs",
@@ -559,6 +716,22 @@ class Worker:
         return True
 
 
+_OUTCOME_STATE = {
+    "completed": "completed",
+    "retried": "retryable",
+    "dead_lettered": "discarded",
+    "cancelled": "cancelled",
+    "abandoned": "available",
+}
+
+
+def _remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > limit:
+        table.popitem(last=False)
+
+
 def _error_type(exc: BaseException) -> str:
     cls = type(exc)
     module = cls.__module__
@@ -566,6 +739,4 @@ def _error_type(exc: BaseException) -> str:
 
 
 def _with_priority(props: amqp.BasicProperties, priority: int) -> amqp.BasicProperties:
-    import msgspec
-
     return msgspec.structs.replace(props, priority=priority)

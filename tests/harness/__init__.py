@@ -17,7 +17,7 @@ from .broker import (
     set_memory_watermark,
     wait_broker_ready,
 )
-from .proxy import Direction, FaultProxy, ProxyStatistics, build_amqp_url
+from .proxy import Direction, FaultProxy, ProxyStatistics, build_amqp_url, unwrap_single_exception
 from .tls import TLSMaterial, TLSTerminatingProxy, make_ca_and_cert
 
 __all__ = [
@@ -42,5 +42,6 @@ __all__ = [
     "rabbitmqctl_sync",
     "read_connection_start",
     "set_memory_watermark",
+    "unwrap_single_exception",
     "wait_broker_ready",
 ]

@@ -77,7 +77,7 @@ class RabbitmqctlError(RuntimeError):
 # ---------------------------------------------------------------------- rabbitmqctl
 
 
-async def rabbitmqctl(*args: str, timeout: float = 60) -> str:  # noqa: ASYNC109 (bounds the process)
+async def rabbitmqctl(*args: str, timeout: float = 60) -> str:
     """Run ``rabbitmqctl *args``; return its stdout, raise ``RabbitmqctlError`` on failure."""
     with anyio.fail_after(timeout):
         result = await anyio.run_process([RABBITMQCTL, *args], check=False)
@@ -149,7 +149,7 @@ async def _wait_memory_alarm(present: bool) -> None:
 
 @asynccontextmanager
 async def lowered_memory_watermark(
-    timeout: float = 60,  # noqa: ASYNC109 (also bounds the shielded restore)
+    timeout: float = 60,
 ) -> AsyncIterator[MemoryWatermark]:
     """Set the memory watermark to 0 (memory alarm: publishers get blocked) for the block.
 
@@ -179,7 +179,7 @@ async def lowered_memory_watermark(
 
 @asynccontextmanager
 async def broker_stopped(
-    timeout: float = 60,  # noqa: ASYNC109 (also bounds the shielded restart)
+    timeout: float = 60,
 ) -> AsyncIterator[None]:
     """``rabbitmqctl stop_app`` for the block; ``start_app`` and wait until ready on exit.
 
@@ -221,7 +221,7 @@ async def read_connection_start(stream: ByteStream) -> bytes:
 
 
 async def wait_broker_ready(
-    timeout: float = 60,  # noqa: ASYNC109 (part of the message on failure)
+    timeout: float = 60,
     host: str = BROKER_HOST,
     port: int = BROKER_PORT,
 ) -> None:

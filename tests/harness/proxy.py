@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, NamedTuple, Self
@@ -39,7 +39,7 @@ from anyio import (
 from anyio.abc import ByteStream, SocketAttribute, SocketStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-__all__ = ["Direction", "FaultProxy", "ProxyStatistics", "build_amqp_url"]
+__all__ = ["Direction", "FaultProxy", "ProxyStatistics", "build_amqp_url", "unwrap_single_exception"]
 
 Direction = Literal["upstream", "downstream"]
 StallDirection = Literal["both", "upstream", "downstream"]
@@ -210,14 +210,15 @@ class FaultProxy:
         multi = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
         try:
             self._port = multi.extra(SocketAttribute.local_port)
-            async with create_task_group() as task_group:
-                self._task_group = task_group
-                for listener in multi.listeners:
-                    task_group.start_soon(self._accept_loop, listener)
-                try:
-                    yield
-                finally:
-                    task_group.cancel_scope.cancel()
+            with unwrap_single_exception():
+                async with create_task_group() as task_group:
+                    self._task_group = task_group
+                    for listener in multi.listeners:
+                        task_group.start_soon(self._accept_loop, listener)
+                    try:
+                        yield
+                    finally:
+                        task_group.cancel_scope.cancel()
         finally:
             self._task_group = None
             with CancelScope(shield=True):
@@ -319,16 +320,17 @@ class FaultProxy:
                 await anyio.sleep(interval)
                 self.cut_all(reset=reset)
 
-        async with create_task_group() as task_group:
-            task_group.start_soon(cut_periodically)
-            try:
-                yield
-            finally:
-                task_group.cancel_scope.cancel()
+        with unwrap_single_exception():
+            async with create_task_group() as task_group:
+                task_group.start_soon(cut_periodically)
+                try:
+                    yield
+                finally:
+                    task_group.cancel_scope.cancel()
 
     # ------------------------------------------------------------------ waits and counters
 
-    async def wait_for_connections(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def wait_for_connections(self, n: int, timeout: float = 10.0) -> None:
         """Wait until at least ``n`` proxied connections are established at once.
 
         "Established" means the target connection is up (and, for TLS, the handshake is done).
@@ -337,7 +339,7 @@ class FaultProxy:
         with anyio.fail_after(timeout):
             await self._wait_until(lambda: self.active_connections >= n)
 
-    async def wait_for_total_connections(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def wait_for_total_connections(self, n: int, timeout: float = 10.0) -> None:
         """Wait until ``connections_total`` (established since start) reaches ``n``."""
         with anyio.fail_after(timeout):
             await self._wait_until(lambda: self._connections_total >= n)
@@ -540,6 +542,33 @@ class FaultProxy:
         await aclose_forcefully(conn.client_tcp)
         if conn.established:
             self._notify()
+
+
+@contextmanager
+def unwrap_single_exception() -> Iterator[None]:
+    """Re-raise an exception group holding a single exception as that exception.
+
+    So that a failing assertion in the body of ``async with FaultProxy()`` (whose task group
+    wraps it) reaches the test as itself, not as an ``ExceptionGroup``.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) != 1:
+            raise
+        leaf = leaves[0]
+        raise leaf from leaf.__cause__
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            leaves.extend(_leaves(exc))
+        else:
+            leaves.append(exc)
+    return leaves
 
 
 def _directions(direction: StallDirection) -> tuple[Direction, ...]:

@@ -301,6 +301,21 @@ async def test_exit_closes_everything() -> None:
                 await anyio.connect_tcp("127.0.0.1", proxy.port)
 
 
+async def test_body_exception_propagates_unwrapped() -> None:
+    with anyio.fail_after(10):
+        async with echo_server() as port:
+            with pytest.raises(KeyError):
+                async with (
+                    FaultProxy("127.0.0.1", port) as proxy,
+                    await anyio.connect_tcp("127.0.0.1", proxy.port) as client,
+                ):
+                    await roundtrip(client)
+                    raise KeyError("from the test body")
+            with pytest.raises(KeyError):
+                async with FaultProxy("127.0.0.1", port) as proxy, proxy.cutting_every(10):
+                    raise KeyError("from the test body")
+
+
 # ---------------------------------------------------------------------- TLS
 
 

@@ -352,3 +352,22 @@ def test_any_json_content_round_trips(
     if result is not msgspec.UNSET:
         data["result"] = result
     assert json.loads(encode_job(decode_job(json.dumps(data)))) == data
+
+
+FIELD_NAMES = sorted(set(Job.__struct_fields__) - {"extensions"}) + ["x_other"]
+
+
+@given(
+    st.dictionaries(st.sampled_from(FIELD_NAMES), json_values | st.sampled_from(["PT1S", "1.0", MINIMAL["id"]])),
+    st.sampled_from([{}, MINIMAL]),
+)
+def test_fuzz_decode_only_raises_invalid_job_error(fields: dict[str, Any], base: dict[str, Any]) -> None:
+    data = {**base, **fields}
+    try:
+        job = decode_job(json.dumps(data))
+    except InvalidJobError as exc:
+        assert exc.field
+        return
+    without_nulls = {k: v for k, v in data.items() if v is not None or k in ("result", "x_other")}
+    reencoded = json.loads(encode_job(job))
+    assert set(reencoded) == set(without_nulls)
