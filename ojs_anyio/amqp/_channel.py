@@ -526,7 +526,7 @@ class Channel:
     def _on_closed(self, ev: object) -> None:
         if isinstance(ev, ChannelClosed):
             err: BaseException = ev.error
-            log.warning("broker closed channel %d: %s", ev.channel_id, err)
+            log.info("broker closed channel %d: %s", ev.channel_id, err)
             waiter, self._waiter = self._waiter, None
             if waiter is not None:
                 waiter.error = err  # the RPC that caused it gets the typed error itself
@@ -992,10 +992,12 @@ class Channel:
         finally:
             self._consumers.pop(consumer.consumer_tag, None)
             consumer._end(None)
+            buffered = consumer._drop_buffered()
+            consumer._receive.close()  # iteration ends; no stream is left unclosed
             # Give back what was buffered but never handed to the user.
             if not consumer.no_ack and self._cid and not self._closed:
                 returned = 0
-                for msg in consumer._drop_buffered():
+                for msg in buffered:
                     if not msg._settled and msg._generation == self._generation:
                         self._conn._proto.reject(self._cid, msg.delivery_tag, True)
                         returned += 1

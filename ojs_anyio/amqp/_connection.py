@@ -262,15 +262,16 @@ class Connection:
                         await self._transport_down.wait()
             finally:
                 self._closed = True
-                self._connected = anyio.Event()  # waiters now see _closed
+                # Not connected any more; wake the waiters of the old event so they see _closed.
+                connected, self._connected = self._connected, anyio.Event()
+                connected.set()
                 await self._force_close_transport()
                 err = ConnectionClosedError("connection closed")
                 for ch in list(self._channels):
                     ch._on_connection_gone(err, final=True)
                 self._events.close()
+                # Stops reader, heartbeats and recovery; the caller's block carries on.
                 self._service_scope.cancel()
-                if self._tg is not None:
-                    self._tg.cancel_scope.cancel()
 
     # --------------------------------------------------------------- internals
 

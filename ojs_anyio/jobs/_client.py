@@ -9,6 +9,7 @@ properties (``_wire.job_properties``), publishes with ``amqp.Channel.publish``
 from __future__ import annotations
 
 import logging
+import math
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -88,8 +89,9 @@ _json = msgspec.json.Encoder()
 _json_decode = msgspec.json.Decoder()
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
-#: Below this, a scheduled job is pushed straight to its queue.
-SCHEDULE_IMMEDIATE_MS = 5
+#: A scheduled job due in this many milliseconds or less goes straight to its queue.
+#: Zero: a job must never run before its ``scheduled_at``.
+SCHEDULE_IMMEDIATE_MS = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +393,7 @@ class Client:
         body = encode_job(job)
         exchange, routing_key = self.names.direct_exchange, job.queue
         if isinstance(job.scheduled_at, str):
-            delay_ms = int((parse_timestamp(job.scheduled_at) - now).total_seconds() * 1000)
+            delay_ms = math.ceil((parse_timestamp(job.scheduled_at) - now).total_seconds() * 1000)
             if delay_ms > SCHEDULE_IMMEDIATE_MS:
                 routing_key = delay_routing_key(delay_ms, job.queue)  # raises when out of range
                 await self._declare_landing(job.queue)

@@ -90,32 +90,45 @@ _TIMESTAMP_RE: Final = re.compile(
 )
 
 
-def parse_timestamp(text: str) -> datetime:
-    """Parse an RFC 3339 timestamp into an aware datetime (OJS JSON format §5).
-
-    The offset is kept.  Fractions beyond microseconds are truncated; a leap second
-    (``:60``) becomes the first instant of the next minute.
-    """
+def _timestamp_match(text: str) -> re.Match[str]:
+    """Match an RFC 3339 timestamp and check its ranges (without building a datetime)."""
     match = _TIMESTAMP_RE.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not an RFC 3339 timestamp with a timezone ('2026-02-15T10:30:00Z')")
     year, month, day = int(match["y"]), int(match["mo"]), int(match["d"])
-    hour, minute, second = int(match["h"]), int(match["mi"]), int(match["s"])
-    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]):
+    if not (year >= 1 and 1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)):
         raise ValueError(f"{text!r} is not a calendar date")
-    if hour > 23 or minute > 59 or second > 60:
+    if int(match["h"]) > 23 or int(match["mi"]) > 59 or int(match["s"]) > 60:
         raise ValueError(f"{text!r} is not a time of day")
+    if not match["z"] and (int(match["oh"]) > 23 or int(match["om"]) > 59):
+        raise ValueError(f"{text!r} has an invalid UTC offset")
+    return match
+
+
+_DAYS_IN_MONTH: Final = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _days_in_month(year: int, month: int) -> int:
+    return 29 if month == 2 and calendar.isleap(year) else _DAYS_IN_MONTH[month - 1]
+
+
+def parse_timestamp(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp into an aware datetime (OJS JSON format §5).
+
+    The offset is kept.  Fractions beyond microseconds are truncated; a leap second
+    (``:60``) becomes the first instant of the next minute.  Raises ``ValueError``.
+    """
+    match = _timestamp_match(text)
     if match["z"]:
         tz = UTC
     else:
-        off_h, off_m = int(match["oh"]), int(match["om"])
-        if off_h > 23 or off_m > 59:
-            raise ValueError(f"{text!r} has an invalid UTC offset")
-        offset = timedelta(hours=off_h, minutes=off_m)
+        offset = timedelta(hours=int(match["oh"]), minutes=int(match["om"]))
         tz = timezone(-offset if match["sign"] == "-" else offset)
+    second = int(match["s"])
     micros = int((match["frac"] or "0")[:6].ljust(6, "0"))
     leap = second == 60
-    result = datetime(year, month, day, hour, minute, 59 if leap else second, micros, tzinfo=tz)
+    fields = (int(match["y"]), int(match["mo"]), int(match["d"]), int(match["h"]), int(match["mi"]))
+    result = datetime(*fields, 59 if leap else second, micros, tzinfo=tz)
     return result + timedelta(seconds=1) if leap else result
 
 
@@ -130,7 +143,7 @@ def format_timestamp(moment: datetime) -> str:
 def _check_timestamp(field: str, value: str | UnsetType) -> None:
     if isinstance(value, str):
         try:
-            parse_timestamp(value)
+            _timestamp_match(value)
         except ValueError as exc:
             raise InvalidJobError(field, str(exc)) from None
 

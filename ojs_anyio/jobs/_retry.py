@@ -39,6 +39,7 @@ import random
 import re
 from bisect import bisect_left
 from decimal import ROUND_HALF_EVEN, Decimal
+from functools import lru_cache
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -103,6 +104,7 @@ def validate_duration_syntax(text: str) -> None:
     _match_duration(text)
 
 
+@lru_cache(maxsize=1024)
 def parse_duration_ms(text: str) -> int:
     """Parse an ISO 8601 duration (``PT1.5S``, ``PT5M``, ``P1DT2H``, ``P2W``) into milliseconds.
 
@@ -233,9 +235,7 @@ def merge(partial: RetryPolicy | None, defaults: RetryPolicy = DEFAULT_RETRY_POL
         for name in RetryPolicy.__struct_fields__
         if getattr(partial, name) is not UNSET
     }
-    merged = msgspec.structs.replace(defaults, **changes)
-    _check_policy(merged)
-    return merged
+    return msgspec.structs.replace(defaults, **changes)  # runs __post_init__, so _check_policy
 
 
 def resolve_retry(
@@ -245,7 +245,12 @@ def resolve_retry(
     """The effective policy for a job's ``retry`` attribute (absent: the defaults)."""
     if isinstance(policy, EffectiveRetryPolicy):
         return policy
-    merged = merge(None if isinstance(policy, UnsetType) else policy, defaults)
+    return _resolve(None if isinstance(policy, UnsetType) else policy, defaults)
+
+
+@lru_cache(maxsize=256)  # policies are frozen and hashable; jobs share a handful of them
+def _resolve(policy: RetryPolicy | None, defaults: RetryPolicy) -> EffectiveRetryPolicy:
+    merged = merge(policy, defaults)
 
     def value(name: str) -> Any:
         found = getattr(merged, name)

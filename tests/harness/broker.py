@@ -148,9 +148,7 @@ async def _wait_memory_alarm(present: bool) -> None:
 
 
 @asynccontextmanager
-async def lowered_memory_watermark(
-    timeout: float = 60,
-) -> AsyncIterator[MemoryWatermark]:
+async def lowered_memory_watermark(timeout: float = 60) -> AsyncIterator[MemoryWatermark]:
     """Set the memory watermark to 0 (memory alarm: publishers get blocked) for the block.
 
     Waits until the alarm is active before entering, yields the previous setting, and on exit
@@ -178,9 +176,7 @@ async def lowered_memory_watermark(
 
 
 @asynccontextmanager
-async def broker_stopped(
-    timeout: float = 60,
-) -> AsyncIterator[None]:
+async def broker_stopped(timeout: float = 60) -> AsyncIterator[None]:
     """``rabbitmqctl stop_app`` for the block; ``start_app`` and wait until ready on exit.
 
     The restart runs in a shielded ``finally`` (bounded by ``timeout``), so it happens even if
@@ -220,11 +216,7 @@ async def read_connection_start(stream: ByteStream) -> bytes:
     return frame
 
 
-async def wait_broker_ready(
-    timeout: float = 60,
-    host: str = BROKER_HOST,
-    port: int = BROKER_PORT,
-) -> None:
+async def wait_broker_ready(timeout: float = 60, host: str = BROKER_HOST, port: int = BROKER_PORT) -> None:
     """Wait until the broker answers the protocol header with ``Connection.Start``.
 
     Polls every 0.2 s (it waits for an external process); raises ``TimeoutError`` with the

@@ -506,7 +506,7 @@ class RawAMQP:
                     return amqp_frame.unmarshal(raw)[2]
             self._buffer += await self.stream.receive()
 
-    async def open(self, connection_name: str) -> None:
+    async def open(self, connection_name: str, vhost: str = "/") -> None:
         assert isinstance(await read_connection_start(self.stream), bytes)
         await self.send(
             amqp.Connection.StartOk(
@@ -522,7 +522,7 @@ class RawAMQP:
         assert isinstance(tune, amqp.Connection.Tune)
         await self.send(
             amqp.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0),
-            amqp.Connection.Open(virtual_host="/"),
+            amqp.Connection.Open(virtual_host=vhost),
         )
         assert isinstance(await self.receive(), amqp.Connection.OpenOk)
         await self.send(amqp.Channel.Open(), channel=1)
@@ -551,6 +551,26 @@ async def test_close_connections_by_name() -> None:
             assert "bye from the harness" in close.reply_text
             await peer.send(amqp.Connection.CloseOk())
         assert await broker.close_connections(connection_name=name) == 0
+
+
+@pytest.mark.broker
+async def test_close_all_connections_of_a_vhost() -> None:
+    # A vhost of its own, so that no other test's connection is closed.
+    vhost = f"harness-{os.getpid()}-{os.urandom(4).hex()}"
+    with anyio.fail_after(60):
+        await broker.rabbitmqctl("add_vhost", vhost)
+        try:
+            await broker.rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+            async with await anyio.connect_tcp("127.0.0.1", 5672) as stream:
+                peer = RawAMQP(stream)
+                await peer.open("harness-vhost-probe", vhost=vhost)
+                await broker.close_all_connections("vhost cleared", vhost=vhost)
+                close = await peer.receive()
+                assert isinstance(close, amqp.Connection.Close)
+                assert close.reply_code == 320
+        finally:
+            with anyio.CancelScope(shield=True):
+                await broker.rabbitmqctl("delete_vhost", vhost)
 
 
 @pytest.mark.broker

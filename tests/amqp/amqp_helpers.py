@@ -1,0 +1,42 @@
+"""Helpers shared by the AMQP runtime tests (tests/amqp)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import anyio
+
+from harness import list_connections
+
+
+async def wait_until(predicate: Callable[[], bool], *, timeout: float = 5.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until true; for state outside our control (a proxy, the broker)."""
+    with anyio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110 (external state: no event to wait on)
+            await anyio.sleep(0.01)
+
+
+async def broker_connection_names() -> set[str]:
+    """``connection_name`` client properties of the connections the broker lists now."""
+    names: set[str] = set()
+    for row in await list_connections("name", "client_properties"):
+        for item in row.get("client_properties") or []:
+            if isinstance(item, list) and len(item) == 3 and item[0] == "connection_name":
+                names.add(str(item[2]))
+    return names
+
+
+async def wait_broker_forgets(name: str, *, timeout: float = 10.0) -> None:
+    """Wait until the broker no longer lists a connection called ``name``."""
+    with anyio.fail_after(timeout):
+        while name in await broker_connection_names():
+            await anyio.sleep(0.1)
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port

@@ -1,0 +1,116 @@
+"""Fixtures for the job layer's real-broker tests (``tests/jobs/test_*_broker.py``).
+
+* ``new_queue()`` gives a fresh OJS queue name (``t`` + 10 hex digits) and registers it for
+  cleanup: after the test its job queue, dead-letter queue, every retry queue of the
+  ladder, its delay landing queue and control queue are deleted (``Queue.Delete`` is
+  idempotent on RabbitMQ).  ``q`` is one such name.  ``cleanup.queue(name)`` registers any
+  other AMQP queue.
+* ``client``: ``ojs.connect()`` to the test broker; ``raw``: a plain AMQP connection
+  (``ojs_anyio.amqp``) to check broker-side truth.
+* ``ojs_vhost``: makes sure vhost ``/ojs`` (001's examples) exists, guest may use it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+import pytest
+from harness.broker import RabbitmqctlError, rabbitmqctl_sync
+
+import ojs_anyio as ojs
+from ojs_anyio import amqp
+from ojs_anyio.jobs._retry import RETRY_LADDER_MS
+
+from .broker_support import OJS_VHOST, OJS_VHOST_URL, URL
+
+
+class Cleanup:
+    """Queues a test created, deleted after it (per connection URL)."""
+
+    def __init__(self) -> None:
+        self.ojs_queues: list[tuple[str, str, str]] = []  # (url, prefix, OJS queue)
+        self.queues: list[tuple[str, str]] = []  # (url, AMQP queue name)
+
+    def ojs(self, queue: str, *, prefix: str = "", url: str = URL) -> str:
+        self.ojs_queues.append((url, prefix, queue))
+        return queue
+
+    def queue(self, name: str, *, url: str = URL) -> str:
+        self.queues.append((url, name))
+        return name
+
+    def _names_by_url(self) -> dict[str, list[str]]:
+        by_url: dict[str, list[str]] = {}
+        for url, prefix, queue in self.ojs_queues:
+            names = ojs.Names(prefix)
+            by_url.setdefault(url, []).extend(
+                [
+                    names.job_queue(queue),
+                    names.dlx_queue(queue),
+                    names.control_queue(queue),
+                    names.delay_landing_queue(queue),
+                    *(names.retry_queue(queue, ms) for ms in RETRY_LADDER_MS),
+                ]
+            )
+        for url, name in self.queues:
+            by_url.setdefault(url, []).append(name)
+        return by_url
+
+    async def run(self) -> None:
+        for url, names in self._names_by_url().items():
+            async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
+                for name in names:
+                    await ch.queue_delete(name)
+
+
+@pytest.fixture
+async def cleanup() -> AsyncIterator[Cleanup]:
+    done = Cleanup()
+    try:
+        yield done
+    finally:
+        with anyio.CancelScope(shield=True), anyio.fail_after(30):
+            await done.run()
+
+
+@pytest.fixture
+def new_queue(cleanup: Cleanup) -> Callable[..., str]:
+    """``new_queue(prefix="", url=URL)``: a fresh OJS queue name, deleted after the test."""
+
+    def make(*, prefix: str = "", url: str = URL) -> str:
+        return cleanup.ojs(f"t{uuid.uuid4().hex[:10]}", prefix=prefix, url=url)
+
+    return make
+
+
+@pytest.fixture
+def q(new_queue: Callable[..., str]) -> str:
+    return new_queue()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[ojs.Client]:
+    async with ojs.connect(URL) as c:
+        yield c
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[amqp.Connection]:
+    async with amqp.connect(URL) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="session")
+def ojs_vhost() -> str:
+    """Vhost ``/ojs`` with full permissions for guest; returns its URL.  Idempotent."""
+    vhosts = rabbitmqctl_sync("list_vhosts", "-q").split()
+    if OJS_VHOST not in vhosts:
+        try:
+            rabbitmqctl_sync("add_vhost", OJS_VHOST)
+        except RabbitmqctlError as exc:  # created meanwhile by a concurrent run
+            if "already exists" not in str(exc) and "vhost_already_exists" not in str(exc):
+                raise
+    rabbitmqctl_sync("set_permissions", "-p", OJS_VHOST, "guest", ".*", ".*", ".*")
+    return OJS_VHOST_URL
