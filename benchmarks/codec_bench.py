@@ -23,10 +23,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pamqp import body as pamqp_body  # noqa: E402
-from pamqp import commands, frame, header  # noqa: E402
+from pamqp import body as pamqp_body
+from pamqp import commands, frame, header
 
-import codec  # noqa: E402
+import codec
 
 FRAME_MAX = 131072
 BODY = bytes(range(256))
@@ -129,8 +129,13 @@ def _check_equivalence() -> None:
     assert fast_encode_ack() == pamqp_encode_ack()
     fields, props, body = fast_decode_deliver()
     method, head, content = pamqp_decode_deliver()
-    assert fields == (method.consumer_tag, method.delivery_tag, method.redelivered, method.exchange,
-                      method.routing_key)
+    assert fields == (
+        method.consumer_tag,
+        method.delivery_tag,
+        method.redelivered,
+        method.exchange,
+        method.routing_key,
+    )
     assert props == codec.from_pamqp(head.properties)
     assert body == content.value == BODY
 
@@ -148,7 +153,9 @@ def best_us(fn: Callable[[], Any], number: int, repeat: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--smoke", action="store_true", help="tiny iteration counts (a quick check)")
     parser.add_argument("--number", type=int, default=None, help="calls per repeat")
@@ -171,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"body_bytes": len(BODY), "number": number, "repeat": repeat, "ops": results}))
     else:
         for name, r in results.items():
-            print(f"{name} fast_us={r['fast_us']:.3f} pamqp_us={r['pamqp_us']:.3f} speedup={r['speedup']:.1f}")
+            print(
+                f"{name} fast_us={r['fast_us']:.3f} pamqp_us={r['pamqp_us']:.3f} speedup={r['speedup']:.1f}"
+            )
     return 0
 
 

@@ -413,7 +413,9 @@ def decode_method(payload: bytes) -> Any:
             method_id=index & 0xFFFF,
             remote=False,
         )
-    method = cls()
+    # Every field is set below; skipping __init__ also skips pamqp's deprecation
+    # warning for Basic.RecoverAsync.
+    method = object.__new__(cls)
     try:
         end = _decode_fields(method, payload, 4)
     except ProtocolSyntaxError as exc:

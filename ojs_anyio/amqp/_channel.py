@@ -44,7 +44,8 @@ from ._errors import (
     StaleDeliveryError,
     UnroutableError,
 )
-from ._events import ConsumerRecovered
+from ._events import ConsumerRecovered, TopologyRecoveryFailed
+from ._topology import queue_exists
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -400,6 +401,8 @@ class Channel:
         self._unconfirmed_window: deque[PublishHandle] = deque()
         self._returns_without_confirm: list[Returned] = []
         self._internal = False
+        #: While recovery re-opens it, a broker close only resets it (see _on_closed).
+        self._recovering = False
 
     def __repr__(self) -> str:
         return f"<Channel id={self._cid} {'closed' if self._closed else 'open'}>"
@@ -524,6 +527,10 @@ class Channel:
         waiter.event.set()
 
     def _on_closed(self, ev: object) -> None:
+        if self._recovering and isinstance(ev, ChannelClosed):
+            # Recovery re-opens the channel without what the broker refused (see _recover).
+            self._on_connection_gone(ev.error, final=False)
+            return
         if isinstance(ev, ChannelClosed):
             err: BaseException = ev.error
             log.info("broker closed channel %d: %s", ev.channel_id, err)
@@ -628,20 +635,38 @@ class Channel:
         )
 
     async def _resubscribe(self, consumer: Consumer, scope: anyio.CancelScope) -> None:
-        """Re-register a consumer the broker cancelled, once its queue exists again."""
-        delay = self._conn.recovery.consumer_resubscribe_delay
+        """Re-register a consumer the broker cancelled, once its queue exists again.
+
+        Every ``consumer_resubscribe_delay`` seconds: wait for the connection, check the
+        queue with a passive declare on a scratch channel (a 404 there leaves this channel
+        alone), then Basic.Consume with the consumer's own prefetch, tag and arguments.
+        A reconnect meanwhile leaves this consumer to this task (see _recover).
+        """
+        conn = self._conn
+        delay = conn.recovery.consumer_resubscribe_delay
         with scope:
             while not self._closed and consumer.consumer_tag in self._consumers:
                 await anyio.sleep(delay)
                 try:
-                    await self._basic_consume(consumer)
+                    await self._ready()
+                    consumer.queue = conn.topology.current_name(consumer.queue)
+                    if not await queue_exists(conn, consumer.queue):
+                        continue
+                    if consumer.prefetch is not None and not consumer.no_ack:
+                        await self._call(commands.Basic.Qos(prefetch_count=consumer.prefetch))
+                    if self._cid == 0 or not conn._connected.is_set():
+                        continue  # lost again meanwhile
+                    await self._basic_consume(consumer, internal=True)
                 except ChannelClosedError:
-                    return
+                    return  # the channel is gone for good; its closing ended the consumer
                 except AMQPError as exc:
                     log.info("re-registering consumer on %r failed (%s); retrying", consumer.queue, exc)
                     continue
-                self._conn._events.emit(
-                    ConsumerRecovered(queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="broker-cancel")
+                consumer._resubscribe_scope = None
+                conn._events.emit(
+                    ConsumerRecovered(
+                        queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="broker-cancel"
+                    )
                 )
                 return
 
@@ -656,41 +681,92 @@ class Channel:
             return
         lost = err if isinstance(err, AMQPError) else ConnectionLostError(str(err))
         if final:
+            # Consumers end with the connection's own error (RecoveryFailedError when
+            # recovery gave up), before closing the channel ends them more vaguely.
+            for consumer in list(self._consumers.values()):
+                consumer._end(lost)
             closed = ChannelClosedError(f"connection lost: {err}")
             closed.__cause__ = err
             self._mark_closed(closed)
-            for consumer in list(self._consumers.values()):
-                consumer._end(lost)
             return
         self._cid = 0
-        self._generation += 1
+        self._generation += 1  # deliveries handed out so far are stale (StaleDeliveryError)
         self._fail_pending(lost, outcome_unknown=True)
         for consumer in self._consumers.values():
-            # Deliveries not yet handed out will come again (redelivered=True).
-            for msg in consumer._drop_buffered():
-                if not msg._settled:
-                    consumer._unacked -= 1
+            # The broker requeues every unacked delivery of the dead channel; those still
+            # buffered will come again (redelivered=True), those handed out are stale.
+            consumer._drop_buffered()
+            consumer._unacked = 0
 
     async def _recover(self) -> None:
-        """Re-open this channel on a new transport with its confirms, QoS and consumers."""
+        """Re-open this channel on a new transport with its confirms, QoS and consumers
+        (same tag, prefetch, arguments; server-named queues under their new names).
+
+        A consumer the broker refuses (404: its queue is gone; 405: exclusive elsewhere),
+        or whose queue's re-declaration failed, ends with that typed error, is reported as
+        :class:`TopologyRecoveryFailed`, and the channel is recovered without it.  If the
+        channel itself can't be re-opened, it is closed with the error.
+        """
         if self._closed or self._internal:
             return
-        await self._open_on_wire(internal=True)
-        topo = self._conn.topology
-        for consumer in list(self._consumers.values()):
-            consumer.queue = topo.current_name(consumer.queue)
-            await self._basic_consume(consumer, internal=True)
-            self._conn._events.emit(
+        conn = self._conn
+        topo = conn.topology
+        self._recovering = True
+        try:
+            while True:
+                current: Consumer | None = None
+                recovered: list[Consumer] = []
+                try:
+                    await self._open_on_wire(internal=True)
+                    for consumer in list(self._consumers.values()):
+                        if consumer._resubscribe_scope is not None:
+                            continue  # cancelled by the broker earlier: _resubscribe owns it
+                        current = consumer
+                        consumer.queue = topo.current_name(consumer.queue)
+                        failure = topo.failure(consumer.queue)
+                        if failure is not None:
+                            self._drop_consumer(consumer, failure, f"queue {consumer.queue!r} not restored")
+                            continue
+                        if consumer.prefetch is not None and not consumer.no_ack:
+                            await self._call(commands.Basic.Qos(prefetch_count=consumer.prefetch), internal=True)
+                        await self._basic_consume(consumer, internal=True)
+                        recovered.append(consumer)
+                except ChannelLevelError as exc:
+                    # The broker closed the channel (_on_closed reset it): go again without
+                    # the consumer it refused.
+                    if current is None:
+                        conn._events.emit(TopologyRecoveryFailed(what="re-opening a channel", error=exc))
+                        closed = ChannelClosedError(f"channel could not be recovered: {exc}")
+                        closed.__cause__ = exc
+                        self._mark_closed(closed)
+                        return
+                    self._drop_consumer(current, exc, "re-registering it failed")
+                    continue
+                break
+        finally:
+            self._recovering = False
+        for consumer in recovered:
+            conn._events.emit(
                 ConsumerRecovered(queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="reconnect")
             )
 
+    def _drop_consumer(self, consumer: Consumer, error: BaseException, why: str) -> None:
+        """Recovery could not restore ``consumer``: end its iteration with ``error``."""
+        what = f"consumer {consumer.consumer_tag} on queue {consumer.queue!r}"
+        log.error("recovery: %s: %s (%s)", what, why, error)
+        self._consumers.pop(consumer.consumer_tag, None)
+        consumer._end(error)
+        self._conn._events.emit(TopologyRecoveryFailed(what=what, error=error))
+
     # ----------------------------------------------------------- plumbing
 
-    async def _ready(self) -> None:
+    async def _ready(self, timeout: float | None = None) -> None:
+        """Wait while the connection recovers, up to ``timeout`` (default: the connection's
+        ``publish_timeout``), then raise ``PublishTimeoutError``."""
         if self._closed:
             raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
         if self._cid == 0 or not self._conn._connected.is_set():
-            await self._conn.wait_connected(self._conn.publish_timeout)
+            await self._conn.wait_connected(timeout if timeout is not None else self._conn.publish_timeout)
             if self._closed:
                 raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
 
@@ -744,11 +820,12 @@ class Channel:
         window: PublishWindow | None,
     ) -> PublishHandle:
         conn = self._conn
+        limit = timeout if timeout is not None else conn.publish_timeout
         if self._cid == 0 or self._closed or not conn._connected.is_set():
-            await self._ready()
+            await self._ready(limit)  # recovering: wait for it, up to the caller's timeout
         if not conn._unblocked.is_set():
-            await conn.wait_unblocked(timeout if timeout is not None else conn.publish_timeout)
-            await self._ready()
+            await conn.wait_unblocked(limit)
+            await self._ready(limit)
         tag = conn._proto.publish(
             self._cid, exchange, routing_key, body, properties, mandatory=mandatory
         )

@@ -130,7 +130,9 @@ class Connection:
         name: str | None = None,
     ) -> None:
         self.url = url
-        self._heartbeat = heartbeat if heartbeat is not None else (url.heartbeat if url.heartbeat is not None else 60)
+        if heartbeat is None:
+            heartbeat = url.heartbeat if url.heartbeat is not None else 60
+        self._heartbeat = heartbeat
         self._frame_max = frame_max if frame_max is not None else (url.frame_max or 131072)
         self._channel_max = channel_max if channel_max is not None else (url.channel_max or 2047)
         self.connection_timeout = (
@@ -162,7 +164,7 @@ class Connection:
         self._tg: anyio.abc.TaskGroup | None = None
         #: Shields the supervisor (reader, heartbeats, recovery) from the caller's cancellation,
         #: so close handshakes still get their replies; only aclose() cancels it.
-        self._service_scope = anyio.CancelScope(shield=True)
+        self._service_scope: anyio.CancelScope | None = None
         self._closing = False
         self._closed = False
         self._fatal: BaseException | None = None
@@ -271,7 +273,8 @@ class Connection:
                     ch._on_connection_gone(err, final=True)
                 self._events.close()
                 # Stops reader, heartbeats and recovery; the caller's block carries on.
-                self._service_scope.cancel()
+                if self._service_scope is not None:
+                    self._service_scope.cancel()
 
     # --------------------------------------------------------------- internals
 
@@ -296,6 +299,7 @@ class Connection:
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
         self._tg = tg
+        self._service_scope = anyio.CancelScope(shield=True)
         with anyio.fail_after(self.connection_timeout):
             await self._open_transport()
         # Returns once the reader runs, so even an immediate aclose() gets its Close-Ok.
@@ -518,12 +522,15 @@ class Connection:
                 await self._flush_quietly()
             await anyio.sleep(max(0.0, deadline - anyio.current_time()))
 
-    async def _supervise(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def _supervise(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Own the transport for the connection's lifetime; recover it when allowed.
 
         Runs in ``_service_scope``: cancelling the ``connect()`` block does not stop the
         reader before aclose() has exchanged Close/Close-Ok; aclose() then cancels it.
         """
+        assert self._service_scope is not None
         with self._service_scope:
             await self._supervise_transports(task_status)
 
@@ -556,7 +563,9 @@ class Connection:
         while True:
             attempt += 1
             if policy.max_attempts is not None and attempt > policy.max_attempts:
-                self._give_up(RecoveryFailedError(f"gave up reconnecting after {attempt - 1} attempts: {last}"), last)
+                self._give_up(
+                    RecoveryFailedError(f"gave up reconnecting after {attempt - 1} attempts: {last}"), last
+                )
             delay = policy.delay(attempt, self._rng)
             if policy.deadline is not None:
                 remaining = policy.deadline - (anyio.current_time() - down_since)

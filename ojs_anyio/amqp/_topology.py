@@ -3,27 +3,37 @@
 Declarations are recorded after the broker confirmed them, keyed by identity, in
 insertion order: an exchange is always recorded before a binding that uses it, so
 replaying in order respects dependencies (exchange-to-exchange bindings included).
-Deleting an entity forgets it and the bindings that referenced it.  Server-named
-queues get a new name on each replay; :meth:`TopologyRecorder.current_name` maps an old
-name to the current one and the user's :class:`QueueInfo` is updated in place.
+Deleting an entity forgets it and the bindings that referenced it; so does cancelling
+the last consumer of an auto-delete queue (the broker deletes it then).  Server-named
+queues get a new name on each replay: the records and the user's :class:`QueueInfo`
+are updated in place, and :meth:`TopologyRecorder.current_name` maps an old name to the
+current one.
+
+Replay runs on a private "scratch" channel.  A declaration the broker refuses (for
+example 406 because someone re-created a queue with other arguments while we were
+away) closes only that channel: the failure is reported as a
+:class:`TopologyRecoveryFailed` event, remembered for :meth:`TopologyRecorder.failure`
+(so consumers of that queue get the typed error), and the replay goes on.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from codec import AMQPError, ChannelLevelError
+from codec import AMQPError, ChannelLevelError, NotFound
 
 from ._events import TopologyRecoveryFailed
 
 if TYPE_CHECKING:
-    from ._channel import QueueInfo
+    from ._channel import Channel, QueueInfo
     from ._connection import Connection
 
-__all__ = ["TopologyRecorder"]
+__all__ = ["TopologyRecorder", "queue_exists", "scratch_channel"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
@@ -33,6 +43,8 @@ class TopologyRecorder:
         self._records: dict[tuple[Any, ...], Any] = {}
         self._server_named: dict[tuple[Any, ...], QueueInfo] = {}
         self._renamed: dict[str, str] = {}
+        #: Queue name -> why re-declaring it failed during the last replay.
+        self._failed_queues: dict[str, ChannelLevelError] = {}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -46,13 +58,16 @@ class TopologyRecorder:
     def record_queue(self, info: QueueInfo, method: Any) -> None:
         key = ("queue", info.name)
         self._records[key] = method
+        self._failed_queues.pop(info.name, None)
         if not method.queue:
             self._server_named[key] = info
 
     def forget_queue(self, name: str) -> None:
-        for key in [k for k in self._records if (k[0] == "queue" and k[1] == name) or (k[0] == "bind" and k[1] == name)]:
+        name = self.current_name(name)
+        for key in [k for k in self._records if k[0] in ("queue", "bind") and k[1] == name]:
             del self._records[key]
             self._server_named.pop(key, None)
+        self._failed_queues.pop(name, None)
 
     def forget_exchange(self, name: str) -> None:
         for key in [
@@ -64,6 +79,19 @@ class TopologyRecorder:
         ]:
             del self._records[key]
 
+    def consumer_gone(self, conn: Connection, queue: str) -> None:
+        """The application cancelled a consumer of ``queue``: if that was the last one on
+        this connection and the queue is auto-delete, the broker deletes it, so forget it
+        (replaying it would leave an auto-delete queue that nobody ever consumes)."""
+        queue = self.current_name(queue)
+        method = self._records.get(("queue", queue))
+        if method is None or not method.auto_delete:
+            return
+        for ch in conn._channels:
+            if any(c.queue == queue for c in ch._consumers.values()):
+                return
+        self.forget_queue(queue)
+
     def current_name(self, name: str) -> str:
         seen = set()
         while name in self._renamed and name not in seen:
@@ -71,44 +99,54 @@ class TopologyRecorder:
             name = self._renamed[name]
         return name
 
+    def failure(self, queue: str) -> ChannelLevelError | None:
+        """Why re-declaring ``queue`` failed in the last replay (None: it didn't)."""
+        return self._failed_queues.get(queue)
+
     async def replay(self, conn: Connection) -> None:
-        """Declare everything again on a private channel.  A channel-level failure (404/406)
-        is reported as an event and the replay continues on a fresh channel."""
+        """Declare everything again, in recorded order, on a scratch channel.  A
+        channel-level failure (404/405/406) is reported and the replay goes on."""
+        self._failed_queues.clear()
         if not self._records:
             return
-        from ._channel import Channel
-
-        ch = Channel(conn, confirms=False)
-        ch._internal = True
-        await ch._open_on_wire(internal=True)
-        try:
+        async with scratch_channel(conn) as ch:
             for key, method in list(self._records.items()):
+                if ch._cid == 0:  # the broker closed it after the previous failure
+                    await ch._open_on_wire(internal=True)
                 method = self._rewrite(method)
                 try:
                     reply = await ch._call(method, internal=True)
                 except ChannelLevelError as exc:
-                    log.error("recovery: re-declaring %s failed: %s", _describe(key), exc)
-                    conn._events.emit(TopologyRecoveryFailed(what=_describe(key), error=exc))
-                    ch = Channel(conn, confirms=False)
-                    ch._internal = True
-                    await ch._open_on_wire(internal=True)
+                    what = _describe(key, method)
+                    log.error("recovery: re-declaring %s failed: %s", what, exc)
+                    if key[0] == "queue":
+                        self._failed_queues[key[1]] = exc
+                    conn._events.emit(TopologyRecoveryFailed(what=what, error=exc))
                     continue
-                if key in self._server_named and reply is not None:
+                if key in self._server_named and reply is not None and reply.queue != key[1]:
+                    self._rename(key[1], reply.queue)
+
+    def _rename(self, old: str, new: str) -> None:
+        """A server-named queue came back as ``new``: update its QueueInfo, its record and
+        its bindings' records, keeping their places in the replay order."""
+        self._renamed[old] = new
+        for source, target in list(self._renamed.items()):
+            if target == old:
+                self._renamed[source] = new  # keep chains one step long
+        records: dict[tuple[Any, ...], Any] = {}
+        for key, method in self._records.items():
+            if key[0] in ("queue", "bind") and key[1] == old:
+                new_key = (key[0], new, *key[2:])
+                if key[0] == "bind":
+                    method = self._rewrite(method)
+                else:
                     info = self._server_named.pop(key)
-                    old = info.name
-                    info.name = reply.queue
-                    self._renamed[old] = reply.queue
-                    del self._records[key]
-                    new_key = ("queue", reply.queue)
-                    self._records[new_key] = method
+                    info.name = new
                     self._server_named[new_key] = info
-        finally:
-            if ch._cid and not ch._closed:
-                try:
-                    conn._proto.close_channel(ch._cid)
-                    await conn._flush()
-                except AMQPError:
-                    pass  # transport died; the supervisor handles it
+                records[new_key] = method
+            else:
+                records[key] = method
+        self._records = records
 
     def _rewrite(self, method: Any) -> Any:
         if isinstance(method, commands.Queue.Bind) and method.queue in self._renamed:
@@ -121,12 +159,46 @@ class TopologyRecorder:
         return method
 
 
-def _describe(key: tuple[Any, ...]) -> str:
+@asynccontextmanager
+async def scratch_channel(conn: Connection) -> AsyncIterator[Channel]:
+    """A private channel for recovery's own declarations and checks.
+
+    If the broker closes it (404, 406…) its id drops to 0 instead of it being closed for
+    good: re-open it with ``_open_on_wire``.  Closed (without waiting for Close-Ok) on exit.
+    """
+    from ._channel import Channel
+
+    ch = Channel(conn, confirms=False)
+    ch._internal = True
+    ch._recovering = True
+    await ch._open_on_wire(internal=True)
+    try:
+        yield ch
+    finally:
+        if ch._cid:
+            try:
+                conn._proto.close_channel(ch._cid)
+                await conn._flush()
+            except AMQPError:
+                pass  # the transport died meanwhile; the supervisor deals with it
+
+
+async def queue_exists(conn: Connection, queue: str) -> bool:
+    """Passive Queue.Declare on a scratch channel, so a 404 closes only that channel."""
+    async with scratch_channel(conn) as ch:
+        try:
+            await ch._call(commands.Queue.Declare(queue=queue, passive=True), internal=True)
+        except NotFound:
+            return False
+    return True
+
+
+def _describe(key: tuple[Any, ...], method: Any) -> str:
     kind = key[0]
     if kind == "exchange":
         return f"exchange {key[1]!r}"
     if kind == "queue":
-        return f"queue {key[1]!r}"
+        return f"queue {method.queue or key[1]!r}"
     if kind == "bind":
-        return f"binding of queue {key[1]!r} to exchange {key[2]!r} ({key[3]!r})"
+        return f"binding of queue {method.queue!r} to exchange {key[2]!r} ({key[3]!r})"
     return f"binding of exchange {key[1]!r} to exchange {key[2]!r} ({key[3]!r})"

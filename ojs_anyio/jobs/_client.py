@@ -591,6 +591,34 @@ class DeadLetters:
         ch = await self.client.channel()
         return await ch.queue_purge(self.name)
 
+    async def prune(self, older_than: timedelta = timedelta(days=180), *, limit: int = 100_000) -> int:
+        """Drop dead jobs that died more than ``older_than`` ago (DECISIONS 3's age bound).
+
+        RabbitMQ caps ``x-message-ttl`` at 2**32-1 ms (49.7 days), so the OJS default of
+        180 days can't be a queue TTL; run this periodically instead.  The queue is FIFO,
+        so it stops at the first job young enough to keep (returned to the head).
+        """
+        cutoff = datetime.now(UTC) - older_than
+        dropped = 0
+        async with self.client.conn.channel(confirms=False) as ch:
+            while dropped < limit:
+                msg = await ch.get(self.name)
+                if msg is None:
+                    break
+                died = (msg.properties.headers or {}).get("x-ojs-dead-lettered-at")
+                try:
+                    when = parse_timestamp(died) if isinstance(died, str) else None
+                except ValueError:
+                    when = None
+                if when is None and msg.properties.timestamp is not None:
+                    when = msg.properties.timestamp
+                if when is None or when >= cutoff:
+                    await msg.reject(requeue=True)
+                    break
+                await msg.ack()
+                dropped += 1
+        return dropped
+
 
 def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
     headers = dict(msg.properties.headers or {})

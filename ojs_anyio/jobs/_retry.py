@@ -245,7 +245,12 @@ def resolve_retry(
     """The effective policy for a job's ``retry`` attribute (absent: the defaults)."""
     if isinstance(policy, EffectiveRetryPolicy):
         return policy
-    return _resolve(None if isinstance(policy, UnsetType) else policy, defaults)
+    partial = None if isinstance(policy, UnsetType) else policy
+    try:
+        hash((partial, defaults))
+    except TypeError:  # built in code with a list where the type says tuple: skip the cache
+        return _resolve.__wrapped__(partial, defaults)
+    return _resolve(partial, defaults)
 
 
 @lru_cache(maxsize=256)  # policies are frozen and hashable; jobs share a handful of them

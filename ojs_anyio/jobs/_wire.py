@@ -3,7 +3,7 @@
 Properties: ``message_id`` = id, ``type`` = job type, ``content_type``
 ``application/openjobspec+json``, ``content_encoding`` ``utf-8``, ``timestamp`` =
 ``created_at`` (whole seconds), ``delivery_mode`` 2, ``app_id`` ``ojs``, ``priority``
-mapped onto 0..9 when the job has one.
+mapped onto 0..9 (OJS default 0 -> 4).
 
 Headers (``x-ojs-*``): queue, attempt and max-attempts (int32), created-at, enqueued-at,
 scheduled-at, tags, idempotency-key, and the trace context.  ``x-ojs-attempt`` is the
@@ -96,7 +96,6 @@ def job_properties(
         headers[H_IDEMPOTENCY_KEY] = idempotency_key
     if trace_headers:
         headers.update(trace_headers)
-    priority = job.priority if isinstance(job.priority, int) else None
     return BasicProperties(
         message_id=job.id,
         type=job.type,
@@ -105,7 +104,8 @@ def job_properties(
         timestamp=_whole_seconds(created),
         delivery_mode=2,
         app_id="ojs",
-        priority=priority_to_amqp(priority) if priority is not None else None,
+        # Always set: RabbitMQ reads a missing priority as 0, below OJS LOW (-10 -> 2).
+        priority=priority_to_amqp(job.effective_priority()),
         headers=headers,
     )
 

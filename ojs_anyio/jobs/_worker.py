@@ -207,25 +207,28 @@ class Worker:
         self._stopping = False
         for queue in self.queues:
             await client.declare_queue(queue)
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            control_started = anyio.Event()
-            tg.start_soon(self._serve_control, client, control_started)
-            await control_started.wait()
-            started = [anyio.Event() for _ in self.queues]
-            self._queues_done = anyio.Event()
-            self._queues_running = len(self.queues)
-            for queue, ev in zip(self.queues, started, strict=True):
-                tg.start_soon(self._serve_queue, client, queue, ev)
-            for ev in started:
-                await ev.wait()
-            beat_scope = anyio.CancelScope()
-            tg.start_soon(self._beat_loop, client, beat_scope)
-            self._ready.set()
-            await self._wait_queues_done(started)
-            beat_scope.cancel()
-            self._control_scope.cancel()
-        self._tg = None
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                control_started = anyio.Event()
+                tg.start_soon(self._serve_control, client, control_started)
+                await control_started.wait()
+                started = [anyio.Event() for _ in self.queues]
+                self._queues_done = anyio.Event()
+                self._queues_running = len(self.queues)
+                for queue, ev in zip(self.queues, started, strict=True):
+                    tg.start_soon(self._serve_queue, client, queue, ev)
+                for ev in started:
+                    await ev.wait()
+                beat_scope = anyio.CancelScope()
+                tg.start_soon(self._beat_loop, client, beat_scope)
+                self._ready.set()
+                await self._wait_queues_done(started)
+                beat_scope.cancel()
+                self._control_scope.cancel()
+        finally:
+            # Also when run() fails: a later stop() must not start a task in a dead group.
+            self._tg = None
 
     async def _wait_queues_done(self, started: list[anyio.Event]) -> None:
         await self._queues_done.wait()

@@ -6,8 +6,8 @@ import ssl
 from pathlib import Path
 
 import pytest
-
 from harness.tls import TLSMaterial
+
 from ojs_anyio import amqp
 from ojs_anyio.amqp import AMQPURL, InvalidURL, parse_url
 

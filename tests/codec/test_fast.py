@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -26,19 +27,27 @@ from codec import BasicProperties, ProtocolSyntaxError, UsageError
 
 delivery_tags = st.integers(0, 2**63 - 1)  # pamqp packs longlong signed
 frame_maxes = st.one_of(st.integers(4096, 70000), st.sampled_from([4096, 4097, 131072]))
-bodies = st.one_of(st.binary(max_size=300), st.integers(0, 200_000).map(lambda n: bytes(n % 251 for n in range(n))))
+bodies = st.one_of(
+    st.binary(max_size=300), st.integers(0, 200_000).map(lambda n: bytes(n % 251 for n in range(n)))
+)
 
 
 def pamqp_content(channel: int, props: Any, body: bytes, frame_max: int) -> bytes:
     chunk = frame_max - 8
     parts = [frame.marshal(header.ContentHeader(0, len(body), props), channel)]
-    parts += [frame.marshal(pbody.ContentBody(body[i : i + chunk]), channel) for i in range(0, len(body), chunk)]
+    parts += [
+        frame.marshal(pbody.ContentBody(body[i : i + chunk]), channel) for i in range(0, len(body), chunk)
+    ]
     return b"".join(parts)
 
 
 def payload_of(frame_bytes: bytes) -> bytes:
     """The payload of a single complete frame."""
     return frame_bytes[7:-1]
+
+
+def _marshal(method: Any) -> bytes:
+    return frame.marshal(method, 1)
 
 
 # --- encode_publish -----------------------------------------------------------------------
@@ -72,9 +81,10 @@ def test_encode_publish_matches_pamqp(
     theirs = frame.marshal(method, channel) + pamqp_content(channel, codec.to_pamqp(props), body, frame_max)
     assert ours == theirs
     # and the slow path agrees
-    assert codec.encode_method_frame(channel, method) + codec.encode_content(
-        channel, 60, props, body, frame_max
-    ) == theirs
+    assert (
+        codec.encode_method_frame(channel, method) + codec.encode_content(channel, 60, props, body, frame_max)
+        == theirs
+    )
 
 
 @SETTINGS
@@ -153,24 +163,30 @@ def test_ack_defaults_and_large_tags() -> None:
 
 # --- table-driven method -> bytes -------------------------------------------------------------
 
+
+def hexb(text: str) -> bytes:
+    return bytes.fromhex(text)
+
+
 METHOD_CASES: list[tuple[str, bytes, bytes]] = [
-    ("ack", codec.encode_ack(1, 1), bytes.fromhex("01 0001 0000000d 003c0050 0000000000000001 00 ce")),
-    ("ack multiple", codec.encode_ack(2, 258, True), bytes.fromhex("01 0002 0000000d 003c0050 0000000000000102 01 ce")),
-    ("nack", codec.encode_nack(1, 1), bytes.fromhex("01 0001 0000000d 003c0078 0000000000000001 02 ce")),
-    ("nack all", codec.encode_nack(1, 1, True, False), bytes.fromhex("01 0001 0000000d 003c0078 0000000000000001 01 ce")),
-    ("reject", codec.encode_reject(1, 7), bytes.fromhex("01 0001 0000000d 003c005a 0000000000000007 01 ce")),
-    ("reject drop", codec.encode_reject(1, 7, False), bytes.fromhex("01 0001 0000000d 003c005a 0000000000000007 00 ce")),
+    ("ack", codec.encode_ack(1, 1), hexb("01 0001 0000000d 003c0050 0000000000000001 00 ce")),
+    ("ack many", codec.encode_ack(2, 258, True), hexb("01 0002 0000000d 003c0050 0000000000000102 01 ce")),
+    ("nack", codec.encode_nack(1, 1), hexb("01 0001 0000000d 003c0078 0000000000000001 02 ce")),
+    ("nack many", codec.encode_nack(1, 1, True, False), hexb(
+        "01 0001 0000000d 003c0078 0000000000000001 01 ce")),
+    ("reject", codec.encode_reject(1, 7), hexb("01 0001 0000000d 003c005a 0000000000000007 01 ce")),
+    ("reject no", codec.encode_reject(1, 7, False), hexb("01 0001 0000000d 003c005a 0000000000000007 00 ce")),
     ("publish", codec.encode_publish(1, "ex", "rk", None, b"hi", 4096),
-     bytes.fromhex("01 0001 0000000d 003c0028 0000 02 6578 02 726b 00 ce")
-     + bytes.fromhex("02 0001 0000000e 003c 0000 0000000000000002 0000 ce")
-     + bytes.fromhex("03 0001 00000002 6869 ce")),
+     hexb("01 0001 0000000d 003c0028 0000 02 6578 02 726b 00 ce")
+     + hexb("02 0001 0000000e 003c 0000 0000000000000002 0000 ce")
+     + hexb("03 0001 00000002 6869 ce")),
     ("publish mandatory, empty body", codec.encode_publish(5, "", "q", BasicProperties(delivery_mode=2), b"",
                                                            4096, mandatory=True),
-     bytes.fromhex("01 0005 0000000a 003c0028 0000 00 01 71 01 ce")
-     + bytes.fromhex("02 0005 0000000f 003c 0000 0000000000000000 1000 02 ce")),
+     hexb("01 0005 0000000a 003c0028 0000 00 01 71 01 ce")
+     + hexb("02 0005 0000000f 003c 0000 0000000000000000 1000 02 ce")),
     ("publish immediate", codec.encode_publish(1, "", "", None, b"", 4096, immediate=True)[:17],
-     bytes.fromhex("01 0001 00000009 003c0028 0000 00 00 02 ce")),
-    ("heartbeat", codec.HEARTBEAT_FRAME, bytes.fromhex("08 0000 00000000 ce")),
+     hexb("01 0001 00000009 003c0028 0000 00 00 02 ce")),
+    ("heartbeat", codec.HEARTBEAT_FRAME, hexb("08 0000 00000000 ce")),
     ("protocol header", codec.PROTOCOL_HEADER, b"AMQP\x00\x00\x09\x01"),
 ]  # fmt: skip
 
@@ -196,14 +212,24 @@ def test_decode_deliver_both_directions(
     ours = codec.encode_method_frame(1, method)
     assert ours == theirs
     _, _, back = frame.unmarshal(ours)
-    assert (back.consumer_tag, back.delivery_tag, back.redelivered, back.exchange, back.routing_key) == expected
+    assert (
+        back.consumer_tag,
+        back.delivery_tag,
+        back.redelivered,
+        back.exchange,
+        back.routing_key,
+    ) == expected
     slow = codec.decode_method(payload_of(theirs))
     assert [getattr(slow, k) for k in method.__slots__] == list(expected)
 
 
 @SETTINGS
-@given(reply_code=st.integers(0, 65535), reply_text=short_text, exchange=exchange_names, routing_key=short_text)
-def test_decode_return_both_directions(reply_code: int, reply_text: str, exchange: str, routing_key: str) -> None:
+@given(
+    reply_code=st.integers(0, 65535), reply_text=short_text, exchange=exchange_names, routing_key=short_text
+)
+def test_decode_return_both_directions(
+    reply_code: int, reply_text: str, exchange: str, routing_key: str
+) -> None:
     method = commands.Basic.Return(reply_code, reply_text, exchange, routing_key)
     theirs = frame.marshal(method, 1)
     expected = (reply_code, reply_text, exchange, routing_key)
@@ -277,9 +303,9 @@ def test_method_keys() -> None:
 # --- malformed payloads --------------------------------------------------------------------
 
 VALID_PAYLOADS: list[tuple[str, Any, bytes]] = [
-    ("deliver", codec.decode_deliver, payload_of(frame.marshal(commands.Basic.Deliver("c", 1, True, "e", "r"), 1))),
-    ("return", codec.decode_return, payload_of(frame.marshal(commands.Basic.Return(312, "NO_ROUTE", "e", "r"), 1))),
-    ("get_ok", codec.decode_get_ok, payload_of(frame.marshal(commands.Basic.GetOk(1, False, "e", "r", 3), 1))),
+    ("deliver", codec.decode_deliver, payload_of(_marshal(commands.Basic.Deliver("c", 1, True, "e", "r")))),
+    ("return", codec.decode_return, payload_of(_marshal(commands.Basic.Return(312, "NO", "e", "r")))),
+    ("get_ok", codec.decode_get_ok, payload_of(_marshal(commands.Basic.GetOk(1, False, "e", "r", 3)))),
     ("ack", codec.decode_ack, payload_of(codec.encode_ack(1, 1))),
     ("nack", codec.decode_nack, payload_of(codec.encode_nack(1, 1))),
     ("reject", codec.decode_reject, payload_of(codec.encode_reject(1, 1))),
@@ -298,7 +324,9 @@ def test_truncated_and_padded_payloads(name: str, decoder: Any, payload: bytes) 
         decoder(payload + b"\x00")
 
 
-@pytest.mark.parametrize(("name", "decoder", "payload"), VALID_PAYLOADS[:6], ids=[c[0] for c in VALID_PAYLOADS[:6]])
+@pytest.mark.parametrize(
+    ("name", "decoder", "payload"), VALID_PAYLOADS[:6], ids=[c[0] for c in VALID_PAYLOADS[:6]]
+)
 def test_decoder_checks_the_method_id(name: str, decoder: Any, payload: bytes) -> None:
     other = payload_of(frame.marshal(commands.Basic.Qos(), 1))
     with pytest.raises(ProtocolSyntaxError):
@@ -343,15 +371,20 @@ ALL_METHODS = sorted(commands.INDEX_MAPPING.items())
 
 @pytest.mark.parametrize(("index", "cls"), ALL_METHODS, ids=[c.name for _, c in ALL_METHODS])
 def test_slow_path_matches_pamqp_for_every_method(index: int, cls: type[Any]) -> None:
-    for method in (_sample(cls), cls()):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # pamqp warns on Basic.RecoverAsync()
+        methods = (_sample(cls), cls())
+    for method in methods:
         try:
             theirs = frame.marshal(method, 4)
         except (TypeError, ValueError):
             continue  # a default pamqp itself cannot marshal (a None string)
         assert codec.encode_method_frame(4, method) == theirs
-        decoded = codec.decode_method(payload_of(theirs))
+        decoded = codec.decode_method(payload_of(theirs))  # must not warn
         assert type(decoded) is cls
-        _, _, reference = frame.unmarshal(theirs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _, _, reference = frame.unmarshal(theirs)
         for name in cls.__slots__:
             assert_same(getattr(decoded, name), plain(getattr(reference, name)), name)
 
@@ -363,7 +396,7 @@ def test_decode_method_errors() -> None:
     with pytest.raises(ProtocolSyntaxError):
         codec.decode_method(b"\x00\x3c")
     qos = payload_of(frame.marshal(commands.Basic.Qos(0, 10, False), 1))
-    with pytest.raises(ProtocolSyntaxError, match="Basic.Qos"):
+    with pytest.raises(ProtocolSyntaxError, match=r"Basic\.Qos"):
         codec.decode_method(qos[:-1])
     with pytest.raises(ProtocolSyntaxError, match="trailing"):
         codec.decode_method(qos + b"\x00")

@@ -188,9 +188,15 @@ def test_reader_stays_broken() -> None:
             call()
 
 
-@pytest.mark.parametrize("offered", [b"AMQP\x00\x00\x09\x01", b"AMQP\x01\x01\x00\x0a", b"AMQP\x00\x00\x08\x00"])
+@pytest.mark.parametrize(
+    "offered", [b"AMQP\x00\x00\x09\x01", b"AMQP\x01\x01\x00\x0a", b"AMQP\x00\x00\x08\x00"]
+)
 def test_protocol_header_reply(offered: bytes) -> None:
-    for pieces in ([offered], [offered[i : i + 1] for i in range(8)], [offered[:3], offered[3:7], offered[7:]]):
+    for pieces in (
+        [offered],
+        [offered[i : i + 1] for i in range(8)],
+        [offered[:3], offered[3:7], offered[7:]],
+    ):
         reader = FrameReader()
         with pytest.raises(ProtocolVersionMismatch) as info:
             for piece in pieces:
@@ -217,8 +223,8 @@ def test_protocol_header_only_at_the_start() -> None:
 def test_heartbeats() -> None:
     reader = FrameReader()
     assert reader.frames(codec.HEARTBEAT_FRAME * 3) == [(8, 0, b"")] * 3
-    assert codec.HEARTBEAT_FRAME == heartbeat.Heartbeat.marshal()
-    assert codec.PROTOCOL_HEADER == header.ProtocolHeader().marshal()
+    assert heartbeat.Heartbeat.marshal() == codec.HEARTBEAT_FRAME
+    assert header.ProtocolHeader().marshal() == codec.PROTOCOL_HEADER
     with pytest.raises(FrameError, match="heartbeat"):
         FrameReader().frames(raw_frame(8, 1, b""))
     with pytest.raises(FrameError, match="heartbeat"):

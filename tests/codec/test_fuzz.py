@@ -157,20 +157,24 @@ def run_reader(chunks: list[bytes], use_next_frame: bool) -> None:
 @FUZZ
 @given(ops=st.lists(mutation, max_size=6), cuts=st.lists(st.integers(0, len(SEED_STREAM)), max_size=12),
        use_next_frame=st.booleans())  # fmt: skip
-def test_fuzz_reader_mutated_stream(ops: list[tuple[str, int, Any]], cuts: list[int], use_next_frame: bool) -> None:
+def test_fuzz_reader_mutated_stream(
+    ops: list[tuple[str, int, Any]], cuts: list[int], use_next_frame: bool
+) -> None:
     run_reader(split_at(mutate(SEED_STREAM, ops), cuts), use_next_frame)
 
 
 @FUZZ
-@given(data=st.binary(max_size=400), cuts=st.lists(st.integers(0, 400), max_size=8), use_next_frame=st.booleans())
+@given(
+    data=st.binary(max_size=400), cuts=st.lists(st.integers(0, 400), max_size=8), use_next_frame=st.booleans()
+)
 def test_fuzz_reader_random_bytes(data: bytes, cuts: list[int], use_next_frame: bool) -> None:
     run_reader(split_at(data, cuts), use_next_frame)
 
 
 frame_like = st.builds(
-    lambda t, ch, payload, size, end: struct.pack(">BHI", t, ch, size if size is not None else len(payload))
-    + payload
-    + bytes([end]),
+    lambda t, ch, payload, size, end: (
+        struct.pack(">BHI", t, ch, size if size is not None else len(payload)) + payload + bytes([end])
+    ),
     st.sampled_from([1, 2, 3, 8, 8, 0, 65]),
     st.sampled_from([0, 0, 1, 65535]),
     st.binary(max_size=64),

@@ -236,9 +236,10 @@ def test_quirk_float_is_64_bit_and_lossless() -> None:
 def test_quirk_float32_wrapper_writes_f_like_pamqp() -> None:
     value = 1.25
     assert encode_table({"f": codec.Float32(value)}) == pencode.field_table({"f": value})
-    assert decode_table(encode_table({"f": codec.Float32(0.1)}))[0]["f"] == struct.unpack(
-        ">f", struct.pack(">f", 0.1)
-    )[0]
+    assert (
+        decode_table(encode_table({"f": codec.Float32(0.1)}))[0]["f"]
+        == struct.unpack(">f", struct.pack(">f", 0.1))[0]
+    )
     with pytest.raises(UsageError):
         codec.Float32(1e300)
 

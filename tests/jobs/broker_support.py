@@ -165,11 +165,12 @@ async def consumer_facts(queue: str, vhost: str = "/") -> list[dict[str, Any]]:
     return [row for row in rows if row["queue_name"] == queue]
 
 
-async def bindings_to(destination: str, vhost: str = "/") -> set[tuple[str, str]]:
-    """``(source exchange, routing key)`` of every binding to ``destination`` (not the default exchange)."""
+async def bindings_to(*destinations: str, vhost: str = "/") -> dict[str, set[tuple[str, str]]]:
+    """``{destination: {(source exchange, routing key), ...}}`` for every binding to one of
+    ``destinations`` (bindings of the default exchange left out), in one ``rabbitmqctl`` call."""
     rows = await _ctl_json("list_bindings", "-p", vhost, "source_name", "destination_name", "routing_key")
-    return {
-        (row["source_name"], row["routing_key"])
-        for row in rows
-        if row["destination_name"] == destination and row["source_name"]
-    }
+    out: dict[str, set[tuple[str, str]]] = {name: set() for name in destinations}
+    for row in rows:
+        if row["destination_name"] in out and row["source_name"]:
+            out[row["destination_name"]].add((row["source_name"], row["routing_key"]))
+    return out

@@ -376,3 +376,9 @@ def test_retry_queues_per_job_queue_stay_bounded() -> None:
     assert seen <= set(RETRY_LADDER_MS)
     assert len(seen) <= MAX_RETRY_QUEUES
     assert max(retry_queue_delay_ms(None, n, rng) for n in range(1, 30)) == 300_000  # never above PT5M
+
+
+def test_unhashable_policy_built_in_code_still_resolves() -> None:
+    policy = RetryPolicy(non_retryable_errors=["auth.*"])  # type: ignore[arg-type]
+    assert resolve_retry(policy).non_retryable_errors == ("auth.*",)
+    assert is_retryable(policy, "auth.x") is False
