@@ -117,6 +117,11 @@ _CHANNEL_CLOSE = codec.CHANNEL_CLOSE
 _CONNECTION_CLOSE = codec.CONNECTION_CLOSE
 
 
+def _closed_error(payload: bytes) -> ConnectionError:
+    m = codec.decode_method(bytes(payload))
+    return ConnectionError(f"broker sent {m.name}: {m.reply_code} {m.reply_text}")
+
+
 def _url_parts(url: str) -> tuple[str, int, str, str, str]:
     parts = urlsplit(url)
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
@@ -203,7 +208,7 @@ class RawConnection:
                         self._rest = buf[fend + 1 :]
                         return m
                     if m.index in (_CHANNEL_CLOSE, _CONNECTION_CLOSE):
-                        raise ConnectionError(f"broker closed: {m.reply_code} {m.reply_text}")
+                        raise _closed_error(buf[pos + 7 : fend])
                 pos = fend + 1
             data = self.sock.recv(READ_SIZE)
             if not data:
@@ -253,7 +258,7 @@ class RawConnection:
                             upto += 1
                             early.discard(upto)
                     elif key in (_CHANNEL_CLOSE, _CONNECTION_CLOSE):
-                        raise ConnectionError(f"broker closed: {codec.decode_method(bytes(buf[pos + 7 : fend]))}")
+                        raise _closed_error(buf[pos + 7 : fend])
                 pos = fend + 1
             state[0] = upto
             state[2] = buf[pos:]
@@ -320,7 +325,7 @@ class RawConnection:
                     if key == _BASIC_DELIVER:
                         pending_tag = unpack_q(buf, pos + 12 + buf[pos + 11])[0]
                     elif key in (_CHANNEL_CLOSE, _CONNECTION_CLOSE):
-                        raise ConnectionError(f"broker closed: {codec.decode_method(bytes(buf[pos + 7 : fend]))}")
+                        raise _closed_error(buf[pos + 7 : fend])
                 elif ftype == 2:
                     body_left = unpack_q(buf, pos + 11)[0]
                     if body_left == 0:

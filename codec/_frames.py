@@ -17,7 +17,7 @@ strings and trailing bytes, which pamqp lets through.
 from __future__ import annotations
 
 import struct
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from ._errors import CommandInvalid, FrameError, ProtocolSyntaxError, ProtocolVersionMismatch, UsageError
 from ._properties import BasicProperties, encode_properties_into, encode_short_string
@@ -162,8 +162,11 @@ class FrameReader:
         pos = self._pos
         available = len(buf) - pos
         if available < 7:
-            if available and (buf[pos] not in _FRAME_TYPES):
+            if available and buf[pos] not in _FRAME_TYPES:
                 self._check_type(buf, pos)
+            if pos:  # release the consumed bytes (what stays is < 7 bytes)
+                del buf[:pos]
+                self._pos = 0
             return None
         frame_type, channel, size = _FRAME_HDR.unpack_from(buf, pos)
         if frame_type not in _FRAME_TYPES:
@@ -178,6 +181,9 @@ class FrameReader:
             )
         end = pos + 7 + size
         if end >= len(buf):
+            if pos:  # keep only the incomplete frame; it is moved at most once
+                del buf[:pos]
+                self._pos = 0
             return None
         if buf[end] != FRAME_END:
             self._fail(_frame_error(f"frame end octet is {buf[end]:#04x}, not 0xce"))
@@ -199,6 +205,9 @@ class FrameReader:
         if self._error is None and self._pos == len(self._buf) and type(data) is bytes:
             # Nothing pending: slice frames straight out of ``data`` (one copy each).
             # Anything unusual (an error, an incomplete frame) is left to next_frame().
+            if self._pos:
+                del self._buf[:]
+                self._pos = 0
             pos = 0
             total = len(data)
             max_payload = self._max_payload
@@ -220,10 +229,7 @@ class FrameReader:
                 self._at_start = False
             if pos == total:
                 return result
-            buf = self._buf
-            del buf[:]
-            self._pos = 0
-            buf += memoryview(data)[pos:]
+            self._buf += memoryview(data)[pos:]
         else:
             self.feed(data)
         while (frame := self.next_frame()) is not None:
@@ -241,7 +247,7 @@ class FrameReader:
                 self._fail(ProtocolVersionMismatch(head))
         self._fail(_frame_error(f"unknown frame type {buf[pos]}"))
 
-    def _fail(self, error: Exception) -> None:
+    def _fail(self, error: Exception) -> NoReturn:
         self._error = error
         raise error
 

@@ -728,7 +728,8 @@ class Channel:
                             self._drop_consumer(consumer, failure, f"queue {consumer.queue!r} not restored")
                             continue
                         if consumer.prefetch is not None and not consumer.no_ack:
-                            await self._call(commands.Basic.Qos(prefetch_count=consumer.prefetch), internal=True)
+                            qos = commands.Basic.Qos(prefetch_count=consumer.prefetch)
+                            await self._call(qos, internal=True)
                         await self._basic_consume(consumer, internal=True)
                         recovered.append(consumer)
                 except ChannelLevelError as exc:
@@ -747,7 +748,9 @@ class Channel:
             self._recovering = False
         for consumer in recovered:
             conn._events.emit(
-                ConsumerRecovered(queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="reconnect")
+                ConsumerRecovered(
+                    queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="reconnect"
+                )
             )
 
     def _drop_consumer(self, consumer: Consumer, error: BaseException, why: str) -> None:
@@ -755,6 +758,7 @@ class Channel:
         what = f"consumer {consumer.consumer_tag} on queue {consumer.queue!r}"
         log.error("recovery: %s: %s (%s)", what, why, error)
         self._consumers.pop(consumer.consumer_tag, None)
+        consumer._active = False
         consumer._end(error)
         self._conn._events.emit(TopologyRecoveryFailed(what=what, error=error))
 
@@ -1068,6 +1072,7 @@ class Channel:
             pass  # channel or connection already gone: the broker requeues by itself
         finally:
             self._consumers.pop(consumer.consumer_tag, None)
+            self._conn.topology.consumer_gone(self._conn, consumer.queue)  # auto-delete queues
             consumer._end(None)
             buffered = consumer._drop_buffered()
             consumer._receive.close()  # iteration ends; no stream is left unclosed

@@ -293,6 +293,9 @@ class Connection:
 
     def _raise_if_closed(self) -> None:
         if self._fatal is not None:
+            if isinstance(self._fatal, RecoveryFailedError):
+                # Every waiter gets its own copy of the one clear error.
+                raise RecoveryFailedError(str(self._fatal)) from self._fatal
             raise ConnectionClosedError(f"connection failed: {self._fatal}") from self._fatal
         if self._closed or self._closing:
             raise ConnectionClosedError("connection is closed")
@@ -595,14 +598,21 @@ class Connection:
         raise exc
 
     async def _restore(self) -> None:
-        """Re-declare topology, re-open channels and consumers, then mark connected."""
+        """Re-declare topology, re-open channels and consumers, then mark connected.
+
+        What the broker refuses is confined to its entity, channel or consumer (see
+        TopologyRecorder.replay and Channel._recover).  Any other error means this
+        transport is unusable: close it, and the supervisor tries again.
+        """
         try:
             await self.topology.replay(self)
             for ch in list(self._channels):
                 await ch._recover()
         except AMQPError as exc:
-            # The new transport died while restoring; the supervisor tries again.
             log.warning("recovery of %s interrupted: %s", self.url.redacted(), exc)
+            if self._transport_error is None:
+                self._transport_error = exc
+            await self._force_close_transport()  # ends the reader, so _run_transport returns
             return
         self._connected.set()
         log.info("connection to %s recovered", self.url.redacted())
@@ -625,7 +635,9 @@ class Connection:
         self._closing = True
         for ch in list(self._channels):
             ch._on_connection_gone(err, final=True)
-        self._connected.set()  # wake waiters so they see the failure
+        # Wake the waiters of the old event so they see the failure; not connected any more.
+        connected, self._connected = self._connected, anyio.Event()
+        connected.set()
         self._events.close()
 
     def _register(self, channel: Channel) -> None:

@@ -84,6 +84,22 @@ def test_trace_any_split(cuts: list[int], as_bytearray: bool) -> None:
     assert all(type(p) is bytes for _, _, p in out)
 
 
+def test_buffer_is_released_after_draining() -> None:
+    reader = FrameReader()
+    big = raw_frame(3, 1, b"x" * 100_000)
+    assert reader.frames(big[:50_000]) == []
+    assert reader.buffer_size == 50_000
+    assert reader.frames(big[50_000:] + codec.HEARTBEAT_FRAME[:3]) == [(3, 1, b"x" * 100_000)]
+    assert reader.buffer_size == reader.buffered == 3
+    assert reader.frames(codec.HEARTBEAT_FRAME[3:]) == [(8, 0, b"")]
+    assert reader.buffer_size == 0
+    reader.feed(codec.HEARTBEAT_FRAME)
+    assert reader.next_frame() == (8, 0, b"")
+    assert reader.buffer_size == 8  # consumed; released when next_frame() runs dry
+    assert reader.next_frame() is None
+    assert reader.buffer_size == 0
+
+
 def test_payloads_are_independent_of_the_buffer() -> None:
     reader = FrameReader()
     data = bytearray(raw_frame(1, 1, b"abc") + raw_frame(1, 1, b"def")[:5])

@@ -10,6 +10,7 @@ import os
 import struct
 from typing import Any
 
+import pytest
 from codec_strategies import OJS_PROPERTIES, SETTINGS, split_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,8 @@ from codec import FrameReader, ProtocolError
 
 EXAMPLES = int(os.environ.get("OJS_FUZZ_EXAMPLES", "500"))
 FUZZ = settings(SETTINGS, max_examples=EXAMPLES)
+# Long runs need more than the suite's per-test timeout: about 10 ms per example.
+pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 100))
 FRAME_MAX = 4096
 
 

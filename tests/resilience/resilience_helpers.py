@@ -1,0 +1,97 @@
+"""Helpers for the fault-injection tests: fast recovery settings and an event recorder."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import anyio
+
+from ojs_anyio import amqp
+
+E = TypeVar("E", bound=amqp.RecoveryEvent)
+
+#: Backoff in milliseconds, so recovery takes a few tens of ms after the fault ends.
+FAST = amqp.RecoveryPolicy(
+    initial_delay=0.01,
+    multiplier=2.0,
+    max_delay=0.1,
+    jitter=0.1,
+    consumer_resubscribe_delay=0.05,
+)
+
+
+class EventLog:
+    """Records a connection's events (with the time each arrived) and waits for them."""
+
+    def __init__(self, conn: amqp.Connection) -> None:
+        self.events: list[tuple[float, amqp.RecoveryEvent]] = []
+        self._changed = anyio.Event()
+        conn.add_listener(self._on_event)
+
+    def _on_event(self, event: amqp.RecoveryEvent) -> None:
+        self.events.append((anyio.current_time(), event))
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    def of(self, kind: type[E]) -> list[E]:
+        return [ev for _, ev in self.events if isinstance(ev, kind)]
+
+    def times_of(self, kind: type[amqp.RecoveryEvent]) -> list[float]:
+        return [t for t, ev in self.events if isinstance(ev, kind)]
+
+    async def wait_for(
+        self,
+        kind: type[E],
+        count: int = 1,
+        *,
+        timeout: float = 10.0,  # noqa: ASYNC109 (test helper: every wait is bounded)
+        where: Callable[[E], bool] | None = None,
+    ) -> E:
+        """Wait until ``count`` events of ``kind`` (matching ``where``) arrived; return the last."""
+        with anyio.fail_after(timeout):
+            while True:
+                found = [ev for ev in self.of(kind) if where is None or where(ev)]
+                if len(found) >= count:
+                    return found[count - 1]
+                await self._changed.wait()
+
+    async def wait_recovered(self, count: int = 1, *, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        await self.wait_for(amqp.ConnectionRecovered, count, timeout=timeout)
+
+
+async def wait_until(predicate: Callable[[], bool], *, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    """Poll ``predicate`` (state outside our control: the proxy, the broker) until true."""
+    with anyio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110 (external state: no event to wait on)
+            await anyio.sleep(0.01)
+
+
+async def queue_exists(url: str, queue: str) -> bool:
+    """Ask the broker directly (own connection) whether ``queue`` exists."""
+    async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
+        try:
+            await ch.queue_declare(queue, passive=True)
+        except amqp.NotFound:
+            return False
+    return True
+
+
+async def message_count(url: str, queue: str) -> int:
+    async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
+        info = await ch.queue_declare(queue, passive=True)
+    return info.message_count
+
+
+async def wait_queue_exists(url: str, queue: str, exists: bool, *, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    with anyio.fail_after(timeout):
+        while await queue_exists(url, queue) != exists:
+            await anyio.sleep(0.05)
+
+
+@asynccontextmanager
+async def observer(url: str) -> AsyncIterator[amqp.Channel]:
+    """A channel on a separate, direct connection: the "operator" acting on the broker."""
+    async with amqp.connect(url) as conn, conn.channel() as ch:
+        yield ch
