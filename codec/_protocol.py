@@ -356,9 +356,10 @@ class AMQPConnection:
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes read from the socket; return the events they complete.
 
-        Raises a :class:`~codec.ProtocolError` on a protocol violation, after which the
-        machine is in ``ERROR`` and a Connection.Close with the error's reply code is
-        queued for the peer.
+        Raises a :class:`~codec.ProtocolError` on a protocol violation (or another
+        :class:`~codec.ConnectionLevelError` it detects, such as
+        :class:`~codec.AuthenticationError`), after which the machine is in ``ERROR`` and a
+        Connection.Close with the error's reply code is queued for the peer.
         """
         if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
             return []
@@ -378,7 +379,9 @@ class AMQPConnection:
                         break
                 else:
                     self._on_channel_frame(ftype, channel_id, payload, events)
-        except ProtocolError as exc:
+        except ConnectionLevelError as exc:
+            # ProtocolError and the other locally detected connection-level faults
+            # (e.g. no acceptable auth mechanism): close with the error's reply code.
             self._fail(exc)
             raise
         return events

@@ -30,6 +30,7 @@ from .jobs._exceptions import (
     PushOutcomeUnknownError,
     QueueFullError,
     Retry,
+    SchedulerUnavailableError,
     TopologyConflictError,
     UnroutableJobError,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "QueueOptions",
     "Retry",
     "RetryPolicy",
+    "SchedulerUnavailableError",
     "TopologyConflictError",
     "TopologyError",
     "UniquePolicy",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -224,6 +225,7 @@ class IncomingMessage:
         "exchange",
         "message_count",
         "properties",
+        "queue",
         "redelivered",
         "routing_key",
     )
@@ -234,9 +236,12 @@ class IncomingMessage:
         consumer: Consumer | None,
         ev: Delivery | GetOk,
         settled: bool,
+        queue: str = "",
     ) -> None:
         self._channel = channel
         self._consumer = consumer
+        #: The queue it came from (the consumer's, or the one given to ``get``); for metrics.
+        self.queue = queue
         self._generation = channel._generation
         self._settled = settled
         self.body = ev.body
@@ -274,12 +279,15 @@ class IncomingMessage:
         self._settled = True
         if self._consumer is not None:
             self._consumer._unacked -= 1
+        elif ch._get_unacked:
+            ch._get_unacked[self.queue] = ch._get_unacked.get(self.queue, 1) - 1
         return ch
 
     async def ack(self, multiple: bool = False) -> None:
         ch = self._begin_settle()
         conn = ch._conn
         conn._proto.ack(ch._cid, self.delivery_tag, multiple)
+        _metrics.bump(_metrics.stats.acked, self.queue)
         if not conn._writing:
             await conn._flush()
 
@@ -287,6 +295,7 @@ class IncomingMessage:
         ch = self._begin_settle()
         conn = ch._conn
         conn._proto.nack(ch._cid, self.delivery_tag, multiple, requeue)
+        _metrics.bump(_metrics.stats.nacked, self.queue)
         if not conn._writing:
             await conn._flush()
 
@@ -294,6 +303,7 @@ class IncomingMessage:
         ch = self._begin_settle()
         conn = ch._conn
         conn._proto.reject(ch._cid, self.delivery_tag, requeue)
+        _metrics.bump(_metrics.stats.nacked, self.queue)
         if not conn._writing:
             await conn._flush()
 
@@ -338,6 +348,7 @@ class Consumer:
         self._active = False
         self._unacked = 0
         self._resubscribe_scope: anyio.CancelScope | None = None
+        _metrics.consumers.add(self)
 
     def __aiter__(self) -> Consumer:
         return self
@@ -346,9 +357,10 @@ class Consumer:
         try:
             return await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            if self._error is not None:
-                raise self._error from None
-            raise StopAsyncIteration from None
+            pass
+        if self._error is not None:
+            raise self._error  # as it is: "from None" would erase its __cause__
+        raise StopAsyncIteration
 
     def statistics(self) -> Any:
         return self._receive.statistics()
@@ -356,6 +368,15 @@ class Consumer:
     @property
     def unacked(self) -> int:
         return self._unacked
+
+    def _metrics_unacked(self) -> list[tuple[str, int, int]]:
+        """``[(queue, unsettled deliveries, prefetch window or 0)]`` for the gauges."""
+        if self.channel._closed:
+            return []
+        window = 0
+        if self._active and not self.no_ack:
+            window = self.prefetch if self.prefetch is not None else (self.channel.prefetch or 0)
+        return [(self.queue, self._unacked, window)]
 
     def _push(self, msg: IncomingMessage) -> bool:
         try:
@@ -400,6 +421,10 @@ class Channel:
         self._consumers: dict[str, Consumer] = {}
         self._unconfirmed_window: deque[PublishHandle] = deque()
         self._returns_without_confirm: list[Returned] = []
+        #: Unsettled Basic.Get deliveries of this transport, by queue (for the unacked gauge).
+        self._get_unacked: dict[str, int] = {}
+        #: Time publishes for the confirm-latency histogram (an SDK is installed).
+        self._timing = False
         self._internal = False
         #: While recovery re-opens it, a broker close only resets it (see _on_closed).
         self._recovering = False
@@ -420,6 +445,12 @@ class Channel:
     @property
     def closed_error(self) -> BaseException | None:
         return self._closed_error
+
+    def _metrics_unacked(self) -> list[tuple[str, int, int]]:
+        """Unsettled Basic.Get deliveries by queue, for the unacked gauge (no prefetch)."""
+        if self._closed:
+            return []
+        return [(queue, n, 0) for queue, n in self._get_unacked.items()]
 
     async def __aenter__(self) -> Channel:
         await self.open()
@@ -448,6 +479,7 @@ class Channel:
         cid = conn._proto.open_channel()
         self._cid = cid
         self._generation += 1
+        self._timing = _metrics.timing_enabled()
         conn._by_id[cid] = self
         await self._call(None, internal=True)
         if self.confirms:
@@ -490,6 +522,7 @@ class Channel:
             del conn._by_id[self._cid]
         self._cid = 0
         self._generation += 1
+        self._get_unacked = {}
         conn._unregister(self)
         _metrics.stats.channels_active -= 1
         self._fail_pending(error, outcome_unknown=True)
@@ -551,10 +584,13 @@ class Channel:
         pending = self._pending
         returned = ev.returned
         if ev.ack:
+            now = time.monotonic() if self._timing else 0.0
             for tag in ev.tags:
                 handle = pending.pop(tag, None)
                 if handle is None:
                     continue
+                if handle.sent_at:
+                    _metrics.confirm_latency.record(now - handle.sent_at, {"queue": handle.routing_key})
                 if returned is not None and tag in returned:
                     r = returned[tag]
                     _metrics.bump(_metrics.stats.returned, r.routing_key)
@@ -598,8 +634,10 @@ class Channel:
             if consumer is None or not consumer.no_ack:
                 self._conn._proto.reject(self._cid, ev.delivery_tag, True)
             return
-        msg = IncomingMessage(self, consumer, ev, consumer.no_ack)
-        if not consumer._push(msg):
+        msg = IncomingMessage(self, consumer, ev, consumer.no_ack, consumer.queue)
+        if consumer._push(msg):
+            _metrics.bump(_metrics.stats.consumed, consumer.queue)
+        else:
             # Only possible without a prefetch bound (no_ack consumers): fail loudly rather
             # than buffer without limit.
             log.error("consumer %s on %s overflowed its buffer", consumer.consumer_tag, consumer.queue)
@@ -691,6 +729,7 @@ class Channel:
             return
         self._cid = 0
         self._generation += 1  # deliveries handed out so far are stale (StaleDeliveryError)
+        self._get_unacked = {}
         self._fail_pending(lost, outcome_unknown=True)
         for consumer in self._consumers.values():
             # The broker requeues every unacked delivery of the dead channel; those still
@@ -836,6 +875,8 @@ class Channel:
         handle = PublishHandle(tag, exchange, routing_key, window)
         _metrics.bump(_metrics.stats.published, routing_key)
         if tag:
+            if self._timing:
+                handle.sent_at = time.monotonic()
             self._pending[tag] = handle
         else:
             handle._result = True
@@ -992,7 +1033,11 @@ class Channel:
         """Basic.Get: one message, or ``None`` when the queue is empty (for polling uses)."""
         reply = await self._call(commands.Basic.Get(queue=queue, no_ack=no_ack))
         if type(reply) is GetOk:
-            return IncomingMessage(self, None, reply, no_ack)
+            _metrics.bump(_metrics.stats.consumed, queue)
+            if not no_ack:
+                self._get_unacked[queue] = self._get_unacked.get(queue, 0) + 1
+                _metrics.consumers.add(self)
+            return IncomingMessage(self, None, reply, no_ack, queue)
         return None
 
     async def recover(self, requeue: bool = True) -> None:
@@ -1084,6 +1129,7 @@ class Channel:
                         self._conn._proto.reject(self._cid, msg.delivery_tag, True)
                         returned += 1
                 if returned:
+                    _metrics.bump(_metrics.stats.nacked, consumer.queue, returned)
                     try:
                         await self._conn._flush()
                     except AMQPError:

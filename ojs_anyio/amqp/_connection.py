@@ -160,6 +160,12 @@ class Connection:
         self._transport_down = anyio.Event()
         self._generation = 0
         self._host_index = 0
+        #: This transport counts in ``ojs_amqp_connections_active`` (handshake done, not closed).
+        self._counted = False
+        #: Generation of the last transport whose failure was handled (_transport_failed).
+        self._lost_generation = 0
+        #: When the connection last went from up to down (None: not since the supervisor looked).
+        self._went_down_at: float | None = None
         # lifecycle
         self._tg: anyio.abc.TaskGroup | None = None
         #: Shields the supervisor (reader, heartbeats, recovery) from the caller's cancellation,
@@ -351,6 +357,8 @@ class Connection:
             with anyio.CancelScope(shield=True):
                 await self._force_close_transport()
             raise
+        self._counted = True
+        _metrics.stats.connections_active += 1
 
     async def _receive(self) -> bytes:
         stream = self._stream
@@ -458,6 +466,9 @@ class Connection:
             pass  # the transport's failure is recorded in _transport_error and reported there
 
     async def _force_close_transport(self) -> None:
+        if self._counted:
+            self._counted = False
+            _metrics.stats.connections_active -= 1
         stream, self._stream = self._stream, None
         if stream is not None:
             with anyio.CancelScope(shield=True):
@@ -495,6 +506,9 @@ class Connection:
                     ConnectionState.CLOSED,
                     ConnectionState.ERROR,
                 ):
+                    self._transport_failed(
+                        self._transport_error or ConnectionClosedError("connection closed")
+                    )
                     if self._proto.has_data_to_send:
                         await self._flush_quietly()  # Close-Ok, or our Close after a protocol error
                     if self._transport_error is None:
@@ -503,6 +517,7 @@ class Connection:
         except ConnectionLostError as exc:
             if self._transport_error is None:
                 self._transport_error = exc
+            self._transport_failed(self._transport_error)
         finally:
             self._transport_down.set()
             scope.cancel()
@@ -515,6 +530,7 @@ class Connection:
             except ConnectionLevelError as exc:
                 log.error("connection to %s is dead: %s", self.url.redacted(), exc)
                 self._transport_error = ConnectionLostError(f"broker unresponsive: {exc.reply_text}")
+                self._transport_failed(self._transport_error)
                 # Closing the socket ends the reader and wakes a writer stuck on a stalled peer.
                 await self._force_close_transport()
                 return
@@ -546,13 +562,12 @@ class Connection:
             task_status = anyio.TASK_STATUS_IGNORED
             if self._closing or self._closed:
                 return
-            was_up = self._connected.is_set()
-            if was_up:
-                self._connected = anyio.Event()
+            self._transport_failed(err)  # if the reader or the heartbeat check didn't already
+            if self._went_down_at is not None:  # it was up: a new outage starts
                 attempt = 0
-                down_since = anyio.current_time()
-            self._on_transport_lost(err, emit=was_up)
+                down_since, self._went_down_at = self._went_down_at, None
             await self._force_close_transport()
+            self._writing = False  # a writer stuck on the old socket has been woken by now
             if not self.recovery.enabled:
                 self._fail_everything(err)
                 raise err
@@ -618,12 +633,24 @@ class Connection:
         log.info("connection to %s recovered", self.url.redacted())
         self._events.emit(ConnectionRecovered(reconnections=self.reconnections))
 
+    def _transport_failed(self, err: BaseException) -> None:
+        """The current transport just failed: from this moment publishes and calls wait for
+        recovery, pending confirms fail (outcome unknown) and earlier deliveries are stale,
+        instead of anyone writing into a dead codec.  Once per transport; not while closing."""
+        if self._lost_generation == self._generation or self._closing or self._closed:
+            return
+        self._lost_generation = self._generation
+        was_up = self._connected.is_set()
+        if was_up:
+            self._connected = anyio.Event()
+            self._went_down_at = anyio.current_time()
+        self._on_transport_lost(err, emit=was_up)
+
     def _on_transport_lost(self, err: BaseException, *, emit: bool) -> None:
         if emit:
             log.warning("connection to %s lost: %s", self.url.redacted(), err)
             self._events.emit(ConnectionLost(error=err))
         self._by_id.clear()
-        self._writing = False
         for ch in list(self._channels):
             ch._on_connection_gone(err, final=False)
         if not self._unblocked.is_set():

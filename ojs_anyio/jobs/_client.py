@@ -26,26 +26,31 @@ from codec import Int32
 from .. import amqp
 from . import _tracing
 from ._envelope import Job, encode_job, format_timestamp, new_job, parse_timestamp
+from ._errors import DelayOutOfRangeError
 from ._exceptions import (
     PushError,
     PushOutcomeUnknownError,
     QueueFullError,
+    SchedulerUnavailableError,
     TopologyConflictError,
     UnroutableJobError,
 )
 from ._retry import DEFAULT_RETRY_POLICY, RetryPolicy, merge, resolve_retry
 from ._topology import (
     DELAY_LEVELS,
+    MAX_DELAY_MS,
     Binding,
     Names,
+    QueueOptions,
     control_queue_arguments,
     control_queue_binding,
-    QueueOptions,
     delay_deliver_binding,
     delay_landing_queue_arguments,
     delay_level_bindings,
     delay_level_queue_arguments,
     delay_routing_key,
+    delayed_exchange_arguments,
+    delayed_queue_binding,
     dlx_queue_arguments,
     dlx_queue_binding,
     exchanges,
@@ -92,6 +97,11 @@ DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 #: A scheduled job due in this many milliseconds or less goes straight to its queue.
 #: Zero: a job must never run before its ``scheduled_at``.
 SCHEDULE_IMMEDIATE_MS = 0
+#: How scheduled jobs are delayed: the binary delay levels (no plugin), the
+#: delayed-message-exchange plugin, or the plugin when the broker has it (DECISIONS 5).
+SCHEDULERS = ("levels", "plugin", "auto")
+#: The plugin's delay header (001 §9.1.2), in milliseconds.
+H_DELAY = "x-delay"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +139,20 @@ class Client:
         declare: str = "lazy",
         queue_options: QueueOptions | dict[str, QueueOptions] | None = None,
         retry: RetryPolicy | None = None,
+        scheduler: str = "levels",
     ) -> None:
         if declare not in ("eager", "lazy"):
             raise ValueError("declare must be 'eager' or 'lazy'")
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         self.conn = conn
+        #: "levels" or "plugin" once resolved; "auto" until the first scheduled push (or
+        #: :meth:`resolve_scheduler`) has asked the broker.
+        self.scheduler = scheduler
+        self._delayed_bound: set[str] = set()
+        self._delayed_declared = False
+        #: Options for the short-lived connection of :meth:`detect_delayed_plugin`.
+        self._probe_options: dict[str, Any] = {}
         self.names = names
         self.declare = declare
         self._queue_options = queue_options
@@ -258,6 +278,67 @@ class Client:
         )
         await self._bind(delay_deliver_binding(self.names, queue))
 
+    # ------------------------------------------- delayed-message-exchange plugin
+
+    async def detect_delayed_plugin(self, *, timeout: float = 10.0) -> bool:
+        """Whether the broker has the rabbitmq-delayed-message-exchange plugin (DECISIONS 5:
+        detected, not assumed).
+
+        Declares a throwaway ``x-delayed-message`` exchange and deletes it again, on a
+        separate short-lived connection: RabbitMQ answers an unknown exchange type with
+        the *connection-level* error 503 COMMAND_INVALID, which would close this client's
+        connection (and every channel and consumer on it).  That answer gives ``False``;
+        any other failure (unreachable broker, 403 ACCESS_REFUSED…) is raised.
+        """
+        probe = f"{self.names.prefix}ojs.probe.delayed.{uuid.uuid4().hex[:12]}"
+        options = {**self._probe_options, "recovery": amqp.RecoveryPolicy(enabled=False)}
+        try:
+            with anyio.fail_after(timeout):
+                async with (
+                    amqp.connect(self.conn.url, **options) as conn,
+                    conn.channel(confirms=False) as ch,
+                ):
+                    await ch.exchange_declare(
+                        probe, "x-delayed-message", auto_delete=True, arguments=delayed_exchange_arguments()
+                    )
+                    await ch.exchange_delete(probe)
+        except amqp.AMQPError as exc:
+            if getattr(exc, "reply_code", None) == 503 and "x-delayed-message" in str(exc):
+                return False
+            raise
+        return True
+
+    async def resolve_scheduler(self) -> str:
+        """Settle ``scheduler="auto"`` (or check ``"plugin"``) against the broker, once.
+
+        Returns the scheduler in use, "levels" or "plugin".  ``"plugin"`` on a broker
+        without the plugin raises :class:`SchedulerUnavailableError`.
+        """
+        if self.scheduler == "levels" or (self.scheduler == "plugin" and self._delayed_declared):
+            return self.scheduler
+        present = await self.detect_delayed_plugin()
+        if self.scheduler == "plugin" and not present:
+            raise SchedulerUnavailableError(
+                "scheduler='plugin' needs the rabbitmq-delayed-message-exchange plugin, and the broker "
+                f"at {self.conn.url.redacted()} does not have it (exchange type 'x-delayed-message' is "
+                "unknown); enable it (rabbitmq-plugins enable rabbitmq_delayed_message_exchange) or use "
+                "scheduler='levels' or 'auto'"
+            )
+        if present:
+            ch = await self.channel()
+            spec = exchanges(self.names, delayed_plugin=True)[-1]
+            await ch.exchange_declare(spec.name, spec.type, durable=True, arguments=spec.arguments)
+            self._delayed_declared = True
+        self.scheduler = "plugin" if present else "levels"
+        log.info("scheduled jobs use the %s", "delayed-message plugin" if present else "binary delay levels")
+        return self.scheduler
+
+    async def _declare_delayed(self, queue: str) -> None:
+        """Bind ``ojs.queue.{q}`` to ``ojs.exchange.delayed`` with key ``q`` (001 §9.1.2)."""
+        if queue not in self._delayed_bound:
+            await self._bind(delayed_queue_binding(self.names, queue))
+            self._delayed_bound.add(queue)
+
     # --------------------------------------------------------------- PUSH
 
     def build(
@@ -340,7 +421,11 @@ class Client:
         with _tracing.producer_span(job, exchange):
             try:
                 await ch.publish(
-                    body, exchange=exchange, routing_key=routing_key, properties=props, mandatory=True
+                    body,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    properties=props,
+                    mandatory=self._mandatory(exchange),
                 )
             except amqp.PublishError as exc:
                 raise _push_error(exc, job) from exc
@@ -362,7 +447,11 @@ class Client:
             try:
                 handles.append(
                     await window.publish(
-                        body, exchange=exchange, routing_key=routing_key, properties=props, mandatory=True
+                        body,
+                        exchange=exchange,
+                        routing_key=routing_key,
+                        properties=props,
+                        mandatory=self._mandatory(exchange),
                     )
                 )
             except amqp.PublishError as exc:
@@ -377,6 +466,12 @@ class Client:
             else:
                 results.append(PushResult(job))
         return results
+
+    def _mandatory(self, exchange: str) -> bool:
+        """Pushes are mandatory (an unbound queue raises), except through the plugin's
+        exchange, which routes only after the delay and so returns every mandatory message
+        as NO_ROUTE (rabbitmq-delayed-message-exchange#7)."""
+        return exchange != self.names.delayed_exchange
 
     async def _message(
         self, job: Job, idempotency_key: str | None
@@ -395,7 +490,17 @@ class Client:
         if isinstance(job.scheduled_at, str):
             delay_ms = math.ceil((parse_timestamp(job.scheduled_at) - now).total_seconds() * 1000)
             if delay_ms > SCHEDULE_IMMEDIATE_MS:
-                routing_key = delay_routing_key(delay_ms, job.queue)  # raises when out of range
+                if delay_ms > MAX_DELAY_MS:
+                    raise DelayOutOfRangeError(
+                        f"job {job.id}: scheduled_at {job.scheduled_at} is {delay_ms} ms away, beyond the "
+                        f"longest delay RabbitMQ can hold, {MAX_DELAY_MS} ms (2**32-1 ms, about 49.7 days); "
+                        "nothing was published"
+                    )
+                if self.scheduler != "levels" and await self.resolve_scheduler() == "plugin":
+                    await self._declare_delayed(job.queue)
+                    props = with_headers(props, {H_DELAY: delay_ms})
+                    return self.names.delayed_exchange, job.queue, props, body
+                routing_key = delay_routing_key(delay_ms, job.queue)
                 await self._declare_landing(job.queue)
                 exchange = self.names.delay_entry_exchange
         return exchange, routing_key, props, body
@@ -644,6 +749,7 @@ async def connect(
     queue_options: QueueOptions | dict[str, QueueOptions] | None = None,
     retry: RetryPolicy | None = None,
     recovery: amqp.RecoveryPolicy | None = None,
+    scheduler: str = "levels",
     **amqp_options: Any,
 ) -> AsyncIterator[Client]:
     """``async with ojs_anyio.connect("amqp://guest:guest@localhost/") as client:``
@@ -651,12 +757,28 @@ async def connect(
     ``url`` defaults to ``$OJS_AMQP_URL``, then ``amqp://guest:guest@localhost:5672/``.
     Recovery (reconnect with backoff, topology re-declared, consumers re-registered) is on
     by default here; pass ``recovery=amqp.RecoveryPolicy(enabled=False)`` to turn it off.
+
+    ``scheduler`` picks how scheduled jobs wait (``docs/scheduling.md``): ``"levels"``
+    (default: the binary delay levels, no plugin), ``"plugin"`` (the
+    delayed-message-exchange plugin; :class:`SchedulerUnavailableError` here if the broker
+    lacks it) or ``"auto"`` (the plugin when the broker has it, else the levels).  The two
+    last ones ask the broker on a separate short-lived connection while connecting.
     """
     url = url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
     policy = recovery if recovery is not None else amqp.RecoveryPolicy()
     async with amqp.connect(url, recovery=policy, **amqp_options) as conn:
-        client = Client(conn, names=Names(prefix), declare=declare, queue_options=queue_options, retry=retry)
+        client = Client(
+            conn,
+            names=Names(prefix),
+            declare=declare,
+            queue_options=queue_options,
+            retry=retry,
+            scheduler=scheduler,
+        )
+        client._probe_options = dict(amqp_options)
         try:
+            if scheduler != "levels":
+                await client.resolve_scheduler()
             yield client
         finally:
             with anyio.CancelScope(shield=True):

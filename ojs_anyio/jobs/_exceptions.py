@@ -14,6 +14,7 @@ __all__ = [
     "PushOutcomeUnknownError",
     "QueueFullError",
     "Retry",
+    "SchedulerUnavailableError",
     "TopologyConflictError",
     "UnroutableJobError",
 ]
@@ -63,6 +64,10 @@ class TopologyConflictError(JobError):
         self.ours = ours
         self.broker_text = broker_text
         super().__init__(message)
+
+
+class SchedulerUnavailableError(JobError):
+    """``scheduler="plugin"`` was asked for, and the broker has no delayed-message-exchange plugin."""
 
 
 class _Verdict(Exception):

@@ -48,7 +48,7 @@ from codec import Int32
 from .. import amqp
 from . import _tracing
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, Client
-from ._envelope import Job, decode_job, format_timestamp, parse_timestamp
+from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._exceptions import DeadLetter, Discard, Retry
 from ._retry import RetryPolicy, compute_delay_ms, is_retryable, ladder_delay_ms, merge, resolve_retry
@@ -413,7 +413,7 @@ class Worker:
             return
         attempt = header_int(headers, H_ATTEMPT, 1)
         try:
-            job = decode_job(msg.body)
+            job = _decode_delivered(msg.body)
         except InvalidJobError as exc:
             await self._dead_letter(
                 client, ch, queue, msg, None, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started
@@ -726,6 +726,25 @@ _OUTCOME_STATE = {
     "cancelled": "cancelled",
     "abandoned": "available",
 }
+
+
+def _decode_delivered(body: bytes) -> Job:
+    """:func:`decode_job`, but an envelope without ``specversion`` is read as version 1.0.
+
+    001 §15.1, the binding's own publishing example, sends ``{"id", "type", "queue",
+    "args", "created_at"}`` without ``specversion``; DECISIONS 12 wants jobs from those
+    examples to run.  Everything else stays strict, and the body is never rewritten
+    (retries and dead letters carry the bytes the producer sent).
+    """
+    try:
+        return decode_job(body)
+    except InvalidJobError as exc:
+        if exc.field != "specversion":
+            raise
+        data = _json_decode.decode(body)  # decoded fine the first time
+        if not isinstance(data, dict) or "specversion" in data:
+            raise
+        return job_from_dict({"specversion": SPEC_VERSION, **data})
 
 
 def _remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 
 import anyio
 from harness import list_connections
+
+from ojs_anyio import amqp
 
 
 async def wait_until(predicate: Callable[[], bool], *, timeout: float = 5.0, what: str = "condition") -> None:
@@ -39,3 +42,29 @@ def closed_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+@asynccontextmanager
+async def deleted_afterwards(
+    conn: amqp.Connection, *, queues: Iterable[str] = (), exchanges: Iterable[str] = ()
+) -> AsyncIterator[None]:
+    """Delete these queues and exchanges when the block ends (on a fresh channel, shielded),
+    even if the test's own channel was closed by an error."""
+    try:
+        yield
+    finally:
+        with anyio.CancelScope(shield=True), anyio.fail_after(10):
+            if conn.is_open:
+                async with conn.channel(confirms=False) as ch:
+                    for queue in queues:
+                        await ch.queue_delete(queue)
+                    for exchange in exchanges:
+                        await ch.exchange_delete(exchange)
+
+
+async def drain(ch: amqp.Channel, queue: str) -> list[bytes]:
+    """Basic.Get (no_ack) every message left in ``queue``; return the bodies in order."""
+    bodies = []
+    while (msg := await ch.get(queue, no_ack=True)) is not None:
+        bodies.append(msg.body)
+    return bodies

@@ -41,6 +41,8 @@ async def test_stalled_broker_is_declared_dead() -> None:
             dead_after = anyio.current_time() - stalled_at
             assert 1.9 <= dead_after < 3.5, dead_after
             assert "missed heartbeats" in str(info.value) or "unresponsive" in str(info.value)
+            # Our socket is closed: once the proxy reads again, it sees the EOF.
+            proxy.unstall("both")
             await wait_until(lambda: proxy.active_connections == 0, what="dead socket closed")
     # Every waiter got a clear error at once, none hung.
     publish_error, publish_at = errors["publish"]

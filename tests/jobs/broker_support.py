@@ -65,7 +65,7 @@ class Outcomes:
         self,
         pred: Callable[[ojs.JobOutcome], bool],
         count: int = 1,
-        timeout: float = WAIT,  # noqa: ASYNC109 - a bound on the wait, as in anyio.fail_after
+        timeout: float = WAIT,
     ) -> list[ojs.JobOutcome]:
         """Wait until ``count`` outcomes match ``pred``; return them."""
         with anyio.fail_after(timeout):
@@ -73,7 +73,7 @@ class Outcomes:
                 await self._changed.wait()
         return found
 
-    async def wait_final(self, job_id: str, timeout: float = WAIT) -> ojs.JobOutcome:  # noqa: ASYNC109
+    async def wait_final(self, job_id: str, timeout: float = WAIT) -> ojs.JobOutcome:
         """Wait for the job's final outcome (completed or dead-lettered)."""
         found = await self.wait_for(
             lambda o: o.job_id == job_id and o.outcome in ("completed", "dead_lettered", "cancelled"),
@@ -89,7 +89,7 @@ class Outcomes:
 async def running(
     worker: ojs.Worker,
     client: ojs.Client,
-    timeout: float = WAIT,  # noqa: ASYNC109
+    timeout: float = WAIT,
 ) -> AsyncIterator[ojs.Worker]:
     """Run ``worker`` in the background; on exit ``stop()`` it and wait for ``run()`` to return."""
     finished = anyio.Event()
@@ -120,7 +120,7 @@ async def wait_message_count(
     conn: amqp.Connection,
     queue: str,
     count: int,
-    timeout: float = WAIT,  # noqa: ASYNC109
+    timeout: float = WAIT,
 ) -> None:
     """Wait until ``queue`` holds exactly ``count`` ready messages.
 
@@ -129,8 +129,8 @@ async def wait_message_count(
     """
     with anyio.fail_after(timeout):
         async with conn.channel(confirms=False) as ch:
-            while (await ch.queue_declare(queue, passive=True)).message_count != count:
-                await anyio.sleep(0.02)
+            while (await ch.queue_declare(queue, passive=True)).message_count != count:  # noqa: ASYNC110
+                await anyio.sleep(0.02)  # polling broker state: there is no event for it
 
 
 async def _ctl_json(*args: str) -> list[dict[str, Any]]:

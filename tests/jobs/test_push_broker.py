@@ -148,9 +148,12 @@ async def test_amqp_015_016_unroutable_push_raises(client: ojs.Client, raw: amqp
         assert q in str(err)
         # The client recovers: once the queue exists again, pushes go through.
         async with raw.channel(confirms=False) as ch:
-            await ch.queue_declare(client.names.job_queue(q), durable=True, arguments={
-                "x-dead-letter-exchange": "ojs.exchange.dlx", "x-dead-letter-routing-key": q, "x-max-priority": 10,
-            })  # fmt: skip
+            args = {
+                "x-dead-letter-exchange": "ojs.exchange.dlx",
+                "x-dead-letter-routing-key": q,
+                "x-max-priority": 10,
+            }
+            await ch.queue_declare(client.names.job_queue(q), durable=True, arguments=args)
             await ch.queue_bind(client.names.job_queue(q), "ojs.exchange.direct", q)
         await client.push("found.job", [], queue=q)
         await wait_message_count(raw, client.names.job_queue(q), 1)

@@ -41,7 +41,9 @@ async def expect_406(conn: amqp.Connection, op: Callable[[amqp.Channel], Any]) -
 # -------------------------------------------------------------------- AMQP-001 / 002
 
 
-async def test_amqp_001_002_exchanges_are_durable_direct(client: ojs.Client, raw: amqp.Connection, q: str) -> None:
+async def test_amqp_001_002_exchanges_are_durable_direct(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
     """AMQP-001 (ojs.exchange.direct) and AMQP-002 (ojs.exchange.dlx) are durable direct
     exchanges; the retry exchange (001 §8.1) too."""
     with anyio.fail_after(WAIT):
@@ -81,7 +83,11 @@ async def test_amqp_003_004_030_job_queue_properties_and_exact_arguments(
     with anyio.fail_after(WAIT):
         async with raw.channel(confirms=False) as ch:
             info = await ch.queue_declare(
-                names.job_queue(q), durable=True, exclusive=False, auto_delete=False, arguments=default_args(q)
+                names.job_queue(q),
+                durable=True,
+                exclusive=False,
+                auto_delete=False,
+                arguments=default_args(q),
             )
             assert info.message_count == 0
         # ... and its binding: ojs.exchange.direct, routing key = queue name (001 §4.2).
@@ -90,12 +96,18 @@ async def test_amqp_003_004_030_job_queue_properties_and_exact_arguments(
 
     # Any other argument set: 406.
     other = {**default_args(q), "x-max-priority": 5}
-    err = await expect_406(raw, lambda ch: ch.queue_declare(names.job_queue(q), durable=True, arguments=other))
+    err = await expect_406(
+        raw, lambda ch: ch.queue_declare(names.job_queue(q), durable=True, arguments=other)
+    )
     assert "x-max-priority" in err.reply_text
     without_dlx = {"x-max-priority": 10}
-    err = await expect_406(raw, lambda ch: ch.queue_declare(names.job_queue(q), durable=True, arguments=without_dlx))
+    err = await expect_406(
+        raw, lambda ch: ch.queue_declare(names.job_queue(q), durable=True, arguments=without_dlx)
+    )
     assert "x-dead-letter" in err.reply_text
-    err = await expect_406(raw, lambda ch: ch.queue_declare(names.job_queue(q), durable=False, arguments=default_args(q)))
+    err = await expect_406(
+        raw, lambda ch: ch.queue_declare(names.job_queue(q), durable=False, arguments=default_args(q))
+    )
     assert "durable" in err.reply_text
 
 
@@ -152,7 +164,9 @@ async def test_amqp_029_length_limits_and_overflow_are_opt_in(raw: amqp.Connecti
             await ch.queue_declare(names.job_queue(q), durable=True, arguments=expected)
     assert facts[names.job_queue(q)]["arguments"] == expected
     # The defaults alone are no longer equivalent: the limits are really on the queue.
-    await expect_406(raw, lambda ch: ch.queue_declare(names.job_queue(q), durable=True, arguments=default_args(q)))
+    await expect_406(
+        raw, lambda ch: ch.queue_declare(names.job_queue(q), durable=True, arguments=default_args(q))
+    )
 
 
 # ------------------------------------------------------------------------ AMQP-031
@@ -186,7 +200,11 @@ async def test_amqp_031_names_with_tenant_prefix(raw: amqp.Connection, new_queue
             facts = await queue_facts(
                 names.job_queue(q), names.dlx_queue(q), names.retry_queue(q, 100), f"ojs.queue.{q}"
             )
-            assert set(facts) == {f"tenant1.ojs.queue.{q}", f"tenant1.ojs.queue.dlx.{q}", f"tenant1.ojs.queue.retry.{q}.100"}
+            assert set(facts) == {
+                f"tenant1.ojs.queue.{q}",
+                f"tenant1.ojs.queue.dlx.{q}",
+                f"tenant1.ojs.queue.retry.{q}.100",
+            }
             assert facts[names.job_queue(q)]["arguments"] == {
                 "x-dead-letter-exchange": "tenant1.ojs.exchange.dlx",
                 "x-dead-letter-routing-key": q,

@@ -19,7 +19,15 @@ import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.jobs._retry import resolve_retry, retry_queue_delay_ms
 
-from .broker_support import WAIT, Outcomes, bindings_to, consumer_facts, queue_facts, running, wait_message_count
+from .broker_support import (
+    WAIT,
+    Outcomes,
+    bindings_to,
+    consumer_facts,
+    queue_facts,
+    running,
+    wait_message_count,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -91,7 +99,9 @@ async def test_amqp_006_007_008_prefetch_manual_ack(client: ojs.Client, raw: amq
 # ------------------------------------------------------------------------ AMQP-009
 
 
-async def test_amqp_009_discard_lands_in_dlq_with_reason(client: ojs.Client, raw: amqp.Connection, q: str) -> None:
+async def test_amqp_009_discard_lands_in_dlq_with_reason(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
     """AMQP-009: a discarded job is Basic.Nack(requeue=false)-ed into ojs.queue.dlx.{q}:
     x-death says "rejected" from ojs.queue.{q}, and our reason headers ride along."""
     worker = ojs.Worker(queues=[q])
@@ -104,7 +114,11 @@ async def test_amqp_009_discard_lands_in_dlq_with_reason(client: ojs.Client, raw
     async with running(worker, client):
         job = await client.push("spam.job", [], queue=q)
         final = await outcomes.wait_final(job.id)
-        assert (final.outcome, final.error_code, final.error_message) == ("dead_lettered", "DISCARDED", "looks like spam")
+        assert (final.outcome, final.error_code, final.error_message) == (
+            "dead_lettered",
+            "DISCARDED",
+            "looks like spam",
+        )
         await wait_message_count(raw, client.names.dlx_queue(q), 1)
     with anyio.fail_after(WAIT):
         async with raw.channel(confirms=False) as ch:
@@ -127,7 +141,9 @@ async def test_amqp_009_discard_lands_in_dlq_with_reason(client: ojs.Client, raw
 # ---------------------------------------------------------------- AMQP-017 / 018
 
 
-async def test_amqp_017_018_retry_via_ttl_queue_and_timing(client: ojs.Client, raw: amqp.Connection, q: str) -> None:
+async def test_amqp_017_018_retry_via_ttl_queue_and_timing(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
     """A job failing twice then succeeding runs 3 times.  The retries go through
     ojs.queue.retry.{q}.{ms} (exactly the arguments of 001 §8.2, bound on
     ojs.exchange.retry with key {q}.{ms}), after the ladder delays of its policy; each
@@ -157,7 +173,7 @@ async def test_amqp_017_018_retry_via_ttl_queue_and_timing(client: ojs.Client, r
     assert [c[2] for c in seen] == [1, 2, 3]
 
     # Timing: each gap is at least the rung (TTL), and not much more.
-    for (t0, _, _), (t1, _, _), rung in zip(seen, seen[1:], rungs, strict=True):
+    for (t0, _, _), (t1, _, _), rung in zip(seen[:-1], seen[1:], rungs, strict=True):
         gap_ms = (t1 - t0) * 1000
         assert rung - 20 <= gap_ms <= rung + 700, (gap_ms, rung)
 
@@ -169,9 +185,24 @@ async def test_amqp_017_018_retry_via_ttl_queue_and_timing(client: ojs.Client, r
         assert h["x-ojs-error-code"] == "HANDLER_ERROR"
         assert h["x-ojs-error-message"] == f"RuntimeError: {error}"
         assert msg.exchange == names.direct_exchange and msg.routing_key == q  # dead-lettered back
-        for key in ("x-ojs-queue", "x-ojs-max-attempts", "x-ojs-created-at", "x-ojs-enqueued-at", "x-ojs-tags"):
+        for key in (
+            "x-ojs-queue",
+            "x-ojs-max-attempts",
+            "x-ojs-created-at",
+            "x-ojs-enqueued-at",
+            "x-ojs-tags",
+        ):
             assert h[key] == (first.properties.headers or {})[key], key
-        for prop in ("message_id", "type", "content_type", "content_encoding", "timestamp", "delivery_mode", "app_id", "priority"):  # noqa: E501
+        for prop in (
+            "message_id",
+            "type",
+            "content_type",
+            "content_encoding",
+            "timestamp",
+            "delivery_mode",
+            "app_id",
+            "priority",
+        ):
             assert getattr(msg.properties, prop) == getattr(first.properties, prop), prop
         assert msg.body == first.body
 
@@ -223,11 +254,16 @@ async def test_exhausted_job_ends_in_dlq_with_error_headers(
     assert ojs.decode_job(d.body) == job
 
 
-async def test_non_retryable_errors_exact_and_prefix(client: ojs.Client, raw: amqp.Connection, q: str) -> None:
+async def test_non_retryable_errors_exact_and_prefix(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
     """non_retryable_errors: an exact error type and a "prefix.*" entry send the job to the
     DLQ on its first failure with NON_RETRYABLE_ERROR; an unlisted error is retried."""
     policy = ojs.RetryPolicy(
-        max_attempts=2, initial_interval="PT0.1S", jitter=False, non_retryable_errors=("ValueError", "billing.*")
+        max_attempts=2,
+        initial_interval="PT0.1S",
+        jitter=False,
+        non_retryable_errors=("ValueError", "billing.*"),
     )
     worker = ojs.Worker(queues=[q])
     outcomes = Outcomes(worker)
@@ -274,7 +310,9 @@ async def test_handler_verdicts(client: ojs.Client, raw: amqp.Connection, q: str
         retry = await client.push("verdict.job", ["retry"], queue=q)
         discard = await client.push("verdict.job", ["discard"], queue=q)
         dead = await client.push("verdict.job", ["dead"], queue=q)
-        last = await client.push("verdict.job", ["retry-last"], queue=q, retry=ojs.RetryPolicy(max_attempts=1))
+        last = await client.push(
+            "verdict.job", ["retry-last"], queue=q, retry=ojs.RetryPolicy(max_attempts=1)
+        )
         finals = {j.id: await outcomes.wait_final(j.id) for j in (retry, discard, dead, last)}
         dlq = await dead_jobs(client, raw, q, 3)
     retried = outcomes.of(retry.id)

@@ -46,7 +46,7 @@ class EventLog:
         kind: type[E],
         count: int = 1,
         *,
-        timeout: float = 10.0,  # noqa: ASYNC109 (test helper: every wait is bounded)
+        timeout: float = 10.0,
         where: Callable[[E], bool] | None = None,
     ) -> E:
         """Wait until ``count`` events of ``kind`` (matching ``where``) arrived; return the last."""
@@ -57,11 +57,11 @@ class EventLog:
                     return found[count - 1]
                 await self._changed.wait()
 
-    async def wait_recovered(self, count: int = 1, *, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def wait_recovered(self, count: int = 1, *, timeout: float = 10.0) -> None:
         await self.wait_for(amqp.ConnectionRecovered, count, timeout=timeout)
 
 
-async def wait_until(predicate: Callable[[], bool], *, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+async def wait_until(predicate: Callable[[], bool], *, timeout: float = 10.0) -> None:
     """Poll ``predicate`` (state outside our control: the proxy, the broker) until true."""
     with anyio.fail_after(timeout):
         while not predicate():  # noqa: ASYNC110 (external state: no event to wait on)
@@ -84,9 +84,9 @@ async def message_count(url: str, queue: str) -> int:
     return info.message_count
 
 
-async def wait_queue_exists(url: str, queue: str, exists: bool, *, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+async def wait_queue_exists(url: str, queue: str, exists: bool, *, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
-        while await queue_exists(url, queue) != exists:
+        while await queue_exists(url, queue) != exists:  # noqa: ASYNC110 (broker state)
             await anyio.sleep(0.05)
 
 

@@ -11,7 +11,10 @@ from collections.abc import Callable
 import anyio
 import pytest
 from harness import FaultProxy
-from resilience_helpers import (
+
+from ojs_anyio import amqp
+
+from .resilience_helpers import (
     FAST,
     EventLog,
     message_count,
@@ -20,8 +23,6 @@ from resilience_helpers import (
     wait_queue_exists,
     wait_until,
 )
-
-from ojs_anyio import amqp
 
 pytestmark = pytest.mark.anyio
 
@@ -89,7 +90,7 @@ async def test_consumer_continues_after_cut(amqp_url: str, unique: Callable[[str
                     # The public subscription saw the whole story, in order.
                     kinds = []
                     while len(kinds) < 4:
-                        kinds.append(type(await events.receive()))
+                        kinds.append(type(await events.__anext__()))
                 assert kinds == [
                     amqp.ConnectionLost,
                     amqp.Reconnecting,
@@ -327,9 +328,9 @@ async def test_pending_confirms_fail_fast_at_a_cut(amqp_url: str, unique: Callab
                     await ch.queue_delete(queue)
 
 
-async def wait_until_count(url: str, queue: str, count: int, *, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+async def wait_until_count(url: str, queue: str, count: int, *, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
-        while await message_count(url, queue) < count:
+        while await message_count(url, queue) < count:  # noqa: ASYNC110 (broker state)
             await anyio.sleep(0.05)
 
 

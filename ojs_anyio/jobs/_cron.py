@@ -1,0 +1,768 @@
+"""Periodic (cron) jobs, fired by exactly one scheduler instance per tick (issue 6).
+
+::
+
+    sched = ojs.Scheduler(name="default")        # the leadership group
+    sched.add("reports.daily", "0 3 * * *", args=["eu"], queue="reports", timezone="Europe/Paris")
+
+    async with ojs.connect() as client:
+        await sched.run(client)                  # until cancelled, or sched.stop()
+
+Cron expressions are parsed and iterated by croniter: five fields, or six with *seconds as
+the last field* (croniter's default, ``second_at_beginning=False``: ``"* * * * * */5"`` is
+every five seconds), plus ``@daily`` and friends and Jenkins-style ``H`` (hashed on the
+schedule's name).  Ticks are computed in the schedule's ``timezone`` (DST is croniter's).
+
+Leadership
+----------
+Every instance of a group consumes one durable queue,
+``{prefix}ojs.queue.scheduler.{group}.leader``, declared with
+``x-single-active-consumer: true`` (RabbitMQ 3.8+).  The queue holds one *token* message.
+Each instance consumes it with prefetch 1 and manual acks, so the broker delivers the
+token only to the single active consumer, and that consumer keeps it unacked: **holding
+an unacked token is being the leader**.  When the leader's channel or connection dies,
+the broker requeues the token and activates the next consumer, which receives it at once
+(no polling, no lease to expire).  The leader knows it lost leadership synchronously: a
+connection listener clears the held token on :class:`~ojs_anyio.amqp.ConnectionLost`, and
+the token is only trusted while its channel is open on the same transport.  Right before
+each push the leader checks that it still holds the token.
+
+The token is created by an instance that declares the queue and sees it without
+messages *and* without consumers (so nobody can be holding it).  Two instances starting
+together may both see that and both publish a token.  That is harmless: only the active
+consumer receives tokens, one at a time (prefetch 1), and an instance that receives a
+token while the queue still has ready messages merges its state and acks it (drops the
+duplicate) until it holds the last one.  Duplicates therefore never make two leaders;
+they live at most until the leader's next token swap.
+
+State: what was fired
+---------------------
+The token's body carries the last fired tick of every schedule (JSON:
+``{"v": 1, "group": …, "fired": {schedule: tick}, …}``).  After each fire the leader
+*swaps* the token: it publishes the updated token (persistent, confirmed) and only then
+acks the one it holds (publish-confirm-then-ack, as DECISIONS 2): a crash in between
+leaves two tokens, never none, and the duplicate is merged as above (per schedule, the
+later tick wins).  The next leader, and an instance restarted after a full outage (the
+queue is durable, the token persistent), so knows what was fired.  We keep the state in
+the token rather than elsewhere because it then moves with leadership atomically, from
+the broker, without another queue or a store; in the body rather than in headers because
+schedule names are free-form (table keys are short strings) and the body has no limits.
+The leader also swaps the token every ``token_refresh`` seconds (60 by default) when
+nothing fires: RabbitMQ closes a channel whose delivery stays unacked longer than its
+``consumer_timeout`` (30 min by default, DECISIONS 7), so a token held through a daily
+schedule would otherwise cost the leader its channel.
+
+A leader never fires a tick twice: it fires a tick only when it is later than the last
+fired tick of its schedule (the token's, merged with its own memory).
+
+Missed ticks (``misfire``)
+--------------------------
+When a new leader takes over (after a failover, a leadership gap, or a full outage), the
+ticks between the last fired one and the moment it became leader were missed.
+
+* ``"skip"`` (default): fire only ticks at or after becoming leader; missed ones are dropped.
+* ``"once"``: fire the most recent missed tick once, right away, if it is at most
+  ``misfire_grace`` old (1 hour by default); older ones are dropped.  Never for a schedule
+  that has never fired (there is nothing it could have missed).
+
+A leader that falls behind while leading (its loop was blocked past several ticks) fires
+only the most recent due tick and logs the coalesced ones.
+
+Double fires and idempotency
+----------------------------
+Each job carries the idempotency key ``{schedule}:{tick}`` (``x-ojs-idempotency-key``,
+tick in UTC RFC 3339, e.g. ``reports.daily:2026-02-15T02:00:00.000Z``), the same from any
+instance.  Two fires of one tick are possible, only across a leadership change: a leader
+whose push was confirmed but whose token swap was not (it died in between) leaves the old
+state, and a ``"once"`` successor fires that tick again; a leader the broker declared dead
+(missed heartbeats) while it still ran may fire the tick its successor also fires.
+Downstream dedupes on the key.
+
+Failures.  A push the broker refused (queue full, unroutable) is logged, reported in
+:class:`Fired` with its ``error``, and counts as fired (no retry storm).  A push whose
+outcome is unknown (connection lost) is not recorded: the tick is then missed, and
+``misfire`` decides.  A channel error on the leadership channel drops leadership and
+re-joins after ``retry_delay``; a connection that fails for good ends :meth:`Scheduler.run`
+with its error.
+
+Operational notes: the leader queue has no job-queue arguments and is left in place when
+the schedulers stop (it holds the state); delete it to forget what was fired.  Purging it
+while instances run removes the token: restart them to create a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, NamedTuple
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import anyio
+import msgspec
+from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+
+from codec import AMQPError, UsageError
+
+from .. import amqp
+from ._client import Client
+from ._envelope import format_timestamp, new_job, parse_timestamp
+from ._exceptions import PushError, PushOutcomeUnknownError, TopologyConflictError
+from ._retry import RetryPolicy
+from ._topology import Names
+
+__all__ = [
+    "Fired",
+    "LeadershipChanged",
+    "Misfire",
+    "Schedule",
+    "Scheduler",
+    "SchedulerEvent",
+    "SchedulerStatistics",
+    "due_tick",
+    "leader_queue_name",
+]
+
+log = logging.getLogger("ojs_anyio.scheduler")
+
+Misfire = Literal["skip", "once"]
+_MISFIRE_POLICIES: frozenset[str] = frozenset({"skip", "once"})
+
+#: Entries of schedules this instance doesn't know (another deployment's) are kept in the
+#: token for this long after their last fire, and at most this many: the token stays bounded.
+STATE_RETENTION = timedelta(days=30)
+MAX_STATE_ENTRIES = 10_000
+TOKEN_TYPE = "ojs.scheduler.token"
+H_SCHEDULER = "x-ojs-scheduler"
+_MAX_NAME = 200  # leaves room for the prefix in AMQP's 255-byte queue names
+
+
+def leader_queue_name(names: Names, group: str) -> str:
+    """``{prefix}ojs.queue.scheduler.{group}.leader``: the leadership queue of a group."""
+    return f"{names.prefix}ojs.queue.scheduler.{group}.leader"
+
+
+def _check_name(what: str, name: str) -> str:
+    if not name or len(name.encode()) > _MAX_NAME or any(c.isspace() for c in name):
+        raise ValueError(f"{what} {name!r} must be 1-{_MAX_NAME} bytes without whitespace")
+    return name
+
+
+# ------------------------------------------------------------------ schedules (pure)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """One periodic job: what :meth:`Scheduler.add` registered.  Pure: no I/O, no clock."""
+
+    name: str
+    cron: str
+    job_type: str
+    args: tuple[Any, ...] = ()
+    queue: str = "default"
+    timezone: str = "UTC"
+    misfire: Misfire = "skip"
+    misfire_grace: timedelta = timedelta(hours=1)
+    priority: int | None = None
+    timeout: int | None = None
+    retry: RetryPolicy | None = None
+    meta: dict[str, Any] | None = None
+    _tz: ZoneInfo = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_name("schedule name", self.name)
+        if self.misfire not in _MISFIRE_POLICIES:
+            raise ValueError(f"misfire must be 'skip' or 'once', not {self.misfire!r}")
+        if self.misfire_grace < timedelta(0):
+            raise ValueError("misfire_grace must not be negative")
+        try:
+            tz = ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown timezone {self.timezone!r}") from exc
+        object.__setattr__(self, "_tz", tz)
+        if not croniter.is_valid(self.cron, hash_id=self.name):
+            raise ValueError(f"invalid cron expression {self.cron!r} for schedule {self.name!r}")
+        try:
+            self.next_tick(datetime(2000, 1, 1, tzinfo=UTC))
+        except CroniterBadDateError as exc:
+            raise ValueError(f"cron expression {self.cron!r} never matches a date") from exc
+
+    def _iter(self, start: datetime) -> croniter:
+        return croniter(self.cron, start.astimezone(self._tz), hash_id=self.name)
+
+    def next_tick(self, after: datetime) -> datetime:
+        """The first tick strictly after ``after`` (an aware datetime), in UTC."""
+        return self._iter(after).get_next(datetime).astimezone(UTC)
+
+    def latest_tick(self, now: datetime) -> datetime:
+        """The last tick at or before ``now``, in UTC."""
+        before = self._iter(now).get_prev(datetime)
+        # croniter's get_prev is strict for whole seconds and not for fractions: settle it.
+        nxt = self._iter(before).get_next(datetime)
+        return (nxt if nxt <= now else before).astimezone(UTC)
+
+    def idempotency_key(self, tick: datetime) -> str:
+        """``{name}:{tick in UTC, RFC 3339}``: identical from every instance."""
+        return f"{self.name}:{format_timestamp(tick)}"
+
+
+def due_tick(
+    schedule: Schedule, *, last_fired: datetime | None, leader_since: datetime, now: datetime
+) -> tuple[datetime | None, bool]:
+    """The misfire policy, as a pure function: ``(tick to fire now or None, late)``.
+
+    ``last_fired`` is the schedule's last fired tick (None: never fired), ``leader_since``
+    when this instance became leader.  ``late`` is True for a missed tick fired under
+    ``misfire="once"``.
+    """
+    latest = schedule.latest_tick(now)
+    if last_fired is not None and latest <= last_fired:
+        return None, False
+    if latest >= leader_since:
+        return latest, False
+    if (
+        schedule.misfire == "once"
+        and last_fired is not None
+        and now - latest <= schedule.misfire_grace
+    ):
+        return latest, True
+    return None, False
+
+
+# ------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fired:
+    """A tick this instance fired.  ``error`` is set when the broker refused the push."""
+
+    schedule: str
+    tick: datetime
+    idempotency_key: str
+    job_id: str | None
+    late: bool = False
+    error: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeadershipChanged:
+    """This instance became leader (``leader=True``) or stopped being leader."""
+
+    leader: bool
+    at: datetime
+    reason: str
+
+
+SchedulerEvent = Fired | LeadershipChanged
+
+
+class SchedulerStatistics(NamedTuple):
+    leader: bool
+    leader_since: datetime | None
+    fired: int
+    failed: int
+    leader_changes: int
+    duplicate_tokens: int
+    token_swaps: int
+
+
+class _TokenState(msgspec.Struct, kw_only=True):
+    v: int = 1
+    group: str = ""
+    fired: dict[str, str] = msgspec.field(default_factory=dict)
+    by: str = ""
+    at: str = ""
+
+
+_encode = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder(_TokenState)
+
+
+# ------------------------------------------------------------------ the scheduler
+
+
+class Scheduler:
+    """Pushes jobs on cron schedules; among the instances of a group, only the leader fires.
+
+    :param name: the leadership group: instances with the same name (and client prefix)
+        share one leader and one record of fired ticks.
+    :param misfire: default missed-tick policy of the schedules (``"skip"`` or ``"once"``).
+    :param misfire_grace: default bound on how old a missed tick ``"once"`` still fires.
+    :param token_refresh: seconds between token swaps when nothing fires (well under the
+        broker's ``consumer_timeout``).
+    :param retry_delay: seconds before re-joining after the leadership channel failed.
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        *,
+        misfire: Misfire = "skip",
+        misfire_grace: timedelta = timedelta(hours=1),
+        token_refresh: float = 60.0,
+        retry_delay: float = 1.0,
+        instance_id: str | None = None,
+    ) -> None:
+        self.name = _check_name("scheduler name", name)
+        if misfire not in _MISFIRE_POLICIES:
+            raise ValueError(f"misfire must be 'skip' or 'once', not {misfire!r}")
+        if token_refresh <= 0 or retry_delay < 0:
+            raise ValueError("token_refresh must be positive and retry_delay not negative")
+        self.misfire: Misfire = misfire
+        self.misfire_grace = misfire_grace
+        self.token_refresh = token_refresh
+        self.retry_delay = retry_delay
+        self.instance_id = instance_id or uuid.uuid4().hex[:12]
+        self._schedules: dict[str, Schedule] = {}
+        self._listeners: list[Callable[[SchedulerEvent], None]] = []
+        #: Last fired tick per schedule name: the token's, merged with what we fired.
+        self._fired: dict[str, datetime] = {}
+        # leadership
+        self._queue = ""
+        self._leading = False
+        self._leader_since: datetime | None = None
+        self._held: amqp.IncomingMessage | None = None
+        self._held_losses = 0
+        self._losses = 0  # transports lost since run() began
+        self._dirty = False  # our state is ahead of the held token's
+        self._refresh_at = 0.0
+        self._changed: anyio.Event | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._running = False
+        self._stop_requested = False
+        # statistics
+        self._n_fired = 0
+        self._n_failed = 0
+        self._n_changes = 0
+        self._n_duplicates = 0
+        self._n_swaps = 0
+
+    # ------------------------------------------------------------ configuration
+
+    def add(
+        self,
+        job_type: str,
+        cron: str,
+        *,
+        args: Sequence[Any] = (),
+        name: str | None = None,
+        queue: str = "default",
+        timezone: str = "UTC",
+        misfire: Misfire | None = None,
+        misfire_grace: timedelta | None = None,
+        priority: int | None = None,
+        timeout: int | None = None,
+        retry: RetryPolicy | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Schedule:
+        """Push a ``job_type`` job with ``args`` to ``queue`` on every tick of ``cron``.
+
+        ``name`` (default: ``job_type``) identifies the schedule: it keys the record of
+        fired ticks and the idempotency key, so give two schedules of one job type
+        different names.  The job is validated now (``InvalidJobError``), not at the tick.
+        """
+        schedule = Schedule(
+            name=name if name is not None else job_type,
+            cron=cron,
+            job_type=job_type,
+            args=tuple(args),
+            queue=queue,
+            timezone=timezone,
+            misfire=misfire if misfire is not None else self.misfire,
+            misfire_grace=misfire_grace if misfire_grace is not None else self.misfire_grace,
+            priority=priority,
+            timeout=timeout,
+            retry=retry,
+            meta=meta,
+        )
+        if schedule.name in self._schedules:
+            raise ValueError(f"scheduler {self.name!r} already has a schedule named {schedule.name!r}")
+        new_job(job_type, list(args), queue=queue, meta=meta, priority=priority, timeout=timeout, retry=retry)
+        self._schedules[schedule.name] = schedule
+        return schedule
+
+    def remove(self, name: str) -> None:
+        """Stop firing schedule ``name`` (its record stays in the token for a while)."""
+        del self._schedules[name]
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        return list(self._schedules.values())
+
+    def add_listener(self, callback: Callable[[SchedulerEvent], None]) -> Callable[[], None]:
+        """Call ``callback`` (synchronously) on each :class:`Fired` and :class:`LeadershipChanged`.
+        Returns a function that removes it."""
+        self._listeners.append(callback)
+
+        def remove() -> None:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+
+        return remove
+
+    # ------------------------------------------------------------ introspection
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this instance is its group's active consumer (it fires the ticks)."""
+        return self._leading
+
+    @property
+    def leader_since(self) -> datetime | None:
+        return self._leader_since if self._leading else None
+
+    def last_fired(self, schedule: str) -> datetime | None:
+        """The last fired tick of ``schedule`` this instance knows of."""
+        return self._fired.get(schedule)
+
+    def statistics(self) -> SchedulerStatistics:
+        return SchedulerStatistics(
+            leader=self._leading,
+            leader_since=self.leader_since,
+            fired=self._n_fired,
+            failed=self._n_failed,
+            leader_changes=self._n_changes,
+            duplicate_tokens=self._n_duplicates,
+            token_swaps=self._n_swaps,
+        )
+
+    # ------------------------------------------------------------ running
+
+    async def run(self, client: Client) -> None:
+        """Join the group and fire while leader, until cancelled or :meth:`stop`.
+
+        Everything runs in a task group owned by this call.  On the way out the token (if
+        held) goes back to the queue for the next instance.  A connection that fails for
+        good raises its error here.
+        """
+        if self._running:
+            raise UsageError("this Scheduler is already running")
+        self._running = True
+        self._queue = leader_queue_name(client.names, self.name)
+        self._losses = 0
+        self._changed = anyio.Event()
+        remove_listener = client.conn.add_listener(self._on_connection_event)
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                if self._stop_requested:
+                    scope.cancel()
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._serve_leadership, client, name="ojs-scheduler-leadership")
+                        tg.start_soon(self._fire_loop, client, name="ojs-scheduler-fire")
+                except BaseExceptionGroup as eg:
+                    raise _single(eg) from None
+        finally:
+            remove_listener()
+            self._scope = None
+            self._running = False
+            self._stop_requested = False
+            self._held = None
+            self._lose("scheduler stopped")
+
+    def stop(self) -> None:
+        """Make :meth:`run` return (the token goes back to the queue).  Idempotent."""
+        self._stop_requested = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    # ------------------------------------------------------------ leadership
+
+    def _emit(self, event: SchedulerEvent) -> None:
+        for cb in list(self._listeners):
+            try:
+                cb(event)
+            except Exception:
+                log.exception("scheduler listener %r raised", cb)
+
+    def _wake(self) -> None:
+        changed = self._changed
+        if changed is not None:
+            self._changed = anyio.Event()
+            changed.set()
+
+    def _on_connection_event(self, event: amqp.RecoveryEvent) -> None:
+        # Synchronous, from the connection's reader/supervisor: before any task of ours
+        # runs again, the token we held is known to be gone (the broker requeues it).
+        if isinstance(event, amqp.ConnectionLost):
+            self._losses += 1
+            self._held = None
+            self._lose(f"connection lost: {event.error}")
+
+    def _lose(self, reason: str) -> None:
+        if self._leading:
+            self._leading = False
+            log.warning("scheduler %s/%s is no longer leader: %s", self.name, self.instance_id, reason)
+            self._emit(LeadershipChanged(leader=False, at=datetime.now(UTC), reason=reason))
+        self._wake()
+
+    def _holding(self) -> amqp.IncomingMessage | None:
+        """The token, if we hold it and it is still valid (same transport, open channel)."""
+        held = self._held
+        if held is None or self._held_losses != self._losses or not held.channel.is_open:
+            return None
+        return held
+
+    async def _serve_leadership(self, client: Client) -> None:
+        """Consume the leadership queue (prefetch 1, never auto-ack); re-join after a
+        channel error.  Connection failures propagate."""
+        while True:
+            try:
+                async with client.conn.channel(confirms=True) as ch:
+                    await self._declare(ch)
+                    async with ch.consume(self._queue, prefetch=1) as tokens:
+                        try:
+                            async for msg in tokens:
+                                await self._accept(ch, msg)
+                        finally:
+                            with anyio.CancelScope(shield=True):
+                                await self._give_back()
+            except (amqp.ChannelClosedError, amqp.ChannelLevelError, amqp.ConsumerCancelledError) as exc:
+                if not client.conn.is_open and not _recovering(client.conn):
+                    raise
+                self._held = None
+                self._lose(f"leadership channel failed: {exc}")
+                log.warning("scheduler %s: re-joining in %.1fs after %s", self.name, self.retry_delay, exc)
+            await anyio.sleep(self.retry_delay)
+
+    async def _declare(self, ch: amqp.Channel) -> None:
+        arguments = {"x-single-active-consumer": True}
+        try:
+            info = await ch.queue_declare(self._queue, durable=True, arguments=arguments)
+        except amqp.PreconditionFailed as exc:
+            raise TopologyConflictError(
+                f"scheduler queue {self._queue!r} exists with other arguments; ours are {arguments!r}, "
+                f"the broker says: {exc.reply_text}",
+                queue=self._queue,
+                ours=arguments,
+                broker_text=exc.reply_text,
+            ) from exc
+        if info.message_count == 0 and info.consumer_count == 0:
+            # Nobody consumes, so nobody holds a token: create it.  Racing instances may
+            # each create one; the leader drops the extras (see _accept).
+            log.info("scheduler %s: creating the leadership token in %s", self.name, self._queue)
+            await self._publish_token(ch)
+
+    async def _publish_token(self, ch: amqp.Channel) -> None:
+        now = datetime.now(UTC)
+        self._prune(now)
+        state = _TokenState(
+            group=self.name,
+            fired={name: format_timestamp(tick) for name, tick in self._fired.items()},
+            by=self.instance_id,
+            at=format_timestamp(now),
+        )
+        await ch.publish(
+            _encode.encode(state),
+            exchange="",
+            routing_key=self._queue,
+            properties=amqp.BasicProperties(
+                content_type="application/json",
+                delivery_mode=2,
+                type=TOKEN_TYPE,
+                app_id="ojs",
+                headers={H_SCHEDULER: self.name},
+            ),
+            mandatory=True,
+        )
+
+    def _merge(self, body: bytes) -> bool:
+        """Merge a token's record into ours; return True when ours is ahead of it."""
+        try:
+            state = _decode.decode(body)
+            entries = state.fired
+        except msgspec.DecodeError:
+            log.warning("scheduler %s: unreadable token %r; treating it as empty", self.name, body[:200])
+            entries = {}
+        theirs: dict[str, datetime] = {}
+        for name, stamp in entries.items():
+            try:
+                theirs[name] = parse_timestamp(stamp)
+            except (TypeError, ValueError):
+                log.warning("scheduler %s: bad tick %r for %r in the token", self.name, stamp, name)
+        for name, tick in theirs.items():
+            mine = self._fired.get(name)
+            if mine is None or tick > mine:
+                self._fired[name] = tick
+        return any(theirs.get(name) != tick for name, tick in self._fired.items())
+
+    def _prune(self, now: datetime) -> None:
+        cutoff = now - STATE_RETENTION
+        for name in [n for n, t in self._fired.items() if n not in self._schedules and t < cutoff]:
+            del self._fired[name]
+        if len(self._fired) > MAX_STATE_ENTRIES:
+            by_age = sorted(self._fired.items(), key=lambda item: item[1], reverse=True)
+            self._fired = dict(by_age[:MAX_STATE_ENTRIES])
+
+    async def _accept(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
+        """A token was delivered: we are the active consumer.  Keep it, unless more tokens
+        are waiting behind it (a creation race or a crash mid-swap): then merge and drop it."""
+        losses = self._losses
+        ahead = self._merge(msg.body)
+        if not self._leading:
+            self._leading = True
+            self._leader_since = datetime.now(UTC)
+            self._n_changes += 1
+            log.info("scheduler %s/%s became leader", self.name, self.instance_id)
+            self._emit(LeadershipChanged(leader=True, at=self._leader_since, reason="token received"))
+        try:
+            info = await ch.queue_declare(self._queue, passive=True)
+        except AMQPError:
+            if self._losses != losses:
+                return  # the transport died meanwhile: this delivery is stale
+            raise
+        if self._losses != losses:
+            return
+        if info.message_count > 0:
+            self._n_duplicates += 1
+            log.info("scheduler %s: dropping a duplicate token (%d more queued)", self.name, info.message_count)
+            self._dirty = True  # persist the merged record with the next swap
+            try:
+                await msg.ack()
+            except amqp.StaleDeliveryError:
+                pass
+            return
+        self._held = msg
+        self._held_losses = losses
+        self._dirty = self._dirty or ahead
+        self._refresh_at = anyio.current_time() + self.token_refresh
+        self._wake()
+
+    async def _swap(self, held: amqp.IncomingMessage) -> None:
+        """Publish the updated token, wait for its confirm, then ack the held one."""
+        losses = self._held_losses
+        try:
+            await self._publish_token(held.channel)
+        except AMQPError:
+            if self._losses != losses or not held.channel.is_open:
+                return  # leadership is gone with the transport; the listener said so
+            raise
+        if self._held is not held or self._holding() is None:
+            return  # lost meanwhile: the new token is a harmless duplicate
+        self._held = None  # until the broker hands us the new one (we stay active consumer)
+        self._dirty = False
+        self._n_swaps += 1
+        try:
+            await held.ack()
+        except amqp.StaleDeliveryError:
+            pass
+
+    async def _give_back(self) -> None:
+        """On the way out: requeue the token now (the channel's close would anyway)."""
+        held = self._holding()
+        self._held = None
+        self._lose("scheduler leaving")
+        if held is not None:
+            try:
+                await held.reject(requeue=True)
+            except (AMQPError, amqp.StaleDeliveryError):
+                pass  # gone with its channel: the broker requeued it
+
+    # ------------------------------------------------------------ firing
+
+    async def _fire_loop(self, client: Client) -> None:
+        while True:
+            changed = self._changed
+            assert changed is not None
+            held = self._holding()
+            if held is None or self._leader_since is None:
+                await changed.wait()
+                continue
+            now = datetime.now(UTC)
+            fired = False
+            for schedule in list(self._schedules.values()):
+                tick, late = due_tick(
+                    schedule,
+                    last_fired=self._fired.get(schedule.name),
+                    leader_since=self._leader_since,
+                    now=now,
+                )
+                if tick is None:
+                    continue
+                if self._holding() is not held:
+                    break
+                fired |= await self._fire(client, schedule, tick, late)
+            held_now = self._holding()
+            if held_now is not held or held_now is None:
+                continue
+            if fired or self._dirty or anyio.current_time() >= self._refresh_at:
+                await self._swap(held_now)
+                continue
+            now = datetime.now(UTC)
+            delay = self._refresh_at - anyio.current_time()
+            for schedule in self._schedules.values():
+                delay = min(delay, (schedule.next_tick(now) - now).total_seconds())
+            with anyio.move_on_after(max(delay, 0.001)):
+                await changed.wait()
+
+    async def _fire(self, client: Client, schedule: Schedule, tick: datetime, late: bool) -> bool:
+        """Push one tick's job.  True when the tick is done with (pushed, or refused)."""
+        key = schedule.idempotency_key(tick)
+        last = self._fired.get(schedule.name)
+        if last is not None and not late and schedule.next_tick(last) < tick:
+            log.warning(
+                "scheduler %s: schedule %s fell behind; firing %s, skipping ticks since %s",
+                self.name, schedule.name, format_timestamp(tick), format_timestamp(last),
+            )
+        error: Exception | None = None
+        job_id: str | None = None
+        try:
+            job = await client.push(
+                schedule.job_type,
+                list(schedule.args),
+                queue=schedule.queue,
+                priority=schedule.priority,
+                timeout=schedule.timeout,
+                retry=schedule.retry,
+                meta=dict(schedule.meta) if schedule.meta is not None else None,
+                idempotency_key=key,
+            )
+            job_id = job.id
+        except PushOutcomeUnknownError as exc:
+            log.warning("scheduler %s: outcome of %s unknown (%s); not recorded as fired", self.name, key, exc)
+            if self._holding() is not None:
+                with anyio.move_on_after(self.retry_delay):
+                    await anyio.sleep_forever()
+            return False
+        except (PushError, TopologyConflictError) as exc:
+            log.error("scheduler %s: the broker refused %s: %s", self.name, key, exc)
+            error = exc
+        if last is None or tick > last:
+            self._fired[schedule.name] = tick
+        if error is None:
+            self._n_fired += 1
+            log.info("scheduler %s fired %s%s (job %s)", self.name, key, " (missed tick)" if late else "", job_id)
+        else:
+            self._n_failed += 1
+        self._emit(Fired(schedule=schedule.name, tick=tick, idempotency_key=key, job_id=job_id, late=late, error=error))
+        return True
+
+
+def _recovering(conn: amqp.Connection) -> bool:
+    """True while the connection is down but may come back (recovery on, not closed)."""
+    try:
+        conn._raise_if_closed()
+    except AMQPError:
+        return False
+    return True
+
+
+def _leaves(eg: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in eg.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+def _single(eg: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one real error of a task group (cancellations aside); the group if several."""
+    cancelled = anyio.get_cancelled_exc_class()
+    real = [e for e in _leaves(eg) if not isinstance(e, cancelled)]
+    return real[0] if len(real) == 1 else eg
+
+
+__all__ += ["CroniterBadCronError", "CroniterError"]

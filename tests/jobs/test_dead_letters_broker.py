@@ -1,0 +1,94 @@
+"""The dead-letter API on the real broker: DeadLetters.count / peek / requeue / purge."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import ojs_anyio as ojs
+from ojs_anyio import amqp
+
+from .broker_support import WAIT, Outcomes, running, wait_message_count
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: str) -> None:
+    """peek leaves the jobs where they are; requeue moves them back to ojs.queue.{q} with
+    attempt 1, the same message id and no death headers, and they then complete; purge
+    empties the DLQ and says how many it removed."""
+    healthy = False
+    worker = ojs.Worker(queues=[q])
+    outcomes = Outcomes(worker)
+
+    @worker.handler("fragile.job")
+    async def handler(ctx: ojs.JobContext, n: int) -> None:
+        if not healthy:
+            raise ojs.Discard(f"dependency down ({n})")
+
+    dead_letters = client.dead_letters(q)
+    names = client.names
+    async with running(worker, client):
+        jobs = [await client.push("fragile.job", [n], queue=q) for n in range(3)]
+        for job in jobs:
+            assert (await outcomes.wait_final(job.id)).outcome == "dead_lettered"
+        await wait_message_count(raw, names.dlx_queue(q), 3)
+
+    with anyio.fail_after(WAIT):
+        # peek: all three, with their reasons, none removed.
+        peeked = await dead_letters.peek(limit=10)
+        assert [d.job_id for d in peeked] == [j.id for j in jobs]
+        assert [d.error_message for d in peeked] == [f"dependency down ({n})" for n in range(3)]
+        assert all(d.error_code == "DISCARDED" and d.attempt == 1 for d in peeked)
+        assert await dead_letters.count() == 3
+        assert len(await dead_letters.peek(limit=2)) == 2
+        assert await dead_letters.count() == 3
+
+        # requeue one: back in the job queue, attempt 1, same id, clean headers.
+        assert await dead_letters.requeue(limit=1) == 1
+        assert await dead_letters.count() == 2
+        async with raw.channel(confirms=False) as ch:
+            msg = await ch.get(names.job_queue(q))
+            assert msg is not None
+            await msg.reject(requeue=True)
+        h = msg.properties.headers or {}
+        assert msg.properties.message_id == jobs[0].id
+        assert msg.exchange == names.direct_exchange and msg.routing_key == q
+        assert h["x-ojs-attempt"] == 1
+        assert not {
+            "x-death",
+            "x-first-death-reason",
+            "x-ojs-error-code",
+            "x-ojs-error-message",
+            "x-ojs-dead-letter",
+        } & set(h)
+        assert ojs.decode_job(msg.body) == jobs[0]
+
+        # requeue the rest.
+        assert await dead_letters.requeue() == 2
+        assert await dead_letters.count() == 0
+
+    healthy = True
+    worker2 = ojs.Worker(queues=[q])
+    outcomes2 = Outcomes(worker2)
+    worker2.register("fragile.job", handler)
+    async with running(worker2, client):
+        for job in jobs:
+            final = await outcomes2.wait_final(job.id)
+            assert (final.outcome, final.attempt) == ("completed", 1)
+    await wait_message_count(raw, names.job_queue(q), 0)
+
+    # purge: dead-letter two more, purge them.
+    healthy = False
+    worker3 = ojs.Worker(queues=[q])
+    outcomes3 = Outcomes(worker3)
+    worker3.register("fragile.job", handler)
+    async with running(worker3, client):
+        more = [await client.push("fragile.job", [n], queue=q) for n in (10, 11)]
+        for job in more:
+            await outcomes3.wait_final(job.id)
+        await wait_message_count(raw, names.dlx_queue(q), 2)
+    with anyio.fail_after(WAIT):
+        assert await dead_letters.purge() == 2
+        assert await dead_letters.count() == 0
+        assert await dead_letters.peek() == []
