@@ -640,6 +640,8 @@ class Connection:
         if self._lost_generation == self._generation or self._closing or self._closed:
             return
         self._lost_generation = self._generation
+        if not self.recovery.enabled:
+            self._fatal = err  # nothing brings it back: the connection's one error from now on
         was_up = self._connected.is_set()
         if was_up:
             self._connected = anyio.Event()
