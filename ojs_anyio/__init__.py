@@ -20,6 +20,7 @@ The AMQP client underneath is :mod:`ojs_anyio.amqp`; the sans-IO protocol is :mo
 
 from . import amqp
 from .jobs._client import Client, DeadJob, DeadLetters, PushResult, connect
+from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
 from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
 from .jobs._errors import DelayOutOfRangeError, ErrorCode, InvalidJobError, TopologyError
 from .jobs._exceptions import (
@@ -50,11 +51,13 @@ __all__ = [
     "ErrorCode",
     "ErrorInfo",
     "ErrorRecord",
+    "Fired",
     "InvalidJobError",
     "Job",
     "JobContext",
     "JobError",
     "JobOutcome",
+    "LeadershipChanged",
     "Names",
     "PushError",
     "PushOutcomeUnknownError",
@@ -63,6 +66,10 @@ __all__ = [
     "QueueOptions",
     "Retry",
     "RetryPolicy",
+    "Schedule",
+    "Scheduler",
+    "SchedulerEvent",
+    "SchedulerStatistics",
     "SchedulerUnavailableError",
     "TopologyConflictError",
     "TopologyError",

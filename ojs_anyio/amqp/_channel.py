@@ -190,10 +190,12 @@ class PublishWindow:
 
     async def _wait_below(self, limit: int) -> None:
         while self.in_flight > limit:
-            await self.channel._flush_publish()
+            # Armed before flushing: confirms that arrive while the flush is sending must
+            # find it, or nothing would wake us once the last one is in.
+            wakeup = self._wakeup = anyio.Event()
             self._wake_at = limit
-            self._wakeup = anyio.Event()
-            await self._wakeup.wait()
+            await self.channel._flush_publish()
+            await wakeup.wait()
 
     def _on_done(self, handle: PublishHandle) -> None:
         self.in_flight -= 1
@@ -472,6 +474,12 @@ class Channel:
             self._closed = True
             self._conn._unregister(self)
             _metrics.stats.channels_active -= 1
+            if self._cid:
+                # Cancelled (or failed) after Channel.Open went out: close it at the broker
+                # rather than leak its id.  The Close-Ok still finds it in _by_id.
+                self._conn._proto.close_channel(self._cid)
+                with anyio.CancelScope(shield=True):
+                    await self._conn._flush_quietly()
             raise
 
     async def _open_on_wire(self, *, internal: bool) -> None:
@@ -1079,7 +1087,12 @@ class Channel:
             arguments=arguments,
             max_buffer=max(size, 1),
         )
-        await self._basic_consume(consumer)
+        try:
+            await self._basic_consume(consumer)
+        except BaseException:
+            consumer._end(None)
+            consumer._receive.close()
+            raise
         try:
             yield consumer
         finally:

@@ -66,6 +66,7 @@ from ._wire import (
     H_ENQUEUED_AT,
     H_ERROR_CODE,
     H_ERROR_MESSAGE,
+    H_ORIGINAL_PRIORITY,
     H_SCHEDULED_AT,
     header_int,
     job_properties,
@@ -150,6 +151,7 @@ class Client:
         #: :meth:`resolve_scheduler`) has asked the broker.
         self.scheduler = scheduler
         self._delayed_bound: set[str] = set()
+        self._landing_declared: set[str] = set()
         self._delayed_declared = False
         #: Options for the short-lived connection of :meth:`detect_delayed_plugin`.
         self._probe_options: dict[str, Any] = {}
@@ -272,11 +274,15 @@ class Client:
             self._delay_declared = True
 
     async def _declare_landing(self, queue: str) -> None:
+        """The delay levels, and ``queue``'s landing queue and its binding (once per client)."""
+        if queue in self._landing_declared:
+            return
         await self.declare_delay_levels()
         await self._declare_checked(
             self.names.delay_landing_queue(queue), delay_landing_queue_arguments(self.names, queue)
         )
         await self._bind(delay_deliver_binding(self.names, queue))
+        self._landing_declared.add(queue)
 
     # ------------------------------------------- delayed-message-exchange plugin
 
@@ -416,9 +422,13 @@ class Client:
     async def push_job(self, job: Job, *, idempotency_key: str | None = None) -> Job:
         if self.declare == "eager" or job.queue not in self._declared_queues:
             await self.declare_queue(job.queue)
-        exchange, routing_key, props, body = await self._message(job, idempotency_key)
-        ch = await self.channel()
-        with _tracing.producer_span(job, exchange):
+        # The message's trace headers are written inside the PRODUCER span, so the worker's
+        # CONSUMER span becomes its child (001 §12.2).
+        with _tracing.producer_span(job, self.names.direct_exchange) as span:
+            exchange, routing_key, props, body = await self._message(job, idempotency_key)
+            if exchange != self.names.direct_exchange:
+                span.set_attribute("messaging.destination.name", exchange)
+            ch = await self.channel()
             try:
                 await ch.publish(
                     body,
@@ -443,19 +453,22 @@ class Client:
         window = ch.publish_window(max_in_flight=max_in_flight)
         handles: list[amqp.PublishHandle | PushError] = []
         for job in jobs:
-            exchange, routing_key, props, body = await self._message(job, None)
-            try:
-                handles.append(
-                    await window.publish(
-                        body,
-                        exchange=exchange,
-                        routing_key=routing_key,
-                        properties=props,
-                        mandatory=self._mandatory(exchange),
+            with _tracing.producer_span(job, self.names.direct_exchange) as span:
+                exchange, routing_key, props, body = await self._message(job, None)
+                if exchange != self.names.direct_exchange:
+                    span.set_attribute("messaging.destination.name", exchange)
+                try:
+                    handles.append(
+                        await window.publish(
+                            body,
+                            exchange=exchange,
+                            routing_key=routing_key,
+                            properties=props,
+                            mandatory=self._mandatory(exchange),
+                        )
                     )
-                )
-            except amqp.PublishError as exc:
-                handles.append(_push_error(exc, job))
+                except amqp.PublishError as exc:
+                    handles.append(_push_error(exc, job))
         await window.wait_all()
         results: list[PushResult] = []
         for job, handle in zip(jobs, handles, strict=True):
@@ -488,7 +501,8 @@ class Client:
         body = encode_job(job)
         exchange, routing_key = self.names.direct_exchange, job.queue
         if isinstance(job.scheduled_at, str):
-            delay_ms = math.ceil((parse_timestamp(job.scheduled_at) - now).total_seconds() * 1000)
+            due = parse_timestamp(job.scheduled_at)
+            delay_ms = _delay_ms(due, now)
             if delay_ms > SCHEDULE_IMMEDIATE_MS:
                 if delay_ms > MAX_DELAY_MS:
                     raise DelayOutOfRangeError(
@@ -496,13 +510,20 @@ class Client:
                         f"longest delay RabbitMQ can hold, {MAX_DELAY_MS} ms (2**32-1 ms, about 49.7 days); "
                         "nothing was published"
                     )
-                if self.scheduler != "levels" and await self.resolve_scheduler() == "plugin":
+                plugin = self.scheduler != "levels" and await self.resolve_scheduler() == "plugin"
+                if plugin:
                     await self._declare_delayed(job.queue)
-                    props = with_headers(props, {H_DELAY: delay_ms})
-                    return self.names.delayed_exchange, job.queue, props, body
-                routing_key = delay_routing_key(delay_ms, job.queue)
-                await self._declare_landing(job.queue)
-                exchange = self.names.delay_entry_exchange
+                else:
+                    await self._declare_landing(job.queue)
+                # Measured after declaring: a queue's first scheduled push declares topology,
+                # and that time must not be added to the job's wait.
+                delay_ms = _delay_ms(due, datetime.now(UTC))
+                if delay_ms > SCHEDULE_IMMEDIATE_MS:
+                    if plugin:
+                        props = with_headers(props, {H_DELAY: delay_ms})
+                        return self.names.delayed_exchange, job.queue, props, body
+                    routing_key = delay_routing_key(delay_ms, job.queue)
+                    exchange = self.names.delay_entry_exchange
         return exchange, routing_key, props, body
 
     # ------------------------------------------------- control plane (001 §5.6-5.8)
@@ -585,6 +606,11 @@ class Client:
 
     def dead_letters(self, queue: str) -> DeadLetters:
         return DeadLetters(self, queue)
+
+
+def _delay_ms(due: datetime, now: datetime) -> int:
+    """Milliseconds from ``now`` to ``due``, rounded up (a job never runs early)."""
+    return math.ceil((due - now).total_seconds() * 1000)
 
 
 def _push_error(exc: BaseException, job: Job) -> PushError:
@@ -673,9 +699,16 @@ class DeadLetters:
                 props = with_headers(
                     msg.properties,
                     {H_ATTEMPT: Int32(1), H_ENQUEUED_AT: format_timestamp(datetime.now(UTC))},
-                    drop=(H_DEAD_LETTER, H_ERROR_CODE, H_ERROR_MESSAGE, H_SCHEDULED_AT),
+                    drop=(
+                        H_DEAD_LETTER, H_ERROR_CODE, H_ERROR_MESSAGE, H_SCHEDULED_AT,
+                        H_ORIGINAL_PRIORITY, "x-ojs-dead-lettered-at",
+                    ),
                     base=strip_dead_letter_headers(msg.properties.headers),
-                )
+                )  # fmt: skip
+                # The worker's dead-letter copy ran at priority 9; give the job its own back.
+                original = (msg.properties.headers or {}).get(H_ORIGINAL_PRIORITY)
+                if isinstance(original, int) and not isinstance(original, bool) and 0 <= original <= 255:
+                    props = msgspec.structs.replace(props, priority=original)
                 try:
                     await ch.publish(
                         msg.body,

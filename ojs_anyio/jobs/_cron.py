@@ -23,8 +23,9 @@ token only to the single active consumer, and that consumer keeps it unacked: **
 an unacked token is being the leader**.  When the leader's channel or connection dies,
 the broker requeues the token and activates the next consumer, which receives it at once
 (no polling, no lease to expire).  The leader knows it lost leadership synchronously: a
-connection listener clears the held token on :class:`~ojs_anyio.amqp.ConnectionLost`, and
-the token is only trusted while its channel is open on the same transport.  Right before
+connection listener clears the held token on :class:`~ojs_anyio.amqp.ConnectionLost` (and
+:class:`~ojs_anyio.amqp.Reconnecting`), and a token is only trusted while no transport was
+lost since it was accepted and its channel is open.  Right before
 each push the leader checks that it still holds the token.
 
 The token is created by an instance that declares the queue and sees it without
@@ -102,7 +103,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
 import msgspec
-from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+from croniter import CroniterBadDateError, croniter
 
 from codec import AMQPError, UsageError
 
@@ -136,6 +137,8 @@ STATE_RETENTION = timedelta(days=30)
 MAX_STATE_ENTRIES = 10_000
 TOKEN_TYPE = "ojs.scheduler.token"
 H_SCHEDULER = "x-ojs-scheduler"
+#: Bound on a (shielded) token swap: publish, confirm, ack.
+SWAP_TIMEOUT = 5.0
 _MAX_NAME = 200  # leaves room for the prefix in AMQP's 255-byte queue names
 
 
@@ -182,7 +185,7 @@ class Schedule:
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise ValueError(f"unknown timezone {self.timezone!r}") from exc
         object.__setattr__(self, "_tz", tz)
-        if not croniter.is_valid(self.cron, hash_id=self.name):
+        if not croniter.is_valid(self.cron, hash_id=self.name.encode()):
             raise ValueError(f"invalid cron expression {self.cron!r} for schedule {self.name!r}")
         try:
             self.next_tick(datetime(2000, 1, 1, tzinfo=UTC))
@@ -190,7 +193,7 @@ class Schedule:
             raise ValueError(f"cron expression {self.cron!r} never matches a date") from exc
 
     def _iter(self, start: datetime) -> croniter:
-        return croniter(self.cron, start.astimezone(self._tz), hash_id=self.name)
+        return croniter(self.cron, start.astimezone(self._tz), hash_id=self.name.encode())
 
     def next_tick(self, after: datetime) -> datetime:
         """The first tick strictly after ``after`` (an aware datetime), in UTC."""
@@ -222,11 +225,7 @@ def due_tick(
         return None, False
     if latest >= leader_since:
         return latest, False
-    if (
-        schedule.misfire == "once"
-        and last_fired is not None
-        and now - latest <= schedule.misfire_grace
-    ):
+    if schedule.misfire == "once" and last_fired is not None and now - latest <= schedule.misfire_grace:
         return latest, True
     return None, False
 
@@ -329,6 +328,8 @@ class Scheduler:
         self._dirty = False  # our state is ahead of the held token's
         self._refresh_at = 0.0
         self._changed: anyio.Event | None = None
+        #: Serialises a token swap (publish, confirm, ack) with giving the token back.
+        self._token_lock: anyio.Lock | None = None
         self._scope: anyio.CancelScope | None = None
         self._running = False
         self._stop_requested = False
@@ -363,6 +364,8 @@ class Scheduler:
         fired ticks and the idempotency key, so give two schedules of one job type
         different names.  The job is validated now (``InvalidJobError``), not at the tick.
         """
+        # Validate the job now (InvalidJobError), not at the first tick.
+        new_job(job_type, args, queue=queue, meta=meta, priority=priority, timeout=timeout, retry=retry)
         schedule = Schedule(
             name=name if name is not None else job_type,
             cron=cron,
@@ -379,7 +382,6 @@ class Scheduler:
         )
         if schedule.name in self._schedules:
             raise ValueError(f"scheduler {self.name!r} already has a schedule named {schedule.name!r}")
-        new_job(job_type, list(args), queue=queue, meta=meta, priority=priority, timeout=timeout, retry=retry)
         self._schedules[schedule.name] = schedule
         return schedule
 
@@ -441,8 +443,16 @@ class Scheduler:
             raise UsageError("this Scheduler is already running")
         self._running = True
         self._queue = leader_queue_name(client.names, self.name)
+        try:
+            # Fail fast on a queue declared with other arguments (TopologyConflictError).
+            for queue in sorted({s.queue for s in self._schedules.values()}):
+                await client.declare_queue(queue)
+        except BaseException:
+            self._running = False
+            raise
         self._losses = 0
         self._changed = anyio.Event()
+        self._token_lock = anyio.Lock()
         remove_listener = client.conn.add_listener(self._on_connection_event)
         try:
             with anyio.CancelScope() as scope:
@@ -487,7 +497,7 @@ class Scheduler:
     def _on_connection_event(self, event: amqp.RecoveryEvent) -> None:
         # Synchronous, from the connection's reader/supervisor: before any task of ours
         # runs again, the token we held is known to be gone (the broker requeues it).
-        if isinstance(event, amqp.ConnectionLost):
+        if isinstance(event, amqp.ConnectionLost | amqp.Reconnecting):
             self._losses += 1
             self._held = None
             self._lose(f"connection lost: {event.error}")
@@ -507,22 +517,22 @@ class Scheduler:
         return held
 
     async def _serve_leadership(self, client: Client) -> None:
-        """Consume the leadership queue (prefetch 1, never auto-ack); re-join after a
-        channel error.  Connection failures propagate."""
+        """Consume the leadership queue (prefetch 1, manual acks); re-join after a channel
+        error.  A connection that failed for good raises out of here."""
         while True:
             try:
                 async with client.conn.channel(confirms=True) as ch:
                     await self._declare(ch)
-                    async with ch.consume(self._queue, prefetch=1) as tokens:
-                        try:
+                    try:
+                        async with ch.consume(self._queue, prefetch=1) as tokens:
                             async for msg in tokens:
                                 await self._accept(ch, msg)
-                        finally:
-                            with anyio.CancelScope(shield=True):
-                                await self._give_back()
+                    finally:
+                        # Our consumer is cancelled (the next one is active): requeue the
+                        # token now rather than when the channel closes.
+                        with anyio.CancelScope(shield=True):
+                            await self._give_back()
             except (amqp.ChannelClosedError, amqp.ChannelLevelError, amqp.ConsumerCancelledError) as exc:
-                if not client.conn.is_open and not _recovering(client.conn):
-                    raise
                 self._held = None
                 self._lose(f"leadership channel failed: {exc}")
                 log.warning("scheduler %s: re-joining in %.1fs after %s", self.name, self.retry_delay, exc)
@@ -618,7 +628,9 @@ class Scheduler:
             return
         if info.message_count > 0:
             self._n_duplicates += 1
-            log.info("scheduler %s: dropping a duplicate token (%d more queued)", self.name, info.message_count)
+            log.info(
+                "scheduler %s: dropping a duplicate token (%d more queued)", self.name, info.message_count
+            )
             self._dirty = True  # persist the merged record with the next swap
             try:
                 await msg.ack()
@@ -636,6 +648,14 @@ class Scheduler:
         losses = self._held_losses
         try:
             await self._publish_token(held.channel)
+        except amqp.UnroutableError:
+            # The leadership queue was deleted under us: leave, and re-join (which
+            # re-declares it and creates a token) through the leadership task.
+            log.error("scheduler %s: leadership queue %s is gone; re-joining", self.name, self._queue)
+            self._held = None
+            self._lose("leadership queue deleted")
+            await held.channel.aclose()
+            return
         except AMQPError:
             if self._losses != losses or not held.channel.is_open:
                 return  # leadership is gone with the transport; the listener said so
@@ -648,18 +668,22 @@ class Scheduler:
         try:
             await held.ack()
         except amqp.StaleDeliveryError:
-            pass
+            # Delivered on a transport that died before we saw it die: we did not hold it.
+            self._lose("token was stale")
 
     async def _give_back(self) -> None:
-        """On the way out: requeue the token now (the channel's close would anyway)."""
-        held = self._holding()
-        self._held = None
-        self._lose("scheduler leaving")
-        if held is not None:
-            try:
-                await held.reject(requeue=True)
-            except (AMQPError, amqp.StaleDeliveryError):
-                pass  # gone with its channel: the broker requeued it
+        """On the way out: requeue the token now (the channel's close would anyway), after
+        any swap in progress, so a swap is never cut between its confirm and its ack."""
+        assert self._token_lock is not None
+        async with self._token_lock:
+            held = self._holding()
+            self._held = None
+            self._lose("left the leadership queue")
+            if held is not None:
+                try:
+                    await held.reject(requeue=True)
+                except (AMQPError, amqp.StaleDeliveryError):
+                    pass  # gone with its channel: the broker requeued it
 
     # ------------------------------------------------------------ firing
 
@@ -689,7 +713,13 @@ class Scheduler:
             if held_now is not held or held_now is None:
                 continue
             if fired or self._dirty or anyio.current_time() >= self._refresh_at:
-                await self._swap(held_now)
+                # Shielded: a swap cut between its confirm and its ack would leave a
+                # duplicate token (harmless, but avoidable).  Bounded, not unlimited.
+                assert self._token_lock is not None
+                with anyio.CancelScope(shield=True), anyio.move_on_after(SWAP_TIMEOUT):
+                    async with self._token_lock:
+                        if self._holding() is held_now:
+                            await self._swap(held_now)
                 continue
             now = datetime.now(UTC)
             delay = self._refresh_at - anyio.current_time()
@@ -705,7 +735,10 @@ class Scheduler:
         if last is not None and not late and schedule.next_tick(last) < tick:
             log.warning(
                 "scheduler %s: schedule %s fell behind; firing %s, skipping ticks since %s",
-                self.name, schedule.name, format_timestamp(tick), format_timestamp(last),
+                self.name,
+                schedule.name,
+                format_timestamp(tick),
+                format_timestamp(last),
             )
         error: Exception | None = None
         job_id: str | None = None
@@ -722,10 +755,11 @@ class Scheduler:
             )
             job_id = job.id
         except PushOutcomeUnknownError as exc:
-            log.warning("scheduler %s: outcome of %s unknown (%s); not recorded as fired", self.name, key, exc)
+            log.warning(
+                "scheduler %s: outcome of %s unknown (%s); not recorded as fired", self.name, key, exc
+            )
             if self._holding() is not None:
-                with anyio.move_on_after(self.retry_delay):
-                    await anyio.sleep_forever()
+                await anyio.sleep(self.retry_delay)  # still leader (e.g. publish timeout): pace retries
             return False
         except (PushError, TopologyConflictError) as exc:
             log.error("scheduler %s: the broker refused %s: %s", self.name, key, exc)
@@ -734,20 +768,17 @@ class Scheduler:
             self._fired[schedule.name] = tick
         if error is None:
             self._n_fired += 1
-            log.info("scheduler %s fired %s%s (job %s)", self.name, key, " (missed tick)" if late else "", job_id)
+            log.info(
+                "scheduler %s fired %s%s (job %s)", self.name, key, " (missed tick)" if late else "", job_id
+            )
         else:
             self._n_failed += 1
-        self._emit(Fired(schedule=schedule.name, tick=tick, idempotency_key=key, job_id=job_id, late=late, error=error))
+        self._emit(
+            Fired(
+                schedule=schedule.name, tick=tick, idempotency_key=key, job_id=job_id, late=late, error=error
+            )
+        )
         return True
-
-
-def _recovering(conn: amqp.Connection) -> bool:
-    """True while the connection is down but may come back (recovery on, not closed)."""
-    try:
-        conn._raise_if_closed()
-    except AMQPError:
-        return False
-    return True
 
 
 def _leaves(eg: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
@@ -763,6 +794,3 @@ def _single(eg: BaseExceptionGroup[BaseException]) -> BaseException:
     cancelled = anyio.get_cancelled_exc_class()
     real = [e for e in _leaves(eg) if not isinstance(e, cancelled)]
     return real[0] if len(real) == 1 else eg
-
-
-__all__ += ["CroniterBadCronError", "CroniterError"]

@@ -30,6 +30,7 @@ __all__ = [
     "H_ERROR_MESSAGE",
     "H_IDEMPOTENCY_KEY",
     "H_MAX_ATTEMPTS",
+    "H_ORIGINAL_PRIORITY",
     "H_QUEUE",
     "H_SCHEDULED_AT",
     "H_TAGS",
@@ -57,6 +58,9 @@ H_ERROR_CODE: Final = "x-ojs-error-code"
 H_ERROR_MESSAGE: Final = "x-ojs-error-message"
 #: Our own marker: "this copy carries its death reason; reject it to the DLQ" (see _worker).
 H_DEAD_LETTER: Final = "x-ojs-dead-letter"
+#: On that copy: the AMQP priority the job had before the copy was raised to 9 (absent
+#: priority recorded as 0, which is how RabbitMQ reads it); requeue restores it.
+H_ORIGINAL_PRIORITY: Final = "x-ojs-original-priority"
 
 
 def _tags(job: Job) -> str | None:

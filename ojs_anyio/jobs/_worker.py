@@ -59,6 +59,7 @@ from ._wire import (
     H_ERROR_CODE,
     H_ERROR_MESSAGE,
     H_MAX_ATTEMPTS,
+    H_ORIGINAL_PRIORITY,
     header_int,
     with_headers,
 )
@@ -204,10 +205,11 @@ class Worker:
 
     async def run(self, client: Client) -> None:
         """Consume until cancelled or :meth:`stop`; returns after a graceful stop."""
-        self._stopping = False
-        for queue in self.queues:
-            await client.declare_queue(queue)
+        # Not reset here: a stop() that came before this task got going (a signal during
+        # startup) must still count.  Reset on the way out, so the worker can run again.
         try:
+            for queue in self.queues:
+                await client.declare_queue(queue)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 control_started = anyio.Event()
@@ -229,6 +231,8 @@ class Worker:
         finally:
             # Also when run() fails: a later stop() must not start a task in a dead group.
             self._tg = None
+            self._stopping = False
+            self._ready = anyio.Event()
 
     async def _wait_queues_done(self, started: list[anyio.Event]) -> None:
         await self._queues_done.wait()
@@ -333,7 +337,8 @@ class Worker:
 
     def stop(self) -> None:
         """Graceful stop: take no new jobs; let running ones finish within ``grace_period``;
-        cancel (and leave unacked) what still runs after it."""
+        cancel (and leave unacked) what still runs after it.  Called before :meth:`run` got
+        going, it makes that run return without taking a job."""
         if self._stopping:
             return
         self._stopping = True
@@ -644,6 +649,7 @@ class Worker:
                 H_ERROR_MESSAGE: message[:1000],
                 H_DEAD_LETTER: True,
                 "x-ojs-dead-lettered-at": format_timestamp(datetime.now(UTC)),
+                H_ORIGINAL_PRIORITY: Int32(msg.properties.priority or 0),
             },
         )
         props = _with_priority(props, 9)

@@ -68,3 +68,14 @@ async def drain(ch: amqp.Channel, queue: str) -> list[bytes]:
     while (msg := await ch.get(queue, no_ack=True)) is not None:
         bodies.append(msg.body)
     return bodies
+
+
+async def wait_for_message_count(ch: amqp.Channel, queue: str, count: int, *, timeout: float = 5.0) -> None:
+    """Wait until the broker reports ``count`` ready messages in ``queue``.
+
+    Settling is asynchronous inside RabbitMQ (a requeue can overtake a later passive
+    declare on the same channel), so counts that follow acks or rejects are polled.
+    """
+    with anyio.fail_after(timeout):
+        while (await ch.queue_declare(queue, passive=True)).message_count != count:  # noqa: ASYNC110
+            await anyio.sleep(0.02)

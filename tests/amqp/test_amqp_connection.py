@@ -136,14 +136,6 @@ async def test_default_heartbeat_is_60(amqp_url: str) -> None:
             assert conn.negotiated.frame_max == 131072
 
 
-async def test_connection_name_reaches_the_broker(amqp_url: str) -> None:
-    name = _name()
-    with anyio.fail_after(20):
-        async with amqp.connect(amqp_url, name=name):
-            assert name in await broker_connection_names()
-        await wait_broker_forgets(name)
-
-
 # ---------------------------------------------------------------------- cancellation
 
 

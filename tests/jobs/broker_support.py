@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from harness.broker import rabbitmqctl
@@ -32,6 +32,7 @@ __all__ = [
     "WAIT",
     "Outcomes",
     "bindings_to",
+    "both",
     "consumer_facts",
     "queue_facts",
     "running",
@@ -43,6 +44,9 @@ OJS_VHOST = "/ojs"
 OJS_VHOST_URL = os.environ.get("OJS_AMQP_VHOST_URL", "amqp://guest:guest@127.0.0.1:5672/%2Fojs")
 #: Bound on any single wait in these tests (seconds).
 WAIT = 15.0
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 class Outcomes:
@@ -91,7 +95,8 @@ async def running(
     client: ojs.Client,
     timeout: float = WAIT,
 ) -> AsyncIterator[ojs.Worker]:
-    """Run ``worker`` in the background; on exit ``stop()`` it and wait for ``run()`` to return."""
+    """Run ``worker`` in the background; on exit ``stop()`` it and wait for ``run()`` to return
+    (if the block raised, cancel it instead)."""
     finished = anyio.Event()
 
     async def run() -> None:
@@ -106,6 +111,9 @@ async def running(
             await worker.wait_ready()
         try:
             yield worker
+        except BaseException:
+            tg.cancel_scope.cancel()  # the test failed: don't wait out a graceful stop
+            raise
         finally:
             worker.stop()
             with anyio.move_on_after(worker.grace_period + timeout, shield=True):
@@ -174,3 +182,16 @@ async def bindings_to(*destinations: str, vhost: str = "/") -> dict[str, set[tup
         if row["destination_name"] in out and row["source_name"]:
             out[row["destination_name"]].add((row["source_name"], row["routing_key"]))
     return out
+
+
+async def both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Await two things concurrently (two ``rabbitmqctl`` calls take the time of one)."""
+    results: dict[int, Any] = {}
+
+    async def run(i: int, awaitable: Awaitable[Any]) -> None:
+        results[i] = await awaitable
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, 0, first)
+        tg.start_soon(run, 1, second)
+    return results[0], results[1]

@@ -29,7 +29,10 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
     dead_letters = client.dead_letters(q)
     names = client.names
     async with running(worker, client):
-        jobs = [await client.push("fragile.job", [n], queue=q) for n in range(3)]
+        # Distinct priorities (OJS -10, 0, 10 → AMQP 2, 4, 6): requeue must restore them.
+        jobs = [
+            await client.push("fragile.job", [n], queue=q, priority=p) for n, p in enumerate((-10, 0, 10))
+        ]
         for job in jobs:
             assert (await outcomes.wait_final(job.id)).outcome == "dead_lettered"
         await wait_message_count(raw, names.dlx_queue(q), 3)
@@ -37,8 +40,9 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
     with anyio.fail_after(WAIT):
         # peek: all three, with their reasons, none removed.
         peeked = await dead_letters.peek(limit=10)
-        assert [d.job_id for d in peeked] == [j.id for j in jobs]
-        assert [d.error_message for d in peeked] == [f"dependency down ({n})" for n in range(3)]
+        # (The three died concurrently: their order in the DLQ is not the push order.)
+        assert sorted(d.job_id or "" for d in peeked) == sorted(j.id for j in jobs)
+        assert sorted(d.error_message or "" for d in peeked) == [f"dependency down ({n})" for n in range(3)]
         assert all(d.error_code == "DISCARDED" and d.attempt == 1 for d in peeked)
         assert await dead_letters.count() == 3
         assert len(await dead_letters.peek(limit=2)) == 2
@@ -52,7 +56,9 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
             assert msg is not None
             await msg.reject(requeue=True)
         h = msg.properties.headers or {}
-        assert msg.properties.message_id == jobs[0].id
+        by_id = {j.id: j for j in jobs}
+        assert msg.properties.message_id == peeked[0].job_id  # the head of the DLQ
+        requeued = by_id[msg.properties.message_id]
         assert msg.exchange == names.direct_exchange and msg.routing_key == q
         assert h["x-ojs-attempt"] == 1
         assert not {
@@ -61,8 +67,11 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
             "x-ojs-error-code",
             "x-ojs-error-message",
             "x-ojs-dead-letter",
+            "x-ojs-dead-lettered-at",
         } & set(h)
-        assert ojs.decode_job(msg.body) == jobs[0]
+        # Its own priority, not the dead-letter hop's 9.
+        assert msg.properties.priority == {jobs[0].id: 2, jobs[1].id: 4, jobs[2].id: 6}[requeued.id]
+        assert ojs.decode_job(msg.body) == requeued
 
         # requeue the rest.
         assert await dead_letters.requeue() == 2

@@ -17,7 +17,7 @@ import pytest
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
-from .broker_support import URL, WAIT, Outcomes, bindings_to, queue_facts, running
+from .broker_support import URL, WAIT, Outcomes, bindings_to, both, queue_facts, running
 
 pytestmark = pytest.mark.anyio
 
@@ -72,7 +72,11 @@ async def test_amqp_003_004_030_job_queue_properties_and_exact_arguments(
     names = client.names
     with anyio.fail_after(WAIT):
         await client.declare_queue(q)
-        facts = (await queue_facts(names.job_queue(q), names.dlx_queue(q)))[names.job_queue(q)]
+        all_facts, bindings = await both(
+            queue_facts(names.job_queue(q), names.dlx_queue(q)),
+            bindings_to(names.job_queue(q), names.dlx_queue(q)),
+        )
+    facts = all_facts[names.job_queue(q)]
     assert facts["durable"] is True
     assert facts["auto_delete"] is False
     assert facts["exclusive"] is False
@@ -90,8 +94,7 @@ async def test_amqp_003_004_030_job_queue_properties_and_exact_arguments(
                 arguments=default_args(q),
             )
             assert info.message_count == 0
-        # ... and its binding: ojs.exchange.direct, routing key = queue name (001 §4.2).
-        bindings = await bindings_to(names.job_queue(q), names.dlx_queue(q))
+    # ... and its binding: ojs.exchange.direct, routing key = queue name (001 §4.2).
     assert bindings == {names.job_queue(q): {(DIRECT, q)}, names.dlx_queue(q): {(DLX, q)}}
 
     # Any other argument set: 406.
@@ -197,8 +200,11 @@ async def test_amqp_031_names_with_tenant_prefix(raw: amqp.Connection, new_queue
         final = await outcomes.wait_final(job.id)
         assert final.outcome == "dead_lettered"
         with anyio.fail_after(WAIT):
-            facts = await queue_facts(
-                names.job_queue(q), names.dlx_queue(q), names.retry_queue(q, 100), f"ojs.queue.{q}"
+            facts, bindings = await both(
+                queue_facts(
+                    names.job_queue(q), names.dlx_queue(q), names.retry_queue(q, 100), f"ojs.queue.{q}"
+                ),
+                bindings_to(names.job_queue(q), names.dlx_queue(q), names.retry_queue(q, 100)),
             )
             assert set(facts) == {
                 f"tenant1.ojs.queue.{q}",
@@ -215,7 +221,6 @@ async def test_amqp_031_names_with_tenant_prefix(raw: amqp.Connection, new_queue
                 "x-dead-letter-routing-key": q,
                 "x-message-ttl": 100,
             }
-            bindings = await bindings_to(names.job_queue(q), names.dlx_queue(q), names.retry_queue(q, 100))
             assert bindings == {
                 names.job_queue(q): {("tenant1.ojs.exchange.direct", q)},
                 names.dlx_queue(q): {("tenant1.ojs.exchange.dlx", q)},

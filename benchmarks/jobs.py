@@ -1,0 +1,888 @@
+"""Job-system throughput: ojs-anyio against Celery, Dramatiq, taskiq-aio-pika and FastStream.
+
+Every system runs on the same RabbitMQ broker with the same workload: N no-op jobs
+(default 20,000; ``--n``) whose arguments are two short strings (``"a"``, ``"b"``).
+Everything is reported in jobs per second.
+
+Workloads
+=========
+
+**Enqueue** (time from the first to the last enqueue call returning; connecting and
+declaring the queue happen before the clock starts):
+
+* ours, ``push_batch``: ``client.build()`` N jobs and one ``client.push_batch()`` (publisher
+  confirms, pipelined; building the jobs is inside the timed region);
+* ours, ``push`` x100: 100 tasks in a task group, each awaiting ``client.push()`` N/100
+  times in a row (each push waits for its broker confirm);
+* peers, each with its idiomatic enqueue call:
+
+  - Celery ``task.delay("a", "b")`` and Dramatiq ``actor.send("a", "b")``: synchronous
+    APIs, so one loop of N calls on one thread.  At their defaults neither waits for a
+    publisher confirm (ours always does);
+  - taskiq ``task.kiq("a", "b")`` and FastStream ``broker.publish({"a": .., "b": ..})``:
+    asyncio APIs, so the same shape as ours, 100 tasks each enqueueing N/100 in a row
+    (both wait for publisher confirms at their defaults, through aio-pika).
+
+  For the synchronous peers the first call (which opens the connection and declares the
+  queue) is outside the clock and the rate is (N-1)/t.
+
+**Worker** (concurrency 1, 10 and 100): the queue is pre-loaded with N jobs by the enqueue
+run before it (and checked to hold N), then a worker is started on it.  The clock runs
+from the *first* job's completion to the *N-th* job's completion, so start-up (imports,
+forking a pool, declaring topology, registering consumers) is excluded for everyone, and
+the rate is (N-1)/t.  Ours runs in this process (a ``Worker.add_listener`` callback
+counts completed outcomes, which are reported after the ack); each peer runs in a
+subprocess of this script (``--child``) and its task appends an 8-byte timestamp to a
+shared file (``O_APPEND``, one ``write`` per job, a few microseconds) which this process
+watches until it holds N stamps.  Concurrency maps to:
+
+* ours: ``Worker(concurrency=c)`` (one process; ``Basic.Qos(prefetch=c)``; c tasks);
+* ``celery/prefork``: ``celery worker -P prefork -c c`` (c child processes, Celery's
+  default pool; it may use both cores) and ``celery/threads``: ``-P threads -c c`` (one
+  process); ``--without-gossip --without-mingle --without-heartbeat``, remote control
+  off, log level WARNING, otherwise defaults (prefetch multiplier 4, acks before the
+  task runs);
+* ``dramatiq``: one process, ``dramatiq.Worker(broker, worker_threads=c)`` (= ``dramatiq
+  --processes 1 --threads c``; prefetch 2c), default middleware;
+* ``taskiq-aio-pika``: one process, ``taskiq.api.run_receiver_task(max_async_tasks=c)``
+  (= ``taskiq worker --workers 1 --max-async-tasks c``), broker ``qos=max(10, c)``;
+* ``faststream``: one process, one subscriber on a channel with ``prefetch_count=c``
+  (aio-pika runs one task per delivery, so prefetch is FastStream's concurrency bound),
+  service logging off (``logger=None``; its default logs two lines per message).
+
+Parity: every queue is a durable classic queue and every message persistent.  That is
+each peer's default except taskiq-aio-pika (quorum queues by default: set to classic) and
+FastStream (non-durable queue, transient messages by default: set to durable and
+``persist=True``).  Every system runs under its defaults otherwise.  All handlers are
+no-ops apart from the timestamp; ours (``async def noop(ctx, a, b)``) does nothing.
+
+Rounds: round k runs, for every system in turn, one enqueue of N into a fresh queue and
+then the worker at the k-th concurrency (1, 10, 100) draining it; ours alternates
+``push_batch`` (rounds 1 and 3) and ``push`` x100 (round 2).  Interleaving the systems
+makes drift in the machine's load hit them alike.  An enqueue rate is the best of the
+rounds that measured it (``--repeat R`` runs everything R times, best reported).  Each
+run's queue (with the peer's side queues and exchanges) is deleted afterwards.  Ours
+runs on asyncio and on Trio (extra columns); the comparison takes our best backend.
+
+Targets (printed as PASS/MISS, never asserted): ours ≥ 5x the best peer, per scenario.
+Enqueue scenarios compare each of our push styles with the best peer enqueue; worker
+scenarios compare the same concurrency.
+
+Peers
+=====
+
+``pip install -e '.[bench-peers]'`` (celery, dramatiq[rabbitmq], taskiq-aio-pika,
+faststream[rabbit]).  All four install into our environment without downgrading anything
+(taskiq-aio-pika and FastStream come through aio-pika 9+/aiormq 7, which use pamqp 4 like
+us).  A peer that isn't importable is reported "not installed".  ``--peer-python PATH``
+runs the peer subprocesses with another interpreter (e.g. a separate venv, should a peer
+ever need a conflicting pamqp).
+
+Usage::
+
+    python3 benchmarks/jobs.py [--n 20000] [--smoke] [--json] [--url amqp://...]
+                               [--peers all|none|celery,dramatiq,taskiq,faststream]
+                               [--backends asyncio,trio] [--concurrency 1,10,100]
+
+``--smoke``: N=200, ours only (unless ``--peers`` is given), a few seconds.  Exit status
+is 1 only when one of our own scenarios failed to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import anyio
+
+import ojs_anyio as ojs
+from ojs_anyio import amqp
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+TARGET = 5.0
+ARGS = ("a", "b")
+PUSH_TASKS = 100
+CONCURRENCIES = (1, 10, 100)
+STAMP_ENV = "OJS_BENCH_STAMPS"
+_STAMP = struct.Struct("<d")
+
+#: peer name -> (module to import, pip requirement)
+PEER_MODULES = {
+    "celery": ("celery", "celery"),
+    "dramatiq": ("dramatiq", "dramatiq[rabbitmq]"),
+    "taskiq": ("taskiq_aio_pika", "taskiq-aio-pika"),
+    "faststream": ("faststream.rabbit", "faststream[rabbit]"),
+}
+#: report rows: (row name, peer, worker variant)
+PEER_ROWS = (
+    ("celery/prefork", "celery", "prefork"),
+    ("celery/threads", "celery", "threads"),
+    ("dramatiq", "dramatiq", ""),
+    ("taskiq-aio-pika", "taskiq", ""),
+    ("faststream", "faststream", ""),
+)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# =====================================================================================
+# the timestamp file shared by a peer's worker processes
+
+
+_stamp_fd: tuple[int, int] | None = None  # (pid, fd): re-opened after a fork
+
+
+def stamp() -> None:
+    """Append this job's completion time (8 bytes, one atomic O_APPEND write)."""
+    global _stamp_fd
+    pid = os.getpid()
+    st = _stamp_fd
+    if st is None or st[0] != pid:
+        st = _stamp_fd = (pid, os.open(os.environ[STAMP_ENV], os.O_WRONLY | os.O_APPEND))
+    os.write(st[1], _STAMP.pack(time.time()))
+
+
+def read_stamps(path: str) -> list[float]:
+    with open(path, "rb") as f:
+        data = f.read()
+    return [v for (v,) in _STAMP.iter_unpack(data[: len(data) // 8 * 8])]
+
+
+# =====================================================================================
+# broker housekeeping (our own AMQP client)
+
+
+async def _delete(url: str, queues: list[str], exchanges: list[str]) -> None:
+    async with amqp.connect(url) as conn:
+        for name in queues:
+            with contextlib.suppress(amqp.AMQPError):
+                async with conn.channel(confirms=False) as ch:
+                    await ch.queue_delete(name)
+        for name in exchanges:
+            with contextlib.suppress(amqp.AMQPError):
+                async with conn.channel(confirms=False) as ch:
+                    await ch.exchange_delete(name)
+
+
+def delete_entities(url: str, queues: Sequence[str], exchanges: Sequence[str] = ()) -> None:
+    try:
+        anyio.run(_delete, url, list(queues), list(exchanges))
+    except Exception as exc:
+        log(f"  (cleanup of {queues} failed: {exc})")
+
+
+async def _message_count(url: str, queue: str) -> int | None:
+    async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
+        try:
+            info = await ch.queue_declare(queue, passive=True)
+        except amqp.AMQPError:
+            return None
+        return int(info.message_count)
+
+
+def wait_for_count(url: str, queue: str, n: int, timeout: float = 30.0) -> int | None:
+    """Poll until ``queue`` holds ``n`` messages (or the timeout); return the last count."""
+    deadline = time.monotonic() + timeout
+    count: int | None = None
+    while True:
+        count = anyio.run(_message_count, url, queue)
+        if count == n or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+# =====================================================================================
+# ours
+
+
+@dataclass
+class Rates:
+    values: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def best(self, key: str, value: float | None) -> None:
+        if value is not None and value > self.values.get(key, 0.0):
+            self.values[key] = value
+
+
+async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
+    """One round: enqueue N with ``style`` (push_batch | push_concurrent), drain with concurrency c."""
+    async with ojs.connect(url) as client:
+        ch = await client.channel()
+        q = f"bench-{uuid.uuid4().hex[:10]}"
+        names = client.names
+        try:
+            await client.declare_queue(q)
+            if style == "push_batch":
+                t0 = time.perf_counter()
+                jobs = [client.build("bench.noop", ARGS, queue=q) for _ in range(n)]
+                results = await client.push_batch(jobs)
+                dt = time.perf_counter() - t0
+                bad = sum(not r.ok for r in results)
+                if bad:
+                    raise RuntimeError(f"push_batch: {bad} of {n} jobs failed")
+            else:
+
+                async def pusher(count: int) -> None:
+                    for _ in range(count):
+                        await client.push("bench.noop", ARGS, queue=q)
+
+                t0 = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for count in _split(n):
+                        tg.start_soon(pusher, count)
+                dt = time.perf_counter() - t0
+            out.best(style, n / dt)
+            info = await ch.queue_declare(names.job_queue(q), passive=True)
+            if info.message_count != n:
+                raise RuntimeError(f"queue holds {info.message_count} jobs, expected {n}")
+            out.best(f"worker_c{c}", await _ours_worker(client, q, n, c))
+        finally:
+            for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q)):
+                with contextlib.suppress(amqp.AMQPError):
+                    await ch.queue_delete(name)
+
+
+async def _ours_worker(client: ojs.Client, q: str, n: int, concurrency: int) -> float:
+    worker = ojs.Worker(queues=[q], concurrency=concurrency, heartbeat_interval=3600.0)
+
+    @worker.handler("bench.noop")
+    async def noop(ctx: ojs.JobContext, a: str, b: str) -> None:
+        pass
+
+    done = anyio.Event()
+    seen = {"count": 0, "first": 0.0, "last": 0.0, "other": 0}
+
+    def on_outcome(outcome: ojs.JobOutcome) -> None:
+        now = time.perf_counter()
+        if outcome.outcome != "completed":
+            seen["other"] += 1
+        seen["count"] += 1
+        if seen["count"] == 1:
+            seen["first"] = now
+        if seen["count"] == n:
+            seen["last"] = now
+            done.set()
+
+    worker.add_listener(on_outcome)
+    timeout = max(60.0, n / 50)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker.run, client)
+        with anyio.move_on_after(timeout):
+            await done.wait()
+        worker.stop()
+    if not done.is_set():
+        raise RuntimeError(f"worker c={concurrency}: {seen['count']} of {n} jobs done after {timeout:.0f}s")
+    if seen["other"]:
+        raise RuntimeError(f"worker c={concurrency}: {seen['other']} jobs did not complete")
+    return (n - 1) / (seen["last"] - seen["first"]) if n > 1 else math.nan
+
+
+def run_ours(url: str, n: int, backend: str, c: int, style: str, out: Rates) -> None:
+    anyio.run(_ours_round, url, n, c, style, out, backend=backend)
+
+
+async def _profile_ours(url: str, n: int, c: int, prof: Any, phase: str) -> None:
+    async with ojs.connect(url) as client:
+        q = f"bench-{uuid.uuid4().hex[:10]}"
+        names = client.names
+        ch = await client.channel()
+        try:
+            await client.declare_queue(q)
+            if phase == "push_batch":
+                prof.enable()
+            results = await client.push_batch([client.build("bench.noop", ARGS, queue=q) for _ in range(n)])
+            if phase == "push_batch":
+                prof.disable()
+            assert all(r.ok for r in results)
+            if phase == "worker":
+                prof.enable()
+                await _ours_worker(client, q, n, c)
+                prof.disable()
+        finally:
+            for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q)):
+                with contextlib.suppress(amqp.AMQPError):
+                    await ch.queue_delete(name)
+
+
+def profile_ours(url: str, n: int, c: int, backend: str, top: int = 35) -> None:
+    """cProfile our push_batch and our worker draining N at concurrency c: top functions by
+    own time, then own time summed per file."""
+    import cProfile
+    import pstats
+
+    for phase in ("push_batch", "worker"):
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        anyio.run(_profile_ours, url, n, c, prof, phase, backend=backend)
+        wall = time.perf_counter() - t0
+        entries = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        total = sum(v[2] for v in entries.values()) or 1e-9
+        label = phase if phase == "push_batch" else f"worker c={c}"
+        print(f"\n== cProfile ojs-anyio/{backend}, {label}, N={n}: profiled {total:.2f}s "
+              f"(this phase's run took {wall:.1f}s with setup) ==")  # fmt: skip
+        print(f"{'own%':>6} {'cum%':>6} {'calls':>9}  function")
+        rows = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+        for (filename, line, func), (_cc, nc, tt, ct, _callers) in rows:
+            where = f"{_short(filename)}:{line}:{func}"
+            print(f"{100 * tt / total:6.1f} {100 * ct / total:6.1f} {nc:9d}  {where}")
+        per_file: dict[str, float] = {}
+        for (filename, _line, _func), (_cc, _nc, tt, _ct, _callers) in entries.items():
+            key = _short(filename)
+            per_file[key] = per_file.get(key, 0.0) + tt
+        print("-- own time per file --")
+        for key, tt in sorted(per_file.items(), key=lambda kv: kv[1], reverse=True)[:20]:
+            print(f"{100 * tt / total:6.1f}  {key}")
+
+
+def _short(filename: str) -> str:
+    for marker in ("/ojs_anyio/", "/codec/", "/anyio/", "/asyncio/", "/trio/", "/pamqp/", "/msgspec/"):
+        i = filename.rfind(marker)
+        if i >= 0:
+            return filename[i + 1 :]
+    return os.path.basename(filename) if filename.startswith("/") else filename
+
+
+# =====================================================================================
+# peers: parent side
+
+
+@dataclass
+class PeerRun:
+    queue: str
+    queues: list[str]
+    exchanges: list[str]
+
+
+def peer_entities(peer: str, q: str) -> PeerRun:
+    if peer == "celery":
+        return PeerRun(q, [q], [q])
+    if peer == "dramatiq":
+        return PeerRun(q, [q, f"{q}.DQ", f"{q}.XQ"], [])
+    if peer == "taskiq":
+        return PeerRun(q, [q, f"{q}.dlq"], [f"{q}.x"])
+    return PeerRun(q, [q], [])
+
+
+def peer_available(peer: str, python: str) -> bool:
+    module = PEER_MODULES[peer][0]
+    if python == sys.executable:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            return False
+    probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def _child_cmd(python: str, url: str, peer: str, role: str, q: str, n: int, c: int, pool: str) -> list[str]:
+    return [
+        python, os.path.abspath(__file__), "--child", peer, "--role", role, "--queue", q,
+        "--n", str(n), "--c", str(c), "--pool", pool or "-", "--url", url,
+    ]  # fmt: skip
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """End the child we started and its own children (its process group), SIGTERM then SIGKILL."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # pool children that outlived their parent
+
+
+def peer_enqueue(python: str, url: str, peer: str, q: str, n: int) -> float:
+    timeout = max(60.0, n / 50)
+    proc = subprocess.run(
+        _child_cmd(python, url, peer, "enqueue", q, n, 0, ""),
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+        start_new_session=True,
+    )
+    lines = proc.stdout.decode(errors="replace").strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"enqueue child failed ({proc.returncode}): {_tail(proc.stderr)}")
+    result = json.loads(lines[-1])
+    return float(result["rate"])
+
+
+def peer_worker(python: str, url: str, peer: str, pool: str, q: str, n: int, c: int) -> float:
+    fd, path = tempfile.mkstemp(prefix="ojs-bench-stamps-")
+    os.close(fd)
+    env = dict(os.environ, **{STAMP_ENV: path})
+    err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
+    proc = subprocess.Popen(
+        _child_cmd(python, url, peer, "worker", q, n, c, pool),
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        env=env,
+        start_new_session=True,
+    )
+    timeout = max(60.0, n / 50)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            have = os.stat(path).st_size // 8
+            if have >= n:
+                break
+            if proc.poll() is not None:
+                err.seek(0)
+                why = _tail(err.read())
+                raise RuntimeError(f"worker child exited ({proc.returncode}) after {have} jobs: {why}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timeout: {have} of {n} jobs done after {timeout:.0f}s")
+            time.sleep(0.02)
+        stamps = sorted(read_stamps(path))[:n]
+    finally:
+        _kill_group(proc)
+        err.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    span = stamps[-1] - stamps[0]
+    return (n - 1) / span if n > 1 and span > 0 else math.nan
+
+
+def _tail(data: bytes, limit: int = 600) -> str:
+    text = data.decode(errors="replace").strip()
+    return text[-limit:].replace("\n", " | ")
+
+
+def run_peer(python: str, url: str, row: str, peer: str, pool: str, n: int, c: int, out: Rates) -> None:
+    """One round: the peer's enqueue of N into a fresh queue, then its worker at concurrency c."""
+    q = f"bench.{peer}.{uuid.uuid4().hex[:10]}"
+    ent = peer_entities(peer, q)
+    try:
+        try:
+            rate = peer_enqueue(python, url, peer, q, n)
+            out.best("enqueue", rate)
+            log(f"  {row}: enqueue {rate:,.0f} jobs/s")
+        except Exception as exc:
+            out.notes["enqueue"] = f"error: {exc}"
+            log(f"  {row}: enqueue failed: {exc}")
+            return
+        count = wait_for_count(url, q, n)
+        if count != n:
+            out.notes[f"worker_c{c}"] = f"error: queue holds {count} messages, expected {n}"
+            return
+        try:
+            rate = peer_worker(python, url, peer, pool, q, n, c)
+            out.best(f"worker_c{c}", rate)
+            log(f"  {row}: worker c={c}: {rate:,.0f} jobs/s")
+        except Exception as exc:
+            out.notes[f"worker_c{c}"] = f"error: {exc}"
+            log(f"  {row}: worker c={c} failed: {exc}")
+    finally:
+        delete_entities(url, ent.queues, ent.exchanges)
+
+
+# =====================================================================================
+# peers: child side (runs in a subprocess: ``--child PEER --role enqueue|worker``)
+
+
+def _split(n: int) -> list[int]:
+    return [n // PUSH_TASKS + (1 if k < n % PUSH_TASKS else 0) for k in range(PUSH_TASKS)]
+
+
+def _emit(rate: float) -> None:
+    print(json.dumps({"rate": rate}), flush=True)
+
+
+def _wait_forever() -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+
+
+def child_celery(url: str, role: str, q: str, n: int, c: int, pool: str) -> None:
+    import logging
+
+    from celery import Celery
+
+    logging.basicConfig(level=logging.WARNING)
+    app = Celery("bench", broker=url)
+    app.conf.update(
+        task_default_queue=q,
+        task_ignore_result=True,
+        worker_enable_remote_control=False,
+        worker_send_task_events=False,
+        broker_connection_retry_on_startup=True,
+    )
+
+    @app.task(name="bench.noop")
+    def noop(a: str, b: str) -> None:
+        stamp()
+
+    if role == "enqueue":
+        noop.delay(*ARGS)  # connects and declares the queue: not timed
+        t0 = time.perf_counter()
+        for _ in range(n - 1):
+            noop.delay(*ARGS)
+        dt = time.perf_counter() - t0
+        app.close()  # release the producer's connection cleanly (not timed)
+        _emit((n - 1) / dt)
+        return
+    app.worker_main(
+        ["worker", "-P", pool, "-c", str(c), "-Q", q, "-l", "WARNING",
+         "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    )  # fmt: skip
+
+
+def child_dramatiq(url: str, role: str, q: str, n: int, c: int) -> None:
+    import dramatiq
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    broker = RabbitmqBroker(url=url)
+    dramatiq.set_broker(broker)
+
+    @dramatiq.actor(queue_name=q, actor_name="bench_noop", broker=broker)
+    def noop(a: str, b: str) -> None:
+        stamp()
+
+    if role == "enqueue":
+        noop.send(*ARGS)
+        t0 = time.perf_counter()
+        for _ in range(n - 1):
+            noop.send(*ARGS)
+        dt = time.perf_counter() - t0
+        broker.close()
+        _emit((n - 1) / dt)
+        return
+    worker = dramatiq.Worker(broker, worker_threads=c)
+    worker.start()
+    try:
+        _wait_forever()
+    finally:
+        worker.stop()
+
+
+def child_taskiq(url: str, role: str, q: str, n: int, c: int) -> None:
+    import asyncio
+
+    from taskiq.api import run_receiver_task
+    from taskiq_aio_pika import AioPikaBroker, Exchange, Queue, QueueType
+
+    broker = AioPikaBroker(
+        url,
+        qos=max(10, c),
+        exchange=Exchange(name=f"{q}.x"),
+        task_queues=[Queue(name=q, type=QueueType.CLASSIC)],
+        dead_letter_queue=Queue(name=f"{q}.dlq", type=QueueType.CLASSIC),
+    )
+
+    @broker.task(task_name="bench.noop")
+    async def noop(a: str, b: str) -> None:
+        stamp()
+
+    async def enqueue() -> None:
+        await broker.startup()
+
+        async def pusher(count: int) -> None:
+            for _ in range(count):
+                await noop.kiq(*ARGS)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(pusher(k) for k in _split(n)))
+        dt = time.perf_counter() - t0
+        await broker.shutdown()
+        _emit(n / dt)
+
+    async def work() -> None:
+        await run_receiver_task(broker, max_async_tasks=c, run_startup=True)
+
+    asyncio.run(enqueue() if role == "enqueue" else work())
+
+
+def child_faststream(url: str, role: str, q: str, n: int, c: int) -> None:
+    import asyncio
+
+    from faststream.rabbit import RabbitBroker, RabbitQueue
+    from faststream.rabbit.schemas import Channel
+
+    queue = RabbitQueue(q, durable=True)
+
+    async def enqueue() -> None:
+        broker = RabbitBroker(url, logger=None)
+        async with broker:
+            await broker.connect()
+            await broker.declare_queue(queue)
+
+            async def pusher(count: int) -> None:
+                for _ in range(count):
+                    await broker.publish({"a": ARGS[0], "b": ARGS[1]}, queue=queue, persist=True)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(pusher(k) for k in _split(n)))
+            dt = time.perf_counter() - t0
+        _emit(n / dt)
+
+    async def work() -> None:
+        broker = RabbitBroker(url, logger=None, default_channel=Channel(prefetch_count=c))
+
+        @broker.subscriber(queue)
+        async def noop(a: str, b: str) -> None:
+            stamp()
+
+        async with broker:
+            await broker.start()
+            await asyncio.Event().wait()
+
+    asyncio.run(enqueue() if role == "enqueue" else work())
+
+
+def child_main(args: argparse.Namespace) -> int:
+    peer, role, q, n, c = args.child, args.role, args.queue, args.n, args.c
+    if role == "worker":
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if peer == "celery":
+        child_celery(args.url, role, q, n, c, args.pool)
+    elif peer == "dramatiq":
+        child_dramatiq(args.url, role, q, n, c)
+    elif peer == "taskiq":
+        child_taskiq(args.url, role, q, n, c)
+    elif peer == "faststream":
+        child_faststream(args.url, role, q, n, c)
+    else:
+        raise SystemExit(f"unknown peer {peer!r}")
+    return 0
+
+
+# =====================================================================================
+# report
+
+SCENARIOS = (
+    ("push_batch", "enqueue: ours push_batch"),
+    ("push_concurrent", f"enqueue: ours push x{PUSH_TASKS} tasks"),
+    ("enqueue", "enqueue: peer idiomatic"),
+)
+
+
+def compare(
+    ours: dict[str, Rates], peers: dict[str, Rates | str], concurrencies: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    def best_ours(key: str) -> tuple[float | None, str | None]:
+        cands = [(r.values[key], b) for b, r in ours.items() if key in r.values]
+        return max(cands) if cands else (None, None)
+
+    def best_peer(key: str) -> tuple[float | None, str | None]:
+        cands = [
+            (r.values[key], name) for name, r in peers.items() if isinstance(r, Rates) and key in r.values
+        ]
+        return max(cands) if cands else (None, None)
+
+    rows = []
+    pairs = [("push_batch", "enqueue"), ("push_concurrent", "enqueue")]
+    pairs += [(f"worker_c{c}", f"worker_c{c}") for c in concurrencies]
+    for ours_key, peer_key in pairs:
+        o, ob = best_ours(ours_key)
+        p, pb = best_peer(peer_key)
+        ratio = o / p if o is not None and p else None
+        rows.append(
+            {
+                "scenario": ours_key,
+                "ours": o,
+                "ours_backend": ob,
+                "best_peer": pb,
+                "peer": p,
+                "ratio": ratio,
+                "target": TARGET,
+                "verdict": None if ratio is None else ("PASS" if ratio >= TARGET else "MISS"),
+            }
+        )
+    return rows
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None or math.isnan(v) else f"{v:,.0f}"
+
+
+def print_report(
+    args: argparse.Namespace,
+    n: int,
+    ours: dict[str, Rates],
+    peers: dict[str, Rates | str],
+    comparison: list[dict[str, Any]],
+    concurrencies: tuple[int, ...],
+    elapsed: float,
+) -> None:
+    ran = [name for name, r in peers.items() if isinstance(r, Rates)]
+    cols = [f"ojs/{b}" for b in ours] + ran
+    width = max(12, *(len(c) + 2 for c in cols))
+    keys = [(k, label) for k, label in SCENARIOS]
+    keys += [(f"worker_c{c}", f"worker concurrency={c}") for c in concurrencies]
+    print(f"ojs-anyio job throughput in jobs/s: N={n:,} no-op jobs, args {list(ARGS)}, {_host(args.url)}")
+    print(
+        f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs;"
+        f" the run took {elapsed:.0f}s"
+    )
+    print()
+    print(f"{'scenario':<34}" + "".join(f"{c:>{width}}" for c in cols))
+    for key, label in keys:
+        cells = []
+        for b in ours:
+            cells.append(_fmt(ours[b].values.get(key)))
+        for name in ran:
+            r = peers[name]
+            assert isinstance(r, Rates)
+            cells.append(_fmt(r.values.get(key)))
+        print(f"{label:<34}" + "".join(f"{c:>{width}}" for c in cells))
+    for name, r in peers.items():
+        if isinstance(r, str):
+            print(f"  {name}: {r}")
+        else:
+            for key, note in r.notes.items():
+                print(f"  {name} {key}: {note}")
+    for b, r in ours.items():
+        for key, note in r.notes.items():
+            print(f"  ojs/{b} {key}: {note}")
+    print()
+    print(f"ours (best backend) ÷ best peer, target ≥ {TARGET:g}x:")
+    for row in comparison:
+        if row["ours"] is None:
+            line = "ours did not run"
+        elif row["peer"] is None:
+            line = f"{_fmt(row['ours'])} ({row['ours_backend']}); no peer result"
+        else:
+            line = (
+                f"{_fmt(row['ours'])} ({row['ours_backend']}) ÷ {_fmt(row['peer'])} ({row['best_peer']})"
+                f" = {row['ratio']:.2f}x  {row['verdict']}"
+            )
+        print(f"  {row['scenario']:<18} {line}")
+
+
+def _host(url: str) -> str:
+    return url.rsplit("@", 1)[-1]
+
+
+# =====================================================================================
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=None, help="jobs per scenario (default 20000; 200 with --smoke)")
+    ap.add_argument("--url", default=os.environ.get("OJS_AMQP_URL", DEFAULT_URL))
+    ap.add_argument("--smoke", action="store_true", help="tiny N, ours only unless --peers is given")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--peers", default=None, help="all | none | comma list of " + ",".join(PEER_MODULES))
+    ap.add_argument("--backends", default="asyncio,trio", help="our backends (asyncio,trio)")
+    ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)), help="worker concurrencies")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds; the best of each is reported (default 1)")
+    ap.add_argument("--profile", choices=["asyncio", "trio"], help="cProfile our push_batch and worker; exit")
+    ap.add_argument("--profile-concurrency", type=int, default=10, help="worker concurrency for --profile")
+    ap.add_argument("--peer-python", default=sys.executable, help="interpreter for the peer subprocesses")
+    # child mode (internal)
+    ap.add_argument("--child", choices=list(PEER_MODULES), help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["enqueue", "worker"], help=argparse.SUPPRESS)
+    ap.add_argument("--queue", help=argparse.SUPPRESS)
+    ap.add_argument("--c", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--pool", default="-", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child:
+        return child_main(args)
+
+    n = args.n or (200 if args.smoke else 20_000)
+    if n < 2:
+        ap.error("--n must be at least 2")
+    if args.profile:
+        profile_ours(args.url, n, args.profile_concurrency, args.profile)
+        return 0
+    concurrencies = tuple(int(c) for c in args.concurrency.split(",") if c)
+    backends = [b for b in args.backends.split(",") if b]
+    peers_arg = args.peers or ("none" if args.smoke else "all")
+    wanted = [] if peers_arg == "none" else list(PEER_MODULES) if peers_arg == "all" else peers_arg.split(",")
+    for p in wanted:
+        if p not in PEER_MODULES:
+            ap.error(f"unknown peer {p!r}")
+
+    started = time.monotonic()
+    failed = False
+    ours: dict[str, Rates] = {b: Rates() for b in backends}
+    peers: dict[str, Rates | str] = {}
+    for row, peer, _pool in PEER_ROWS:
+        if peer not in wanted:
+            if args.peers is None and args.smoke:
+                peers[row] = "skipped (--smoke; pass --peers to include)"
+        elif not peer_available(peer, args.peer_python):
+            peers[row] = f"not installed (pip install '{PEER_MODULES[peer][1]}')"
+        else:
+            peers[row] = Rates()
+    # Rounds interleave the systems, so drift in the machine's load hits all of them alike.
+    for rnd in range(args.repeat):
+        for i, c in enumerate(concurrencies):
+            style = "push_batch" if i % 2 == 0 else "push_concurrent"
+            for backend in backends:
+                log(f"round {rnd + 1}.{i + 1}: ojs-anyio/{backend}: {style} N={n}, worker c={c}")
+                try:
+                    run_ours(args.url, n, backend, c, style, ours[backend])
+                    log("  " + ", ".join(f"{k} {v:,.0f}" for k, v in ours[backend].values.items()))
+                except Exception as exc:
+                    failed = True
+                    ours[backend].notes[f"{style}/worker_c{c}"] = f"error: {exc!r}"
+                    log(f"  failed: {exc!r}")
+                    traceback.print_exc(file=sys.stderr)
+            for row, peer, pool in PEER_ROWS:
+                rates = peers.get(row)
+                if isinstance(rates, Rates):
+                    log(f"round {rnd + 1}.{i + 1}: {row}: enqueue N={n}, worker c={c}")
+                    run_peer(args.peer_python, args.url, row, peer, pool, n, c, rates)
+
+    comparison = compare(ours, peers, concurrencies)
+    elapsed = time.monotonic() - started
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "benchmark": "jobs",
+                    "n": n,
+                    "args": list(ARGS),
+                    "smoke": args.smoke,
+                    "python": platform.python_version(),
+                    "cpus": os.cpu_count(),
+                    "seconds": round(elapsed, 1),
+                    "ours": {b: {"rates": r.values, "notes": r.notes} for b, r in ours.items()},
+                    "peers": {
+                        name: (
+                            {"rates": r.values, "notes": r.notes} if isinstance(r, Rates) else {"status": r}
+                        )
+                        for name, r in peers.items()
+                    },
+                    "comparison": comparison,
+                    "target": TARGET,
+                }
+            )
+        )
+    else:
+        print_report(args, n, ours, peers, comparison, concurrencies, elapsed)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

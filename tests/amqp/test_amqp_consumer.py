@@ -1,0 +1,292 @@
+"""Consumers: what a delivery carries, settling, the prefetch bound, ends, and isolation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import anyio
+import pytest
+from amqp_helpers import deleted_afterwards, wait_for_message_count, wait_until
+from harness import rabbitmqctl
+
+from ojs_anyio import amqp
+
+pytestmark = pytest.mark.anyio
+
+
+async def _unacked_on_broker(queue: str) -> int:
+    output = await rabbitmqctl("list_queues", "name", "messages_unacknowledged", "--formatter", "json", "-q")
+    rows = {row["name"]: row for row in json.loads(output)}
+    return int(rows[queue]["messages_unacknowledged"])
+
+
+async def test_delivery_fields(amqp_url: str) -> None:
+    props = amqp.BasicProperties(message_id="m-1", headers={"k": "v"}, content_type="text/plain")
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            await ch.queue_bind(queue, "amq.topic", "jobs.#")
+            for i in range(3):
+                await ch.publish(
+                    b"body-%d" % i, exchange="amq.topic", routing_key=f"jobs.{i}", properties=props
+                )
+            async with ch.consume(queue, prefetch=10, consumer_tag="my-tag") as messages:
+                assert messages.consumer_tag == "my-tag" and messages.queue == queue
+                got = [await messages.__anext__() for _ in range(3)]
+                for i, msg in enumerate(got):
+                    assert msg.body == b"body-%d" % i
+                    assert (msg.exchange, msg.routing_key) == ("amq.topic", f"jobs.{i}")
+                    assert msg.redelivered is False
+                    assert msg.consumer_tag == "my-tag"
+                    assert msg.properties.message_id == "m-1"
+                    assert msg.properties.headers == {"k": "v"}
+                    assert msg.properties.content_type == "text/plain"
+                    assert msg.channel is ch
+                    assert not msg.settled
+                assert [m.delivery_tag for m in got] == [1, 2, 3]
+                assert messages.unacked == 3
+                await got[0].nack(requeue=True)
+                again = await messages.__anext__()
+                assert again.body == b"body-0" and again.redelivered and again.delivery_tag == 4
+                for msg in (*got[1:], again):
+                    await msg.ack()
+                assert messages.unacked == 0
+                assert "body=<6 bytes>" in repr(again)
+
+
+async def test_settling_twice_is_caught_locally(amqp_url: str) -> None:
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            await ch.publish(b"once", routing_key=queue)
+            async with ch.consume(queue, prefetch=1) as messages:
+                msg = await messages.__anext__()
+                await msg.ack()
+                assert msg.settled
+                for settle in (msg.ack, msg.nack, msg.reject):
+                    with pytest.raises(amqp.DeliveryAlreadySettledError):
+                        await settle()
+                # Nothing reached the broker: the channel is still open and working.
+                assert ch.is_open
+                await ch.publish(b"next", routing_key=queue)
+                nxt = await messages.__anext__()
+                assert nxt.body == b"next"
+                await nxt.ack()
+            assert ch.is_open
+
+
+async def test_no_ack_deliveries_are_already_settled(amqp_url: str) -> None:
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            await ch.publish(b"auto", routing_key=queue)
+            async with ch.consume(queue, no_ack=True) as messages:
+                msg = await messages.__anext__()
+                assert msg.settled
+                with pytest.raises(amqp.DeliveryAlreadySettledError):
+                    await msg.ack()
+            assert await ch.get(queue) is None  # gone for good
+
+
+async def test_stream_holds_at_most_prefetch(amqp_url: str, unique: Callable[[str], str]) -> None:
+    queue = unique("prefetch")
+    with anyio.fail_after(20):
+        async with (
+            amqp.connect(amqp_url) as conn,
+            conn.channel() as ch,
+            deleted_afterwards(conn, queues=[queue]),
+        ):
+            await ch.queue_declare(queue, arguments={"x-expires": 60000})
+            window = ch.publish_window()
+            for i in range(50):
+                await window.publish(b"%d" % i, routing_key=queue)
+            assert await window.wait_all() == []
+            async with ch.consume(queue, prefetch=5) as messages:
+                stats = messages.statistics()
+                assert stats.max_buffer_size == 5
+                await wait_until(lambda: messages.statistics().current_buffer_used == 5, what="buffer full")
+                assert messages.unacked == 5
+                assert await _unacked_on_broker(queue) == 5
+                assert (await ch.queue_declare(queue, passive=True)).message_count == 45
+                # Reading and acking one lets exactly one more in.
+                first = await messages.__anext__()
+                await first.ack()
+                await wait_until(lambda: messages.statistics().current_buffer_used == 5, what="refilled")
+                assert messages.unacked == 5
+                assert (await ch.queue_declare(queue, passive=True)).message_count == 44
+                assert await _unacked_on_broker(queue) <= 5
+
+
+async def test_queue_deletion_ends_the_stream_with_consumer_cancelled(
+    amqp_url: str, unique: Callable[[str], str]
+) -> None:
+    queue = unique("doomed")
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            await ch.queue_declare(queue, arguments={"x-expires": 60000})
+            await ch.publish(b"one", routing_key=queue)
+            async with ch.consume(queue, prefetch=5) as messages:
+                msg = await messages.__anext__()
+                await msg.ack()
+                async with conn.channel() as other:
+                    await other.queue_delete(queue)
+                with pytest.raises(amqp.ConsumerCancelledError) as info:
+                    await messages.__anext__()
+                assert info.value.consumer_tag == messages.consumer_tag
+                assert info.value.queue == queue
+                with pytest.raises(amqp.ConsumerCancelledError):  # and it stays ended
+                    await messages.__anext__()
+            assert ch.is_open  # only the consumer ended
+            info_q = await ch.queue_declare("", exclusive=True)
+            await ch.publish(b"ok", routing_key=info_q.name)
+
+
+async def test_normal_end_when_our_side_stops_consuming(amqp_url: str) -> None:
+    """Leaving the consume block (or closing the channel) ends iteration without an error."""
+    received: list[bytes] = []
+    ended = anyio.Event()
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            await ch.publish(b"a", routing_key=queue)
+
+            async def iterate(messages: amqp.Consumer) -> None:
+                async for msg in messages:
+                    received.append(msg.body)
+                    await msg.ack()
+                ended.set()
+
+            async with anyio.create_task_group() as tg:
+                async with ch.consume(queue, prefetch=5) as messages:
+                    tg.start_soon(iterate, messages)
+                    await wait_until(lambda: received == [b"a"], what="delivery")
+                await ended.wait()
+
+            ended = anyio.Event()
+            async with anyio.create_task_group() as tg, ch.consume(queue, prefetch=5) as messages:
+                tg.start_soon(iterate, messages)
+                await ch.aclose()
+                await ended.wait()
+
+
+async def test_leaving_the_block_requeues_buffered_messages(amqp_url: str) -> None:
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            for i in range(10):
+                await ch.publish(b"%d" % i, routing_key=queue)
+            async with ch.consume(queue, prefetch=10) as messages:
+                for _ in range(2):
+                    await (await messages.__anext__()).ack()
+                await wait_until(lambda: messages.statistics().current_buffer_used == 8, what="buffered")
+            await wait_for_message_count(ch, queue, 8)
+            # The 8 never handed out are back in the queue, in order, for anyone.
+            rest = []
+            while (msg := await ch.get(queue)) is not None:
+                rest.append(msg.body)
+                await msg.ack()
+            assert rest == [b"%d" % i for i in range(2, 10)]
+
+
+async def test_unacked_handed_out_messages_return_when_the_channel_closes(amqp_url: str) -> None:
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn:
+            async with conn.channel() as ch:
+                queue = (await ch.queue_declare("", exclusive=True)).name
+                await ch.publish(b"taken", routing_key=queue)
+                async with ch.consume(queue, prefetch=1) as messages:
+                    msg = await messages.__anext__()
+            with pytest.raises(amqp.StaleDeliveryError):
+                await msg.ack()
+            async with conn.channel() as ch:
+                await wait_for_message_count(ch, queue, 1)
+                again = await ch.get(queue)
+                assert again is not None and again.body == b"taken" and again.redelivered
+
+
+async def test_slow_consumer_does_not_stall_another_channel(amqp_url: str) -> None:
+    with anyio.fail_after(20):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as slow_ch, conn.channel() as fast_ch:
+            slow_q = (await slow_ch.queue_declare("", exclusive=True)).name
+            fast_q = (await fast_ch.queue_declare("", exclusive=True)).name
+            async with slow_ch.consume(slow_q, prefetch=5) as slow:
+                window = slow_ch.publish_window()
+                for i in range(200):
+                    await window.publish(b"slow-%d" % i, routing_key=slow_q)
+                assert await window.wait_all() == []
+                await wait_until(
+                    lambda: slow.statistics().current_buffer_used == 5, what="slow consumer full"
+                )
+                # The slow consumer reads nothing from here on.
+                window = fast_ch.publish_window()
+                for i in range(500):
+                    await window.publish(b"fast-%d" % i, routing_key=fast_q)
+                assert await window.wait_all() == []
+                async with fast_ch.consume(fast_q, prefetch=20) as fast:
+                    count = 0
+                    async for msg in fast:
+                        assert msg.body == b"fast-%d" % count
+                        await msg.ack()
+                        count += 1
+                        if count == 500:
+                            break
+                assert slow.statistics().current_buffer_used == 5
+                # ...and the slow one still works once it reads.
+                first = await slow.__anext__()
+                assert first.body == b"slow-0"
+                await first.ack()
+
+
+async def test_slow_consumer_does_not_stall_the_same_channel(amqp_url: str) -> None:
+    """Per-consumer prefetch: two consumers on one channel, one never reads."""
+    with anyio.fail_after(20):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            q1 = (await ch.queue_declare("", exclusive=True)).name
+            q2 = (await ch.queue_declare("", exclusive=True)).name
+            for i in range(50):
+                await ch.publish(b"%d" % i, routing_key=q1)
+            async with ch.consume(q1, prefetch=3) as stuck, ch.consume(q2, prefetch=3) as live:
+                await wait_until(lambda: stuck.statistics().current_buffer_used == 3, what="stuck full")
+                for i in range(100):
+                    await ch.publish(b"live-%d" % i, routing_key=q2)
+                    msg = await live.__anext__()
+                    assert msg.body == b"live-%d" % i
+                    await msg.ack()
+
+
+async def test_multiple_consumers_and_exclusive_consumer(amqp_url: str) -> None:
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            async with ch.consume(queue, prefetch=1, exclusive=True) as only:
+                async with conn.channel() as other:
+                    with pytest.raises(amqp.AccessRefused) as info:
+                        async with other.consume(queue):
+                            pass
+                    assert info.value.method_name == "Basic.Consume"
+                await ch.publish(b"x", routing_key=queue)
+                msg = await only.__anext__()
+                await msg.ack()
+            # Two consumers on one queue share its messages round-robin.
+            async with ch.consume(queue, prefetch=1) as c1, ch.consume(queue, prefetch=1) as c2:
+                for i in range(4):
+                    await ch.publish(b"%d" % i, routing_key=queue)
+                got = []
+                for consumer in (c1, c2, c1, c2):
+                    msg = await consumer.__anext__()
+                    got.append(msg.body)
+                    await msg.ack()
+                assert sorted(got) == [b"0", b"1", b"2", b"3"]
+
+
+async def test_consuming_a_missing_queue(amqp_url: str, unique: Callable[[str], str]) -> None:
+    with anyio.fail_after(10):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            with pytest.raises(amqp.NotFound) as info:
+                async with ch.consume(unique("missing")):
+                    pass
+            assert info.value.method_name == "Basic.Consume"
+            with pytest.raises(amqp.UsageError):
+                async with conn.channel() as ch2, ch2.consume("q", prefetch=0):
+                    pass
