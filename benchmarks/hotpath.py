@@ -63,11 +63,11 @@ from urllib.parse import unquote, urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import anyio  # noqa: E402
-from pamqp import commands  # noqa: E402
+import anyio
+from pamqp import commands
 
-import codec  # noqa: E402
-from ojs_anyio import amqp  # noqa: E402
+import codec
+from ojs_anyio import amqp
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 BODY = bytes(range(256))
@@ -142,8 +142,15 @@ class RawConnection:
 
     def __init__(self, url: str) -> None:
         host, port, user, password, vhost = _url_parts(url)
-        self.sock = socket.create_connection((host, port), timeout=SCENARIO_TIMEOUT)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, port), timeout=SCENARIO_TIMEOUT)
+        # Blocking mode (a Python-level timeout would poll before every call and turn
+        # MSG_DONTWAIT reads into waits); the kernel bounds each call instead.
+        sock.settimeout(None)
+        timeval = struct.pack("ll", int(SCENARIO_TIMEOUT), 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
         self.proto = codec.AMQPConnection(
             codec.ConnectionParameters(
                 credentials=codec.Credentials(username=user, password=password),
@@ -245,7 +252,7 @@ class RawConnection:
                     break
                 if ftype == 1:
                     key = unpack_u32(buf, pos + 7)[0]
-                    if key == _BASIC_ACK or key == _BASIC_NACK:
+                    if key in (_BASIC_ACK, _BASIC_NACK):
                         tag, bits = unpack_tag(buf, pos + 11)
                         if key == _BASIC_NACK:
                             state[1] += 1
@@ -510,13 +517,13 @@ def run_pika(url: str, n: int, window: int) -> tuple[float, float]:
             publish(exchange="", routing_key=name, body=BODY)  # raises if nacked/returned
         pub = time.perf_counter() - t0
         ch.basic_qos(prefetch_count=PREFETCH)
-        count = 0
         t0 = time.perf_counter()
-        for method, _props, _body in ch.consume(name, inactivity_timeout=SCENARIO_TIMEOUT):
+        for count, (method, _props, _body) in enumerate(
+            ch.consume(name, inactivity_timeout=SCENARIO_TIMEOUT), 1
+        ):
             if method is None:
                 raise TimeoutError("pika: no delivery within the scenario timeout")
             ch.basic_ack(method.delivery_tag)
-            count += 1
             if count >= n:
                 break
         cons = time.perf_counter() - t0
@@ -756,8 +763,18 @@ def run_memory(url: str, backend: str) -> dict[str, Any]:
             raw.close()
         try:
             proc = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--memory-child", queue, "--n", str(count),
-                 "--backend", backend, "--url", url],
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--memory-child",
+                    queue,
+                    "--n",
+                    str(count),
+                    "--backend",
+                    backend,
+                    "--url",
+                    url,
+                ],
                 capture_output=True,
                 text=True,
                 timeout=SCENARIO_TIMEOUT * 2,
@@ -783,53 +800,46 @@ def run_memory(url: str, backend: str) -> dict[str, Any]:
 # =====================================================================================
 
 
+async def _profiled(prof: cProfile.Profile, url: str, n: int, window: int, workload: str) -> None:
+    """Our two workloads, with the profiler on only around the one asked for."""
+    async with amqp.connect(url) as conn, conn.channel(confirms=True) as ch:
+        info = await ch.queue_declare("", exclusive=True)
+        w = ch.publish_window(max_in_flight=window)
+        if workload == "publish":
+            prof.enable()
+        for _ in range(n):
+            await w.publish(BODY, routing_key=info.name)
+        await w.wait_all()
+        prof.disable()
+        if workload == "consume":
+            prof.enable()
+            count = 0
+            async with ch.consume(info.name, prefetch=PREFETCH) as messages:
+                async for m in messages:
+                    await m.ack()
+                    count += 1
+                    if count >= n:
+                        break
+            prof.disable()
+        await ch.queue_delete(info.name)
+
+
 def profile(url: str, n: int, window: int, backend: str, top: int = 30) -> None:
-    run = _ours_on(backend)
-    for label, wl in (("publish+confirm", 0), ("consume+ack", 1)):
+    for wl, label in WORKLOADS:
         prof = cProfile.Profile()
-        if wl == 0:
-            # Profile only the publish phase: run it alone.
-            async def pub_only() -> None:
-                async with amqp.connect(url) as conn, conn.channel(confirms=True) as ch:
-                    info = await ch.queue_declare("", exclusive=True)
-                    w = ch.publish_window(max_in_flight=window)
-                    prof.enable()
-                    for _ in range(n):
-                        await w.publish(BODY, routing_key=info.name)
-                    await w.wait_all()
-                    prof.disable()
-
-            anyio.run(pub_only, backend=backend)
-        else:
-            async def cons_only() -> None:
-                async with amqp.connect(url) as conn, conn.channel(confirms=True) as ch:
-                    info = await ch.queue_declare("", exclusive=True)
-                    w = ch.publish_window(max_in_flight=window)
-                    for _ in range(n):
-                        await w.publish(BODY, routing_key=info.name)
-                    await w.wait_all()
-                    count = 0
-                    prof.enable()
-                    async with ch.consume(info.name, prefetch=PREFETCH) as messages:
-                        async for m in messages:
-                            await m.ack()
-                            count += 1
-                            if count >= n:
-                                break
-                    prof.disable()
-
-            anyio.run(cons_only, backend=backend)
-        stats = pstats.Stats(prof)
-        entries = stats.stats  # type: ignore[attr-defined]
+        anyio.run(_profiled, prof, url, n, window, wl, backend=backend)
+        entries: dict[tuple[str, int, str], tuple[int, int, float, float, Any]]
+        entries = pstats.Stats(prof).stats  # type: ignore[attr-defined]
         total = sum(v[2] for v in entries.values()) or 1e-9
         rows = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
-        print(f"\n== cProfile, ojs-anyio/{backend}, {label}, N={n}: top {top} by own time "
-              f"(total {total:.3f}s) ==")
+        print(
+            f"\n== cProfile, ojs-anyio/{backend}, {label}, N={n}: top {top} by own time "
+            f"(total {total:.3f}s profiled CPU) =="
+        )
         print(f"{'own%':>6} {'cum%':>6} {'calls':>9}  function")
         for (filename, line, func), (_cc, nc, tt, ct, _callers) in rows:
-            short = _short_path(filename)
-            print(f"{100 * tt / total:6.1f} {100 * ct / total:6.1f} {nc:9d}  {short}:{line}:{func}")
-    del run
+            where = f"{_short_path(filename)}:{line}:{func}"
+            print(f"{100 * tt / total:6.1f} {100 * ct / total:6.1f} {nc:9d}  {where}")
 
 
 def _short_path(filename: str) -> str:
@@ -902,29 +912,30 @@ def print_report(
     for t in rat["targets"]:
         got = "n/a" if t["got"] is None else f"{100 * t['got']:.1f}%"
         wl_label = dict(WORKLOADS)[t["workload"]]
-        print(
-            f"  [{t['status']}] {t['scenario']} {wl_label}: {got} of ceiling (target >= {100 * t['minimum']:.0f}%)"
-        )
+        target = f"target >= {100 * t['minimum']:.0f}%"
+        print(f"  [{t['status']}] {t['scenario']} {wl_label}: {got} of ceiling ({target})")
     if memory is not None:
         print_memory(memory)
 
 
 def print_memory(memory: dict[str, Any]) -> None:
-    print(f"\nmemory: peak RSS (ru_maxrss) of a child consuming with ojs-anyio/{memory['backend']}, prefetch {PREFETCH}:")
+    print(
+        f"\nmemory: peak RSS (ru_maxrss) of a child process consuming with ojs-anyio/{memory['backend']}, "
+        f"prefetch {PREFETCH}:"
+    )
     for count, run in memory["runs"].items():
         print(
             f"  {int(count):>7,} messages: peak {run['maxrss_kb'] / 1024:7.1f} MB "
             f"(before consuming {run['maxrss_before_kb'] / 1024:.1f} MB; {run['rate']:,.0f} msgs/s)"
         )
-    print(
-        f"  [{memory['status']}] difference {memory['diff_mb']:+.1f} MB (target: within {MEMORY_TARGET_MB:.0f} MB)"
-    )
+    target = f"target: within {MEMORY_TARGET_MB:.0f} MB"
+    print(f"  [{memory['status']}] difference {memory['diff_mb']:+.1f} MB ({target})")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--n", type=int, default=None, help="messages per workload (default 20000; 300 with --smoke)")
-    ap.add_argument("--repeat", type=int, default=None, help="rounds, best reported (default 3; 1 with --smoke)")
+    ap.add_argument("--n", type=int, help="messages per workload (default 20000; 300 with --smoke)")
+    ap.add_argument("--repeat", type=int, help="rounds, best reported (default 3; 1 with --smoke)")
     ap.add_argument("--url", default=DEFAULT_URL)
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="our publish_window max_in_flight")
     ap.add_argument("--smoke", action="store_true", help="tiny N, one round, no memory run")

@@ -69,7 +69,7 @@ from ._frames import (
     decode_method,
     encode_method_frame,
 )
-from ._properties import BasicProperties
+from ._properties import EMPTY_PROPERTIES, BasicProperties
 from ._table import encode_table
 
 __all__ = [
@@ -302,8 +302,9 @@ class _Channel:
         self.next_publish_tag = 1
         self.unconfirmed: deque[int] = deque()
         self.early_acked: set[int] = set()
-        #: tag -> (exchange, routing_key) of mandatory publishes not yet confirmed
-        self.mandatory_pending: dict[int, tuple[str, str]] = {}
+        #: tag -> (exchange, routing_key, body, properties) of mandatory publishes not yet
+        #: confirmed: what a Basic.Return is matched against
+        self.mandatory_pending: dict[int, tuple[str, str, bytes, BasicProperties | None]] = {}
         self.returned: dict[int, Returned] = {}
 
 
@@ -530,7 +531,7 @@ class AMQPConnection:
         ch.next_publish_tag = tag + 1
         ch.unconfirmed.append(tag)
         if mandatory:
-            ch.mandatory_pending[tag] = (exchange, routing_key)
+            ch.mandatory_pending[tag] = (exchange, routing_key, body, properties)
         return tag
 
     def ack(self, channel_id: int, delivery_tag: int, multiple: bool = False) -> None:
@@ -840,16 +841,25 @@ class AMQPConnection:
             events.append(returned)
 
     def _match_return(self, ch: _Channel, returned: Returned) -> int:
-        """The earliest unconfirmed mandatory publish to the same exchange and routing key.
+        """The unconfirmed mandatory publish the broker returned.
 
-        RabbitMQ sends Basic.Return before the confirm of the publish it returns, so
-        the returned publish is still unconfirmed and is the earliest such match.
+        RabbitMQ sends Basic.Return before the confirm of the publish it returns, so that
+        publish is still unconfirmed.  Exchange and routing key alone are ambiguous: a
+        headers exchange routes on headers, and a queue may go away between two publishes
+        with the same key while the first still waits for its confirm.  So the earliest
+        candidate with the same body and properties wins, then the earliest with the same
+        body, then the earliest with the same exchange and routing key.
         """
-        key = (returned.exchange, returned.routing_key)
-        for tag, target in ch.mandatory_pending.items():
-            if target == key and tag not in ch.returned:
-                return tag
-        return 0
+        same_key = same_body = 0
+        for tag, (exchange, routing_key, body, properties) in ch.mandatory_pending.items():
+            if exchange != returned.exchange or routing_key != returned.routing_key or tag in ch.returned:
+                continue
+            if body == returned.body:
+                if (properties or EMPTY_PROPERTIES) == returned.properties:
+                    return tag
+                same_body = same_body or tag
+            same_key = same_key or tag
+        return same_body or same_key
 
     def _on_confirm(self, ch: _Channel, tag: int, multiple: bool, ack: bool, events: list[Event]) -> None:
         if not ch.confirm_mode:

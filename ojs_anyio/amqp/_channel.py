@@ -430,6 +430,8 @@ class Channel:
         self._internal = False
         #: While recovery re-opens it, a broker close only resets it (see _on_closed).
         self._recovering = False
+        #: Set while aclose() waits for Close-Ok (and the waiter it waits on).
+        self._close_waiter: _Waiter | None = None
 
     def __repr__(self) -> str:
         return f"<Channel id={self._cid} {'closed' if self._closed else 'open'}>"
@@ -505,10 +507,17 @@ class Channel:
                 with anyio.move_on_after(conn.close_timeout):
                     for consumer in list(self._consumers.values()):
                         await self._cancel_consumer(consumer)
-                    if self._cid and conn._connected.is_set() and not self._closed:
+                    if self._close_waiter is not None:
+                        await self._close_waiter.event.wait()  # another task is closing it
+                    elif self._cid and conn._connected.is_set() and not self._closed:
                         conn._proto.close_channel(self._cid)
-                        waiter = _Waiter()
-                        self._waiter = waiter
+                        # The codec drops replies once Close is out: fail the call waiting
+                        # for one (calls queued behind it see _close_waiter and fail too).
+                        waiter = self._close_waiter = _Waiter()
+                        interrupted, self._waiter = self._waiter, waiter
+                        if interrupted is not None:
+                            interrupted.error = ChannelClosedError("channel closed before the broker replied")
+                            interrupted.event.set()
                         await conn._flush()
                         await waiter.event.wait()
             except AMQPError:
@@ -831,6 +840,8 @@ class Channel:
             await self._waiter.event.wait()
             if self._closed:
                 raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
+        if self._close_waiter is not None:
+            raise ChannelClosedError("channel is closing")
         waiter = _Waiter()
         self._waiter = waiter
         try:

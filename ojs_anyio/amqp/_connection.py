@@ -229,15 +229,18 @@ class Connection:
         return self._events.subscribe(max_buffer)  # type: ignore[return-value]
 
     async def wait_unblocked(self, timeout: float | None = None) -> None:
-        """Wait until the broker is not blocking publishers (immediately if it isn't)."""
-        if self._unblocked.is_set():
-            return
-        with anyio.move_on_after(timeout) as scope:
-            await self._unblocked.wait()
-        if scope.cancelled_caught:
-            raise BlockedTimeoutError(
-                f"broker kept publishers blocked for over {timeout}s (reason: {self.blocked_reason})"
-            )
+        """Wait until the broker is not blocking publishers (immediately if it isn't).
+
+        Raises :class:`ConnectionClosedError` if the connection is closed meanwhile."""
+        if not self._unblocked.is_set():
+            with anyio.move_on_after(timeout) as scope:
+                await self._unblocked.wait()
+            if scope.cancelled_caught:
+                raise BlockedTimeoutError(
+                    f"broker kept publishers blocked for over {timeout}s (reason: {self.blocked_reason})"
+                )
+        if self._closed:
+            raise ConnectionClosedError("connection is closed")
 
     async def wait_connected(self, timeout: float | None = None) -> None:
         """Wait until the connection is usable (at once, unless it is recovering)."""
@@ -273,6 +276,7 @@ class Connection:
                 # Not connected any more; wake the waiters of the old event so they see _closed.
                 connected, self._connected = self._connected, anyio.Event()
                 connected.set()
+                self._unblocked.set()  # publishers waiting for Connection.Unblocked see the close
                 await self._force_close_transport()
                 err = ConnectionClosedError("connection closed")
                 for ch in list(self._channels):

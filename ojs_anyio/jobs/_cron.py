@@ -330,6 +330,12 @@ class Scheduler:
         self._changed: anyio.Event | None = None
         #: Serialises a token swap (publish, confirm, ack) with giving the token back.
         self._token_lock: anyio.Lock | None = None
+        #: The leadership channel, and when we acked a token in a swap (monotonic): the
+        #: broker should hand us the new one at once (see _fire_loop's watchdog).
+        self._lead_channel: amqp.Channel | None = None
+        self._swapped_at: float | None = None
+        #: The push in flight: cancelled when leadership is lost (see _lose).
+        self._push_scope: anyio.CancelScope | None = None
         self._scope: anyio.CancelScope | None = None
         self._running = False
         self._stop_requested = False
@@ -471,7 +477,7 @@ class Scheduler:
             self._running = False
             self._stop_requested = False
             self._held = None
-            self._lose("scheduler stopped")
+            self._lose("scheduler stopped", logging.INFO)
 
     def stop(self) -> None:
         """Make :meth:`run` return (the token goes back to the queue).  Idempotent."""
@@ -502,10 +508,13 @@ class Scheduler:
             self._held = None
             self._lose(f"connection lost: {event.error}")
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, level: int = logging.WARNING) -> None:
+        self._swapped_at = None
+        if self._push_scope is not None:
+            self._push_scope.cancel()  # a push in flight is no longer ours to make
         if self._leading:
             self._leading = False
-            log.warning("scheduler %s/%s is no longer leader: %s", self.name, self.instance_id, reason)
+            log.log(level, "scheduler %s/%s is no longer leader: %s", self.name, self.instance_id, reason)
             self._emit(LeadershipChanged(leader=False, at=datetime.now(UTC), reason=reason))
         self._wake()
 
@@ -522,6 +531,7 @@ class Scheduler:
         while True:
             try:
                 async with client.conn.channel(confirms=True) as ch:
+                    self._lead_channel = ch
                     await self._declare(ch)
                     try:
                         async with ch.consume(self._queue, prefetch=1) as tokens:
@@ -539,9 +549,17 @@ class Scheduler:
             await anyio.sleep(self.retry_delay)
 
     async def _declare(self, ch: amqp.Channel) -> None:
+        info = await self._declare_queue(ch)
+        if info.message_count == 0 and info.consumer_count == 0:
+            # Nobody consumes, so nobody holds a token: create it.  Racing instances may
+            # each create one; the leader drops the extras (see _accept).
+            log.info("scheduler %s: creating the leadership token in %s", self.name, self._queue)
+            await self._publish_token(ch)
+
+    async def _declare_queue(self, ch: amqp.Channel) -> amqp.QueueInfo:
         arguments = {"x-single-active-consumer": True}
         try:
-            info = await ch.queue_declare(self._queue, durable=True, arguments=arguments)
+            return await ch.queue_declare(self._queue, durable=True, arguments=arguments)
         except amqp.PreconditionFailed as exc:
             raise TopologyConflictError(
                 f"scheduler queue {self._queue!r} exists with other arguments; ours are {arguments!r}, "
@@ -550,11 +568,23 @@ class Scheduler:
                 ours=arguments,
                 broker_text=exc.reply_text,
             ) from exc
-        if info.message_count == 0 and info.consumer_count == 0:
-            # Nobody consumes, so nobody holds a token: create it.  Racing instances may
-            # each create one; the leader drops the extras (see _accept).
-            log.info("scheduler %s: creating the leadership token in %s", self.name, self._queue)
-            await self._publish_token(ch)
+
+    async def _recover_token(self, reason: str) -> None:
+        """Our token is gone while we still lead (the queue was deleted, or purged during
+        a swap): step down, re-declare the queue and, if it has no token, create one.
+        Whoever is the active consumer then (maybe us) leads; a duplicate is merged."""
+        log.error("scheduler %s: leadership token lost (%s); re-creating it", self.name, reason)
+        self._held = None
+        self._lose(reason)
+        ch = self._lead_channel
+        if ch is None or not ch.is_open:
+            return  # the leadership task re-joins, which declares and creates the token
+        try:
+            info = await self._declare_queue(ch)
+            if info.message_count == 0:
+                await self._publish_token(ch)
+        except (amqp.ChannelClosedError, amqp.ChannelLevelError, amqp.PublishError) as exc:
+            log.warning("scheduler %s: re-creating the token failed (%s); re-joining", self.name, exc)
 
     async def _publish_token(self, ch: amqp.Channel) -> None:
         now = datetime.now(UTC)
@@ -639,6 +669,7 @@ class Scheduler:
             return
         self._held = msg
         self._held_losses = losses
+        self._swapped_at = None
         self._dirty = self._dirty or ahead
         self._refresh_at = anyio.current_time() + self.token_refresh
         self._wake()
@@ -649,12 +680,7 @@ class Scheduler:
         try:
             await self._publish_token(held.channel)
         except amqp.UnroutableError:
-            # The leadership queue was deleted under us: leave, and re-join (which
-            # re-declares it and creates a token) through the leadership task.
-            log.error("scheduler %s: leadership queue %s is gone; re-joining", self.name, self._queue)
-            self._held = None
-            self._lose("leadership queue deleted")
-            await held.channel.aclose()
+            await self._recover_token("the leadership queue was deleted")
             return
         except AMQPError:
             if self._losses != losses or not held.channel.is_open:
@@ -663,6 +689,7 @@ class Scheduler:
         if self._held is not held or self._holding() is None:
             return  # lost meanwhile: the new token is a harmless duplicate
         self._held = None  # until the broker hands us the new one (we stay active consumer)
+        self._swapped_at = anyio.current_time()
         self._dirty = False
         self._n_swaps += 1
         try:
@@ -678,7 +705,7 @@ class Scheduler:
         async with self._token_lock:
             held = self._holding()
             self._held = None
-            self._lose("left the leadership queue")
+            self._lose("left the leadership queue", logging.INFO)
             if held is not None:
                 try:
                     await held.reject(requeue=True)
@@ -693,7 +720,21 @@ class Scheduler:
             assert changed is not None
             held = self._holding()
             if held is None or self._leader_since is None:
-                await changed.wait()
+                swapped_at = self._swapped_at
+                if swapped_at is None:
+                    await changed.wait()
+                    continue
+                # We swapped and still lead: the broker hands the new token to us at once,
+                # unless it is gone (queue deleted or purged meanwhile).
+                remaining = swapped_at + SWAP_TIMEOUT - anyio.current_time()
+                if remaining > 0:
+                    with anyio.move_on_after(remaining):
+                        await changed.wait()
+                    continue
+                assert self._token_lock is not None
+                async with self._token_lock:
+                    if self._swapped_at == swapped_at and self._held is None:
+                        await self._recover_token("the swapped token did not come back")
                 continue
             now = datetime.now(UTC)
             fired = False
@@ -742,28 +783,37 @@ class Scheduler:
             )
         error: Exception | None = None
         job_id: str | None = None
+        scope = self._push_scope = anyio.CancelScope()
         try:
-            job = await client.push(
-                schedule.job_type,
-                list(schedule.args),
-                queue=schedule.queue,
-                priority=schedule.priority,
-                timeout=schedule.timeout,
-                retry=schedule.retry,
-                meta=dict(schedule.meta) if schedule.meta is not None else None,
-                idempotency_key=key,
-            )
-            job_id = job.id
+            with scope:
+                if self._holding() is None:
+                    scope.cancel()
+                job = await client.push(
+                    schedule.job_type,
+                    list(schedule.args),
+                    queue=schedule.queue,
+                    priority=schedule.priority,
+                    timeout=schedule.timeout,
+                    retry=schedule.retry,
+                    meta=dict(schedule.meta) if schedule.meta is not None else None,
+                    idempotency_key=key,
+                )
+                job_id = job.id
         except PushOutcomeUnknownError as exc:
-            log.warning(
-                "scheduler %s: outcome of %s unknown (%s); not recorded as fired", self.name, key, exc
-            )
+            log.warning("scheduler %s: outcome of %s unknown (%s); not recorded", self.name, key, exc)
             if self._holding() is not None:
                 await anyio.sleep(self.retry_delay)  # still leader (e.g. publish timeout): pace retries
             return False
         except (PushError, TopologyConflictError) as exc:
             log.error("scheduler %s: the broker refused %s: %s", self.name, key, exc)
             error = exc
+        finally:
+            self._push_scope = None
+        if scope.cancelled_caught:
+            # Leadership was lost mid-push (e.g. while waiting out a reconnect): the job may
+            # or may not have reached the broker; the tick is not ours to record.
+            log.warning("scheduler %s: leadership lost while pushing %s; not recorded", self.name, key)
+            return False
         if last is None or tick > last:
             self._fired[schedule.name] = tick
         if error is None:

@@ -662,10 +662,25 @@ class Worker:
                 mandatory=True,
             )
         except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
-            # The annotated copy can't go back through the queue (full, or unbound): reject
-            # the original straight to the DLQ; x-death still says where it came from.
-            log.warning("dead-lettering job on %s without reason headers: %s", queue, exc)
-            await msg.nack(requeue=False)
+            # The annotated copy can't go back through the job queue (full with
+            # reject-publish, or unbound).  Keep the reason anyway: publish the copy straight
+            # to the dead-letter exchange (confirmed), then ack the original.  Only if that
+            # fails too is the original Nacked without the reason headers (x-death remains).
+            log.warning("job queue %s refused the dead-letter copy (%s); sending it to the DLX directly", queue, exc)
+            direct = with_headers(props, {}, drop=(H_DEAD_LETTER,))
+            try:
+                await ch.publish(
+                    msg.body,
+                    exchange=client.names.dlx_exchange,
+                    routing_key=queue,
+                    properties=direct,
+                    mandatory=True,
+                )
+            except (amqp.UnroutableError, amqp.PublishNackedError) as exc2:
+                log.error("dead-lettering job on %s without reason headers: %s", queue, exc2)
+                await msg.nack(requeue=False)
+            else:
+                await msg.ack()
         else:
             await msg.ack()
         job_id = job.id if job is not None else msg.properties.message_id

@@ -53,6 +53,7 @@ async def test_blocked_publish_times_out_and_resumes_after_unblock(amqp_url: str
                     await anyio.lowlevel.checkpoint()
                     assert not held.done  # still held by the broker
                     assert not waited.is_set()
+                    await _closing_a_blocked_connection_fails_its_waiting_publishers(amqp_url)
                 # The alarm is gone (the harness waited for it): Connection.Unblocked follows.
                 with anyio.fail_after(10):
                     event = await events.__anext__()
@@ -71,3 +72,35 @@ async def test_blocked_publish_times_out_and_resumes_after_unblock(amqp_url: str
             assert bodies == [b"held", b"waited", b"after"]
             remove()
     assert [type(e) for e in seen] == [amqp.ConnectionBlockedEvent, amqp.ConnectionUnblockedEvent]
+
+
+async def _closing_a_blocked_connection_fails_its_waiting_publishers(amqp_url: str) -> None:
+    """(Runs inside the alarm of the test above.)  aclose() of a blocked connection wakes
+    the publishes waiting for Connection.Unblocked: they fail at once instead of hanging."""
+    outcome: list[BaseException] = []
+    async with amqp.connect(amqp_url, close_timeout=0.5) as conn, conn.channel() as ch:
+        queue = (await ch.queue_declare("", exclusive=True)).name
+        async with conn.subscribe() as events:
+            window = ch.publish_window()
+            await window.publish(b"blocks this connection", routing_key=queue)
+            await window.flush()
+            with anyio.fail_after(10):
+                assert isinstance(await events.__anext__(), amqp.ConnectionBlockedEvent)
+
+        async def waiting_publish() -> None:
+            try:
+                await ch.publish(b"waits for unblock", routing_key=queue)
+            except amqp.AMQPError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiting_publish)
+            await anyio.lowlevel.checkpoint()
+            with anyio.fail_after(3):  # close_timeout (the broker reads nothing) + slack
+                await conn.aclose()
+            with anyio.fail_after(1):
+                while not outcome:
+                    await anyio.lowlevel.checkpoint()
+        assert isinstance(outcome[0], amqp.ChannelClosedError | amqp.ConnectionClosedError)
+        with pytest.raises(amqp.ConnectionClosedError):
+            await conn.wait_unblocked()

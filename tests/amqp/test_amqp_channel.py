@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 import pytest
+from amqp_helpers import wait_until
+from harness import FaultProxy
 
 from ojs_anyio import amqp
 
@@ -191,3 +194,34 @@ async def test_many_channels_on_one_connection(amqp_url: str) -> None:
                 for ch in channels:
                     tg.start_soon(use, ch)
             assert not any(ch.is_open for ch in channels)
+
+
+async def test_closing_a_channel_fails_calls_waiting_on_it() -> None:
+    """aclose() while other tasks wait for replies on the channel: they fail at once with
+    ChannelClosedError instead of waiting for a reply the closing channel drops."""
+    failures: list[BaseException] = []
+    async with FaultProxy() as proxy:
+        with anyio.fail_after(10):
+            async with amqp.connect(proxy.url()) as conn, conn.channel() as ch:
+                queue = (await ch.queue_declare("", exclusive=True)).name
+                proxy.stall("downstream")
+
+                async def call() -> None:
+                    try:
+                        await ch.queue_declare(queue, passive=True)
+                    except amqp.AMQPError as exc:
+                        failures.append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(3):  # one waits for its reply, two queue behind it
+                        tg.start_soon(call)
+                    await wait_until(lambda: ch._waiter is not None, what="call in flight")
+                    async with anyio.create_task_group() as closer:
+                        closer.start_soon(ch.aclose)
+                        await anyio.lowlevel.checkpoint()
+                        proxy.unstall("downstream")
+                assert not ch.is_open
+                assert len(failures) == 3
+                assert all(isinstance(e, amqp.ChannelClosedError) for e in failures)
+                async with conn.channel() as fresh:
+                    await fresh.queue_declare(queue, passive=True)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
 import pytest
+from amqp_helpers import deleted_afterwards
 from harness import FaultProxy
 
 from ojs_anyio import amqp
@@ -133,6 +135,64 @@ async def test_unroutable_mixed_with_routable_of_other_keys_concurrently(amqp_ur
                     tg.start_soon(one, i)
             assert outcomes == {i: "ok" if i % 3 else "returned" for i in range(300)}
             assert await _count(ch, queue) == 200
+
+
+async def test_returns_are_tied_to_their_publish_on_a_headers_exchange(
+    amqp_url: str, unique: Callable[[str], str]
+) -> None:
+    """Same exchange, same routing key, routed or not by headers: each Basic.Return fails
+    the publish it belongs to, not the earliest one with that key still awaiting its confirm."""
+    exchange = unique("headers")
+    with anyio.fail_after(20):
+        async with (
+            amqp.connect(amqp_url) as conn,
+            conn.channel() as ch,
+            deleted_afterwards(conn, exchanges=[exchange]),
+        ):
+            await ch.exchange_declare(exchange, "headers")
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            await ch.queue_bind(queue, exchange, arguments={"x-match": "all", "kind": "email"})
+            window = ch.publish_window(max_in_flight=1000)
+            handles = []
+            for i in range(200):
+                props = amqp.BasicProperties(
+                    message_id=str(i), headers={"kind": "sms" if i % 4 == 3 else "email"}
+                )
+                handles.append(
+                    await window.publish(b"%d" % i, exchange=exchange, properties=props, mandatory=True)
+                )
+            failed = await window.wait_all()
+            assert failed == [h for i, h in enumerate(handles) if i % 4 == 3]
+            for i, handle in enumerate(handles):
+                if i % 4 == 3:
+                    assert isinstance(handle.error, amqp.UnroutableError)
+                    assert handle.error.properties is not None
+                    assert handle.error.properties.message_id == str(i)
+            assert await _count(ch, queue) == 150
+
+
+async def test_queue_deleted_mid_stream_fails_exactly_the_unrouted_publishes(amqp_url: str) -> None:
+    with anyio.fail_after(20):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch, conn.channel() as admin:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            window = ch.publish_window(max_in_flight=2000)
+            handles = []
+            for i in range(1000):
+                if i == 300:
+                    await admin.queue_delete(queue)
+                props = amqp.BasicProperties(message_id=str(i))
+                handles.append(
+                    await window.publish(b"same body", routing_key=queue, properties=props, mandatory=True)
+                )
+            failed = await window.wait_all()
+            # Publishes are routed in order: once the queue is gone, every later one fails.
+            first = handles.index(failed[0])
+            assert first <= 300
+            assert failed == handles[first:]
+            for i in range(first, 1000):
+                err = handles[i].error
+                assert isinstance(err, amqp.UnroutableError)
+                assert err.properties is not None and err.properties.message_id == str(i)
 
 
 async def test_nack_from_a_full_queue(amqp_url: str) -> None:

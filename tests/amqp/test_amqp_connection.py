@@ -194,6 +194,42 @@ async def test_connection_timeout_bounds_the_handshake() -> None:
             await wait_until(lambda: proxy.active_connections == 0, what="proxied socket closed")
 
 
+async def test_aclose_wakes_operations_waiting_for_a_reconnection() -> None:
+    """With recovery on and the broker unreachable, operations wait for the connection;
+    aclose() (from another task) makes them fail at once instead of hanging."""
+    failures: list[BaseException] = []
+    policy = amqp.RecoveryPolicy(initial_delay=30.0, jitter=0)
+    async with FaultProxy() as proxy:
+        with anyio.fail_after(20):
+            async with amqp.connect(proxy.url(), recovery=policy) as conn, conn.channel() as ch:
+                queue = (await ch.queue_declare("", exclusive=True)).name
+                lost = anyio.Event()
+                conn.add_listener(lambda ev: lost.set() if isinstance(ev, amqp.ConnectionLost) else None)
+                proxy.refuse_new()
+                proxy.cut_all()
+                await lost.wait()
+
+                async def waiting(operation: str) -> None:
+                    try:
+                        if operation == "publish":
+                            await ch.publish(b"x", routing_key=queue)
+                        else:
+                            await ch.queue_declare("", exclusive=True)
+                    except amqp.AMQPError as exc:
+                        failures.append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiting, "publish")
+                    tg.start_soon(waiting, "rpc")
+                    await anyio.lowlevel.checkpoint()
+                    assert failures == []
+                    closed_at = anyio.current_time()
+                    await conn.aclose()
+                assert anyio.current_time() - closed_at < 1.0
+    assert len(failures) == 2
+    assert all(isinstance(e, amqp.ConnectionClosedError | amqp.ChannelClosedError) for e in failures)
+
+
 # ---------------------------------------------------------------------- failures to connect
 
 

@@ -290,3 +290,36 @@ async def test_consuming_a_missing_queue(amqp_url: str, unique: Callable[[str], 
             with pytest.raises(amqp.UsageError):
                 async with conn.channel() as ch2, ch2.consume("q", prefetch=0):
                     pass
+
+
+async def test_max_message_size(amqp_url: str, unique: Callable[[str], str]) -> None:
+    """Too large to send: a local UsageError, nothing sent.  Too large to receive: the
+    connection fails with FRAME_ERROR (the bound protects memory) and the message stays
+    in the queue for a consumer that accepts it."""
+    queue = unique("big")
+    with anyio.fail_after(20):
+        async with (
+            amqp.connect(amqp_url) as other,
+            other.channel() as och,
+            deleted_afterwards(other, queues=[queue]),
+        ):
+            await och.queue_declare(queue, arguments={"x-expires": 60000})
+            with pytest.raises(amqp.ProtocolError) as info:
+                async with amqp.connect(amqp_url, max_message_size=1024) as small, small.channel() as ch:
+                    with pytest.raises(amqp.UsageError, match="max_message_size"):
+                        await ch.publish(b"x" * 1025, routing_key=queue)
+                    assert ch.is_open
+                    await ch.publish(b"x" * 1024, routing_key=queue)
+                    await och.publish(b"y" * 2048, routing_key=queue)
+                    async with ch.consume(queue, prefetch=5) as messages:
+                        assert (await messages.__anext__()).body == b"x" * 1024
+                        await messages.__anext__()
+                    pytest.fail("the oversized delivery must end the connection")
+            assert info.value.code == 501
+            assert "max_message_size" in str(info.value)
+            assert not small.is_open
+            await wait_for_message_count(och, queue, 2)
+            bodies = []
+            while (msg := await och.get(queue, no_ack=True)) is not None:
+                bodies.append(msg.body)
+            assert bodies == [b"x" * 1024, b"y" * 2048]

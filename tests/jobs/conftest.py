@@ -60,9 +60,18 @@ class Cleanup:
 
     async def run(self) -> None:
         for url, names in self._names_by_url().items():
-            async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
-                for name in names:
-                    await ch.queue_delete(name)
+            # Other suites restart the shared broker or close every connection now and
+            # then: retry a few times rather than leak the queues.
+            for attempt in range(20):
+                try:
+                    async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
+                        for name in names:
+                            await ch.queue_delete(name)
+                    break
+                except (amqp.ConnectionLostError, amqp.ConnectionLevelError, amqp.ChannelClosedError):
+                    if attempt == 19:
+                        raise
+                    await anyio.sleep(0.5)
 
 
 @pytest.fixture

@@ -468,3 +468,23 @@ async def test_cancellation_propagates_and_requeues_the_token(cleanup: Cleanup, 
             sched.stop()
     assert len(await token_states(raw, leader_q)) == 1
     assert sched.statistics().leader_changes == 2
+
+
+@pytest.mark.anyio
+async def test_a_deleted_leadership_queue_is_recreated(
+    q: str, cleanup: Cleanup, raw: amqp.Connection
+) -> None:
+    group = group_name()
+    leader_q = register_leader_queue(cleanup, group)
+    sched = ojs.Scheduler(group, retry_delay=0.1)
+    sched.add("cron.tick", EVERY_SECOND, queue=q, name="tick")
+    rec = Recorder(a=sched)
+    async with instances((sched, URL)):
+        await rec.wait_for(lambda: len(rec.fired()) >= 1)
+        async with raw.channel() as ch:
+            await ch.queue_delete(leader_q)
+        n = len(rec.fired())
+        await rec.wait_for(lambda: len(rec.fired()) >= n + 2)
+        assert sched.is_leader
+    assert unique_ticks(rec.fired())
+    assert len(await token_states(raw, leader_q)) == 1
