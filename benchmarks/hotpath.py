@@ -872,6 +872,8 @@ def print_report(
         f"peer-batch={PEER_BATCH} best of {args.repeat} round(s); broker {urlsplit(args.url).hostname}:"
         f"{urlsplit(args.url).port or 5672}; Python {platform.python_version()}, {os.cpu_count()} CPUs"
     )
+    if args.smoke:
+        print("(smoke run: tiny N, the rates below measure start-up more than throughput)")
     ceiling = results.get(CEILING)
     for wl, label in WORKLOADS:
         print(f"\n{label} (msgs/s, best of {args.repeat}):")
@@ -944,7 +946,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-memory", action="store_true", help="skip the memory comparison")
     ap.add_argument("--only", action="append", choices=list(SCENARIOS), help="run only these scenarios")
     ap.add_argument("--profile", choices=["asyncio", "trio"], help="cProfile our client's hot paths")
-    ap.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--backend",
+        default="asyncio",
+        choices=["asyncio", "trio"],
+        help="our backend for --memory (default asyncio)",
+    )
     ap.add_argument("--memory-child", metavar="QUEUE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.n is None:

@@ -263,6 +263,8 @@ _CHANNEL_TRANSITIONS: dict[tuple[ChannelState, int], str] = {
 
 # Content assembly kinds
 _NO_CONTENT, _DELIVER, _RETURN, _GET_OK = 0, 1, 2, 3
+#: The content of a method dropped while the channel closes: its frames are read, then dropped.
+_DISCARD = 4
 
 
 class _Channel:
@@ -275,6 +277,7 @@ class _Channel:
         "confirm_select_pending",
         "content_fields",
         "content_kind",
+        "crossed",
         "early_acked",
         "id",
         "mandatory_pending",
@@ -288,6 +291,7 @@ class _Channel:
     def __init__(self, channel_id: int) -> None:
         self.id = channel_id
         self.state = ChannelState.OPENING
+        self.crossed = False  # both sides sent Channel.Close; the broker's Close-Ok is still due
         self.awaiting: frozenset[int] | None = None  # replies that would complete the sync method
         # content assembly
         self.content_kind = _NO_CONTENT
@@ -754,7 +758,10 @@ class AMQPConnection:
                 ch.content_kind = _GET_OK
                 return
         elif state is ChannelState.CLOSING and mid not in (CHANNEL_CLOSE, CHANNEL_CLOSE_OK):
-            return  # drop everything but the close handshake
+            # Drop everything but the close handshake, content frames included.
+            if mid in (BASIC_DELIVER, BASIC_RETURN, BASIC_GET_OK):
+                ch.content_kind = _DISCARD
+            return
         handler = _CHANNEL_TRANSITIONS.get((state, mid))
         if handler is not None:
             getattr(self, handler)(ch, decode_method(payload), events)
@@ -826,6 +833,8 @@ class AMQPConnection:
         ch.content_kind = _NO_CONTENT
         ch.properties = None
         ch.body_received = 0
+        if kind == _DISCARD or ch.state is not ChannelState.OPEN:
+            return  # the channel is closing: nobody can use (or settle) this message
         if kind == _DELIVER:
             events.append(Delivery(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body))
         elif kind == _GET_OK:
@@ -926,14 +935,18 @@ class AMQPConnection:
         events.append(ChannelClosed(channel_id=ch.id, error=err))
 
     def _ch_close_while_closing(self, ch: _Channel, method: Any, events: list[Event]) -> None:
-        # Both sides closed at once: answer, and consider our close complete.
+        # Both sides closed at once: answer, and consider our close complete.  The broker
+        # still answers our Close with a Close-Ok, so the id stays reserved (state
+        # CLOSING, ``crossed``) until that arrives; it is then released without an event.
         self._out += encode_method_frame(ch.id, commands.Channel.CloseOk())
-        self._release(ch)
+        ch.crossed = True
         events.append(ChannelCloseOk(channel_id=ch.id))
 
     def _ch_close_ok(self, ch: _Channel, method: Any, events: list[Event]) -> None:
+        crossed = ch.crossed
         self._release(ch)
-        events.append(ChannelCloseOk(channel_id=ch.id))
+        if not crossed:
+            events.append(ChannelCloseOk(channel_id=ch.id))
 
     def _ch_flow(self, ch: _Channel, method: Any, events: list[Event]) -> None:
         self._out += encode_method_frame(ch.id, commands.Channel.FlowOk(active=method.active))

@@ -56,6 +56,10 @@ __all__ = ["Channel", "Consumer", "IncomingMessage", "PublishHandle", "PublishWi
 log = logging.getLogger("ojs_anyio.amqp")
 
 _FLUSH_THRESHOLD = 64 * 1024
+# The per-queue counters, bumped inline on the delivery and ack paths (see _metrics).
+_CONSUMED = _metrics.stats.consumed
+_ACKED = _metrics.stats.acked
+_NACKED = _metrics.stats.nacked
 _tag_counter = itertools.count(1)
 _TAG_PREFIX = f"ojs-{os.getpid()}-"
 
@@ -72,7 +76,10 @@ class QueueInfo:
         self.consumer_count = consumer_count
 
     def __repr__(self) -> str:
-        return f"QueueInfo(name={self.name!r}, message_count={self.message_count}, consumer_count={self.consumer_count})"
+        return (
+            f"QueueInfo(name={self.name!r}, message_count={self.message_count}, "
+            f"consumer_count={self.consumer_count})"
+        )
 
 
 class _Waiter:
@@ -267,10 +274,18 @@ class IncomingMessage:
     def channel(self) -> Channel:
         return self._channel
 
+    @property
+    def is_stale(self) -> bool:
+        """True when the channel it came on has closed or been recovered since: settling it
+        would raise :class:`StaleDeliveryError` (the broker redelivers it)."""
+        ch = self._channel
+        return self._generation != ch._generation or ch._cid == 0
+
     def _begin_settle(self) -> Channel:
         if self._settled:
             raise DeliveryAlreadySettledError(
-                f"delivery {self.delivery_tag} was already acked, nacked or rejected (or consumed with no_ack)"
+                f"delivery {self.delivery_tag} was already acked, nacked or rejected "
+                "(or consumed with no_ack)"
             )
         ch = self._channel
         if self._generation != ch._generation or ch._cid == 0:
@@ -289,7 +304,8 @@ class IncomingMessage:
         ch = self._begin_settle()
         conn = ch._conn
         conn._proto.ack(ch._cid, self.delivery_tag, multiple)
-        _metrics.bump(_metrics.stats.acked, self.queue)
+        q = self.queue
+        _ACKED[q] = _ACKED.get(q, 0) + 1
         if not conn._writing:
             await conn._flush()
 
@@ -297,7 +313,8 @@ class IncomingMessage:
         ch = self._begin_settle()
         conn = ch._conn
         conn._proto.nack(ch._cid, self.delivery_tag, multiple, requeue)
-        _metrics.bump(_metrics.stats.nacked, self.queue)
+        q = self.queue
+        _NACKED[q] = _NACKED.get(q, 0) + 1
         if not conn._writing:
             await conn._flush()
 
@@ -305,7 +322,8 @@ class IncomingMessage:
         ch = self._begin_settle()
         conn = ch._conn
         conn._proto.reject(ch._cid, self.delivery_tag, requeue)
-        _metrics.bump(_metrics.stats.nacked, self.queue)
+        q = self.queue
+        _NACKED[q] = _NACKED.get(q, 0) + 1
         if not conn._writing:
             await conn._flush()
 
@@ -601,13 +619,18 @@ class Channel:
         pending = self._pending
         returned = ev.returned
         if ev.ack:
-            now = time.monotonic() if self._timing else 0.0
+            if self._timing:
+                # One sample per Basic.Ack frame: the oldest publish it confirms (an SDK
+                # histogram record costs microseconds; under load a frame covers many).
+                first = pending.get(ev.tags[0]) if ev.tags else None
+                if first is not None and first.sent_at:
+                    _metrics.confirm_latency.record(
+                        time.monotonic() - first.sent_at, {"queue": first.routing_key}
+                    )
             for tag in ev.tags:
                 handle = pending.pop(tag, None)
                 if handle is None:
                     continue
-                if handle.sent_at:
-                    _metrics.confirm_latency.record(now - handle.sent_at, {"queue": handle.routing_key})
                 if returned is not None and tag in returned:
                     r = returned[tag]
                     _metrics.bump(_metrics.stats.returned, r.routing_key)
@@ -651,9 +674,10 @@ class Channel:
             if consumer is None or not consumer.no_ack:
                 self._conn._proto.reject(self._cid, ev.delivery_tag, True)
             return
-        msg = IncomingMessage(self, consumer, ev, consumer.no_ack, consumer.queue)
+        q = consumer.queue
+        msg = IncomingMessage(self, consumer, ev, consumer.no_ack, q)
         if consumer._push(msg):
-            _metrics.bump(_metrics.stats.consumed, consumer.queue)
+            _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
         else:
             # Only possible without a prefetch bound (no_ack consumers): fail loudly rather
             # than buffer without limit.
@@ -666,7 +690,13 @@ class Channel:
                     queue=consumer.queue,
                 )
             )
-            self._conn._proto.reject(self._cid, ev.delivery_tag, True) if not consumer.no_ack else None
+            proto = self._conn._proto
+            if not consumer.no_ack:
+                proto.reject(self._cid, ev.delivery_tag, True)
+            # Nothing takes deliveries any more: stop the broker sending them (else they
+            # would bounce between it and us until the consume block is left).
+            cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag, nowait=True)
+            proto.send_method(self._cid, cancel)
 
     def _on_consumer_cancelled(self, consumer_tag: str) -> None:
         consumer = self._consumers.get(consumer_tag)
@@ -825,6 +855,8 @@ class Channel:
         ``publish_timeout``), then raise ``PublishTimeoutError``."""
         if self._closed:
             raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
+        if self._close_waiter is not None:
+            raise ChannelClosedError("channel is closing")
         if self._cid == 0 or not self._conn._connected.is_set():
             await self._conn.wait_connected(timeout if timeout is not None else self._conn.publish_timeout)
             if self._closed:
@@ -883,7 +915,7 @@ class Channel:
     ) -> PublishHandle:
         conn = self._conn
         limit = timeout if timeout is not None else conn.publish_timeout
-        if self._cid == 0 or self._closed or not conn._connected.is_set():
+        if self._cid == 0 or self._closed or self._close_waiter is not None or not conn._connected.is_set():
             await self._ready(limit)  # recovering: wait for it, up to the caller's timeout
         if not conn._unblocked.is_set():
             await conn.wait_unblocked(limit)
@@ -1018,7 +1050,9 @@ class Channel:
     async def queue_bind(
         self, queue: str, exchange: str, routing_key: str = "", arguments: dict[str, Any] | None = None
     ) -> None:
-        method = commands.Queue.Bind(queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments)
+        method = commands.Queue.Bind(
+            queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
+        )
         await self._call(method)
         self._conn.topology.record(("bind", queue, exchange, routing_key, _key(arguments)), method)
 
@@ -1026,7 +1060,9 @@ class Channel:
         self, queue: str, exchange: str, routing_key: str = "", arguments: dict[str, Any] | None = None
     ) -> None:
         await self._call(
-            commands.Queue.Unbind(queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments)
+            commands.Queue.Unbind(
+                queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
+            )
         )
         self._conn.topology.forget(("bind", queue, exchange, routing_key, _key(arguments)))
 

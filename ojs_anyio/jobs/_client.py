@@ -568,38 +568,40 @@ class Client:
         """
         await self.declare_control_queue(queue)
         correlation_id = uuid.uuid4().hex
-        async with self.conn.channel(confirms=False) as ch:
-            async with ch.consume(_DIRECT_REPLY_TO, no_ack=True, max_buffer=64) as replies:
-                await ch.publish(
-                    _json.encode({"job_id": job_id}),
-                    exchange=self.names.direct_exchange,
-                    routing_key=self.names.control_routing_key(queue),
-                    properties=amqp.BasicProperties(
-                        type=CONTROL_INFO,
-                        content_type="application/json",
-                        reply_to=_DIRECT_REPLY_TO,
-                        correlation_id=correlation_id,
-                        app_id="ojs",
-                    ),
-                )
-                with anyio.move_on_after(timeout):
-                    async for reply in replies:
-                        if reply.properties.correlation_id != correlation_id:
-                            continue
-                        try:
-                            data = _json_decode.decode(reply.body)
-                        except msgspec.DecodeError:
-                            log.warning("malformed INFO reply for job %s: %r", job_id, reply.body[:200])
-                            continue
-                        if isinstance(data, dict) and data.get("job_id") == job_id:
-                            return JobInfo(
-                                job_id=job_id,
-                                state=str(data.get("state", "unknown")),
-                                attempt=data.get("attempt"),
-                                worker_id=data.get("worker_id"),
-                                started_at=data.get("started_at"),
-                                finished_at=data.get("finished_at"),
-                            )
+        async with (
+            self.conn.channel(confirms=False) as ch,
+            ch.consume(_DIRECT_REPLY_TO, no_ack=True, max_buffer=64) as replies,
+        ):
+            await ch.publish(
+                _json.encode({"job_id": job_id}),
+                exchange=self.names.direct_exchange,
+                routing_key=self.names.control_routing_key(queue),
+                properties=amqp.BasicProperties(
+                    type=CONTROL_INFO,
+                    content_type="application/json",
+                    reply_to=_DIRECT_REPLY_TO,
+                    correlation_id=correlation_id,
+                    app_id="ojs",
+                ),
+            )
+            with anyio.move_on_after(timeout):
+                async for reply in replies:
+                    if reply.properties.correlation_id != correlation_id:
+                        continue
+                    try:
+                        data = _json_decode.decode(reply.body)
+                    except msgspec.DecodeError:
+                        log.warning("malformed INFO reply for job %s: %r", job_id, reply.body[:200])
+                        continue
+                    if isinstance(data, dict) and data.get("job_id") == job_id:
+                        return JobInfo(
+                            job_id=job_id,
+                            state=str(data.get("state", "unknown")),
+                            attempt=data.get("attempt"),
+                            worker_id=data.get("worker_id"),
+                            started_at=data.get("started_at"),
+                            finished_at=data.get("finished_at"),
+                        )
         return JobInfo(job_id=job_id, state="unknown")
 
     # -------------------------------------------------------------- misc

@@ -25,8 +25,8 @@ the broker requeues the token and activates the next consumer, which receives it
 (no polling, no lease to expire).  The leader knows it lost leadership synchronously: a
 connection listener clears the held token on :class:`~ojs_anyio.amqp.ConnectionLost` (and
 :class:`~ojs_anyio.amqp.Reconnecting`), and a token is only trusted while no transport was
-lost since it was accepted and its channel is open.  Right before
-each push the leader checks that it still holds the token.
+lost since it was accepted and its channel is open.  Right before each push the leader
+checks that it still holds the token.
 
 The token is created by an instance that declares the queue and sees it without
 messages *and* without consumers (so nobody can be holding it).  Two instances starting
@@ -43,8 +43,8 @@ The token's body carries the last fired tick of every schedule (JSON:
 *swaps* the token: it publishes the updated token (persistent, confirmed) and only then
 acks the one it holds (publish-confirm-then-ack, as DECISIONS 2): a crash in between
 leaves two tokens, never none, and the duplicate is merged as above (per schedule, the
-later tick wins).  The next leader, and an instance restarted after a full outage (the
-queue is durable, the token persistent), so knows what was fired.  We keep the state in
+later tick wins).  So the next leader knows what was fired, and so does an instance
+restarted after a full outage (the queue is durable, the token persistent).  We keep the state in
 the token rather than elsewhere because it then moves with leadership atomically, from
 the broker, without another queue or a store; in the body rather than in headers because
 schedule names are free-form (table keys are short strings) and the body has no limits.
@@ -81,14 +81,22 @@ Downstream dedupes on the key.
 
 Failures.  A push the broker refused (queue full, unroutable) is logged, reported in
 :class:`Fired` with its ``error``, and counts as fired (no retry storm).  A push whose
-outcome is unknown (connection lost) is not recorded: the tick is then missed, and
-``misfire`` decides.  A channel error on the leadership channel drops leadership and
-re-joins after ``retry_delay``; a connection that fails for good ends :meth:`Scheduler.run`
-with its error.
+outcome is unknown (connection lost; or leadership lost while it waited, which cancels it)
+is not recorded: the tick is then missed, and ``misfire`` decides.  A channel error on the
+leadership channel drops leadership and re-joins after ``retry_delay``; a connection that
+fails for good ends :meth:`Scheduler.run` with its error.  If the token disappears while
+we lead (the queue was deleted, or purged during a swap: the leader's publish is
+unroutable, or the swapped token doesn't come back within ``SWAP_TIMEOUT``), the leader
+steps down, re-declares the queue and creates a token if it has none.
+
+Structure.  :meth:`Scheduler.run` owns a task group with two tasks: the leadership task
+(consumes tokens, drops duplicates) and the fire loop (sleeps to the next tick, pushes,
+swaps).  Nothing outlives ``run()``; cancellation propagates; the swap and giving the token
+back on the way out are shielded and bounded.  The cron and misfire logic
+(:class:`Schedule`, :func:`due_tick`) is pure: time is passed in.
 
 Operational notes: the leader queue has no job-queue arguments and is left in place when
-the schedulers stop (it holds the state); delete it to forget what was fired.  Purging it
-while instances run removes the token: restart them to create a new one.
+the schedulers stop (it holds the record); delete it to forget what was fired.
 """
 
 from __future__ import annotations
@@ -389,11 +397,13 @@ class Scheduler:
         if schedule.name in self._schedules:
             raise ValueError(f"scheduler {self.name!r} already has a schedule named {schedule.name!r}")
         self._schedules[schedule.name] = schedule
+        self._wake()  # a running fire loop recomputes its next wake-up
         return schedule
 
     def remove(self, name: str) -> None:
         """Stop firing schedule ``name`` (its record stays in the token for a while)."""
         del self._schedules[name]
+        self._wake()
 
     @property
     def schedules(self) -> list[Schedule]:
@@ -478,6 +488,8 @@ class Scheduler:
             self._stop_requested = False
             self._held = None
             self._lose("scheduler stopped", logging.INFO)
+            self._changed = None  # add()/remove() outside run() have nothing to wake
+            self._lead_channel = None
 
     def stop(self) -> None:
         """Make :meth:`run` return (the token goes back to the queue).  Idempotent."""
@@ -773,14 +785,19 @@ class Scheduler:
         """Push one tick's job.  True when the tick is done with (pushed, or refused)."""
         key = schedule.idempotency_key(tick)
         last = self._fired.get(schedule.name)
-        if last is not None and not late and schedule.next_tick(last) < tick:
-            log.warning(
-                "scheduler %s: schedule %s fell behind; firing %s, skipping ticks since %s",
-                self.name,
-                schedule.name,
-                format_timestamp(tick),
-                format_timestamp(last),
-            )
+        first_due = schedule.next_tick(last) if last is not None and not late else tick
+        if first_due < tick:
+            since = self._leader_since
+            if since is not None and first_due >= since:
+                log.warning(
+                    "scheduler %s: schedule %s fell behind; firing %s, coalescing the ticks since %s",
+                    self.name, schedule.name, format_timestamp(tick), format_timestamp(first_due),
+                )  # fmt: skip
+            else:
+                log.info(
+                    "scheduler %s: schedule %s missed ticks from %s while nobody led (misfire=%s)",
+                    self.name, schedule.name, format_timestamp(first_due), schedule.misfire,
+                )  # fmt: skip
         error: Exception | None = None
         job_id: str | None = None
         scope = self._push_scope = anyio.CancelScope()

@@ -129,7 +129,7 @@ DLQ_MAX_LENGTH: Final = 10_000
 CONTROL_MESSAGE_TTL_MS: Final = 3_600_000
 CONTROL_MAX_LENGTH: Final = 10_000
 #: First segments an OJS queue name may not have (they would collide with other entities).
-RESERVED_QUEUE_SEGMENTS: Final = frozenset({"dlx", "retry", "control", "delay", "ojs"})
+RESERVED_QUEUE_SEGMENTS: Final = frozenset({"dlx", "retry", "control", "delay", "ojs", "scheduler"})
 #: Headers RabbitMQ adds when it dead-letters a message.
 DEAD_LETTER_HEADERS: Final = frozenset(
     {

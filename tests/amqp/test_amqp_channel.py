@@ -7,7 +7,7 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import wait_until
+from amqp_helpers import wait_for_message_count, wait_until
 from harness import FaultProxy
 
 from ojs_anyio import amqp
@@ -225,3 +225,46 @@ async def test_closing_a_channel_fails_calls_waiting_on_it() -> None:
                 assert all(isinstance(e, amqp.ChannelClosedError) for e in failures)
                 async with conn.channel() as fresh:
                     await fresh.queue_declare(queue, passive=True)
+
+
+async def test_operations_on_a_closing_channel_raise_channel_closed() -> None:
+    async with FaultProxy() as proxy:
+        with anyio.fail_after(10):
+            async with amqp.connect(proxy.url(), close_timeout=2) as conn, conn.channel() as ch:
+                queue = (await ch.queue_declare("", exclusive=True)).name
+                proxy.stall("downstream")  # Close-Ok is held back: the channel stays "closing"
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ch.aclose)
+                    await wait_until(lambda: ch._close_waiter is not None, what="closing")
+                    with pytest.raises(amqp.ChannelClosedError):
+                        await ch.publish(b"x", routing_key=queue)
+                    with pytest.raises(amqp.ChannelClosedError):
+                        await ch.get(queue)
+                    proxy.unstall("downstream")
+                assert not ch.is_open
+
+
+async def test_closing_a_channel_with_content_in_flight(amqp_url: str) -> None:
+    """Basic.Return / Get-Ok content that arrives after we sent Channel.Close is dropped
+    whole (method, header and body frames); the connection is not failed over it."""
+    body = b"r" * 300_000  # several frames per message
+    with anyio.fail_after(20):
+        async with amqp.connect(amqp_url) as conn:
+            async with conn.channel() as keep:
+                queue = (await keep.queue_declare("", exclusive=True)).name
+                for _ in range(3):
+                    await keep.publish(body, routing_key=queue)
+                for _ in range(5):
+                    async with conn.channel() as ch:
+                        window = ch.publish_window()
+                        for _ in range(20):
+                            await window.publish(body, routing_key="nowhere", mandatory=True)
+                        await window.flush()
+                        with anyio.move_on_after(0):
+                            await ch.get(queue)  # sent; its Get-Ok comes after our Close
+                    # leaving the block closed the channel with returns and a Get-Ok in flight
+                    assert conn.is_open
+                await wait_for_message_count(keep, queue, 3)
+                got = await keep.get(queue, no_ack=True)
+                assert got is not None and got.body == body
+            assert conn.is_open

@@ -632,3 +632,22 @@ def test_every_state_input_pair_yields_events_or_a_protocol_error(
             return
         assert all(isinstance(e, codec.Event) for e in events)
         proto.data_to_send()
+
+
+def test_crossed_channel_close_keeps_the_id_until_the_brokers_close_ok() -> None:
+    """Both sides send Channel.Close: we answer the broker's, report our close done, and
+    swallow the Close-Ok the broker still sends for ours (RabbitMQ does) instead of
+    treating it as a frame on an unopened channel."""
+    proto = open_connection()
+    cid = open_channel(proto)
+    proto.close_channel(cid)
+    proto.data_to_send()
+    events = proto.receive_data(
+        Peer.method(cid, commands.Channel.Close(reply_code=406, reply_text="x", class_id=0, method_id=0))
+    )
+    assert events == [codec.ChannelCloseOk(channel_id=cid)]
+    assert sent_methods(proto.data_to_send())[0].name == "Channel.CloseOk"
+    assert proto.open_channel() != cid  # still reserved
+    assert proto.receive_data(Peer.method(cid, commands.Channel.CloseOk())) == []
+    assert proto.state is codec.ConnectionState.OPEN
+    assert proto.channel_state(cid) is codec.ChannelState.CLOSED

@@ -44,9 +44,10 @@ async def three_workers(
         yield workers
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:  # noqa: ASYNC109
+async def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
+    """Poll worker state that has no event to wait on (``_cancelled``, ``liveness``)."""
     with anyio.fail_after(timeout):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110
             await anyio.sleep(0.01)
 
 
@@ -105,7 +106,9 @@ async def test_cancel_running_job_only_its_worker_cancels(
         assert worker.counts.get("dead_lettered", 0) == 0
 
 
-async def test_cancel_before_the_job_arrives_skips_it(client: ojs.Client, raw: amqp.Connection, q: str) -> None:
+async def test_cancel_before_the_job_arrives_skips_it(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
     """A CANCEL for a job no worker has seen yet is remembered by every worker; when the
     job arrives it is acked as "cancelled" without its handler running."""
     ran: list[str] = []
@@ -215,7 +218,9 @@ async def test_beat_reaches_every_worker_and_the_control_key(
             with anyio.fail_after(WAIT):
                 await started.wait()
             owner = next(w for w, _ in workers if job.id in w.active)
-            await wait_until(lambda: all(w.liveness.get(job.id, ("",))[0] == owner.worker_id for w, _ in workers))
+            await wait_until(
+                lambda: all(w.liveness.get(job.id, ("",))[0] == owner.worker_id for w, _ in workers)
+            )
             with anyio.fail_after(WAIT):
                 async for msg in tapped:
                     beats.append((msg.properties.type, json.loads(msg.body)))
