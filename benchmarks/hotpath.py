@@ -74,8 +74,8 @@ BODY = bytes(range(256))
 PREFETCH = 512
 DEFAULT_WINDOW = 1024
 PEER_BATCH = 1024
-PIKA_SELECT_WINDOW = 1024
-RAW_WRITE_BYTES = 256 * 1024
+PIKA_SELECT_WINDOW = 4096
+RAW_WRITE_BYTES = 64 * 1024
 READ_SIZE = 256 * 1024
 SCENARIO_TIMEOUT = 120.0
 BROKER_WAIT = 90.0
@@ -855,6 +855,11 @@ def _short_path(filename: str) -> str:
 # =====================================================================================
 
 
+def _broker_label(url: str) -> str:
+    host, port = _url_parts(url)[:2]
+    return f"{host}:{port}"
+
+
 def _fmt_rate(r: Result, wl: str) -> str:
     if r.skipped:
         return "skipped"
@@ -869,8 +874,8 @@ def print_report(
 ) -> None:
     print(
         f"hotpath: N={args.n} body={len(BODY)}B prefetch={PREFETCH} window={args.window} "
-        f"peer-batch={PEER_BATCH} best of {args.repeat} round(s); broker {urlsplit(args.url).hostname}:"
-        f"{urlsplit(args.url).port or 5672}; Python {platform.python_version()}, {os.cpu_count()} CPUs"
+        f"peer-batch={PEER_BATCH} pika-select-window={PIKA_SELECT_WINDOW}; best of {args.repeat} round(s); "
+        f"broker {_broker_label(args.url)}; Python {platform.python_version()}, {os.cpu_count()} CPUs"
     )
     if args.smoke:
         print("(smoke run: tiny N, the rates below measure start-up more than throughput)")
@@ -982,10 +987,13 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "n": args.n,
+                    "smoke": args.smoke,
+                    "broker": _broker_label(args.url),
                     "body_bytes": len(BODY),
                     "prefetch": PREFETCH,
                     "window": args.window,
                     "peer_batch": PEER_BATCH,
+                    "pika_select_window": PIKA_SELECT_WINDOW,
                     "repeat": args.repeat,
                     "python": platform.python_version(),
                     "results": {

@@ -73,9 +73,12 @@ CONNECTION_CLOSE: Final = (10 << 16) | 50
 _U32 = struct.Struct(">I")
 # frame header + class/method + ticket, for Basic.Publish
 _PUBLISH_HEAD = struct.Struct(">BHIIH")
-# frame header + class id + weight + body size, for the content header
-_CONTENT_HEAD = struct.Struct(">BHIHHQ")
-_FRAME_HEAD = struct.Struct(">BHI")
+# Basic.Publish's bits and frame end, then the content header's frame header, class
+# id, weight and body size
+_PUBLISH_MIDDLE = struct.Struct(">BBBHIHHQ")
+# the previous frame's end octet, then a body frame's header
+_BODY_HEAD = struct.Struct(">BBHI")
+_END = b"\xce"
 # whole frames: header, class/method, delivery tag, bits, frame end
 _TAG_BITS_FRAME = struct.Struct(">BHIIQBB")
 _TAG_BITS = struct.Struct(">QB")
@@ -129,46 +132,42 @@ def encode_publish(
         chunk = frame_max - 8
     else:
         raise UsageError(f"frame_max must be 0 or {FRAME_MIN_SIZE}..{2**32 - 1}, got {frame_max!r}")
-    body_size = len(body)
-    try:
-        out = bytearray(_PUBLISH_HEAD.pack(1, channel, 7 + len(ex) + len(rk), BASIC_PUBLISH, 0))
-        out += ex
-        out += rk
-        out.append((2 if immediate else 0) | (1 if mandatory else 0))
-        out.append(0xCE)
-        start = len(out)
-        out += _CONTENT_HEAD.pack(2, channel, 0, 60, 0, body_size)
-    except struct.error as exc:
-        raise UsageError(f"bad channel {channel!r}: {exc}") from None
+    props: bytes | bytearray
     if properties is None:
-        out += b"\x00\x00"
+        props = b"\x00\x00"
     else:
+        props = bytearray()
         try:
-            _encode_properties_into(out, properties)
+            _encode_properties_into(props, properties)
         except TypeError as exc:
             raise UsageError(f"invalid message property: {exc}") from None
-    header_size = len(out) - start - 7
+    header_size = 12 + len(props)
     if header_size > chunk:
         raise UsageError(
             f"the content header is {header_size + 8} bytes, more than frame_max ({chunk + 8}); "
             "send fewer or smaller headers"
         )
-    _U32.pack_into(out, start + 3, header_size)
-    out.append(0xCE)
+    body_size = len(body)
+    try:
+        head = _PUBLISH_HEAD.pack(1, channel, 7 + len(ex) + len(rk), BASIC_PUBLISH, 0)
+        middle = _PUBLISH_MIDDLE.pack(
+            (2 if immediate else 0) | (1 if mandatory else 0), 0xCE, 2, channel, header_size, 60, 0, body_size
+        )
+    except struct.error as exc:
+        raise UsageError(f"bad channel {channel!r}: {exc}") from None
     if body_size <= chunk:
         if body_size:
-            out += _FRAME_HEAD.pack(3, channel, body_size)
-            out += body
-            out.append(0xCE)
-        return bytes(out)
-    parts: list[bytes | bytearray | memoryview] = [out]
+            return b"".join(
+                (head, ex, rk, middle, props, _BODY_HEAD.pack(0xCE, 3, channel, body_size), body, _END)
+            )
+        return b"".join((head, ex, rk, middle, props, _END))
+    parts: list[bytes | bytearray | memoryview] = [head, ex, rk, middle, props]
     view = memoryview(body)
-    end = b"\xce"
     for first in range(0, body_size, chunk):
         piece = view[first : first + chunk]
-        parts.append(_FRAME_HEAD.pack(3, channel, len(piece)))
+        parts.append(_BODY_HEAD.pack(0xCE, 3, channel, len(piece)))  # ends the previous frame
         parts.append(piece)
-        parts.append(end)
+    parts.append(_END)
     return b"".join(parts)
 
 

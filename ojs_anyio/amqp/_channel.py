@@ -60,6 +60,9 @@ _FLUSH_THRESHOLD = 64 * 1024
 _CONSUMED = _metrics.stats.consumed
 _ACKED = _metrics.stats.acked
 _NACKED = _metrics.stats.nacked
+#: At most one confirm-latency sample per channel per this many seconds (an SDK histogram
+#: record costs microseconds; at low rates every Basic.Ack frame is sampled).
+_CONFIRM_SAMPLE_INTERVAL = 0.001
 _tag_counter = itertools.count(1)
 _TAG_PREFIX = f"ojs-{os.getpid()}-"
 
@@ -281,19 +284,24 @@ class IncomingMessage:
         ch = self._channel
         return self._generation != ch._generation or ch._cid == 0
 
-    def _begin_settle(self) -> Channel:
+    def _begin_settle(self, multiple: bool = False) -> Channel:
+        ch = self._channel
+        if not self._settled and self.delivery_tag <= ch._settled_upto and self._generation == ch._generation:
+            self._settled = True  # covered by an earlier multiple=True ack/nack on this channel
         if self._settled:
             raise DeliveryAlreadySettledError(
                 f"delivery {self.delivery_tag} was already acked, nacked or rejected "
                 "(or consumed with no_ack)"
             )
-        ch = self._channel
         if self._generation != ch._generation or ch._cid == 0:
             raise StaleDeliveryError(
                 f"delivery {self.delivery_tag} belongs to a channel that closed or was recovered since; "
                 "the broker will redeliver it"
             )
         self._settled = True
+        if multiple and self.delivery_tag > ch._settled_upto:
+            # Delivery tags grow per channel: this settles every earlier delivery too.
+            ch._settled_upto = self.delivery_tag
         if self._consumer is not None:
             self._consumer._unacked -= 1
         elif ch._get_unacked:
@@ -301,7 +309,7 @@ class IncomingMessage:
         return ch
 
     async def ack(self, multiple: bool = False) -> None:
-        ch = self._begin_settle()
+        ch = self._begin_settle(multiple)
         conn = ch._conn
         conn._proto.ack(ch._cid, self.delivery_tag, multiple)
         q = self.queue
@@ -310,7 +318,7 @@ class IncomingMessage:
             await conn._flush()
 
     async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
-        ch = self._begin_settle()
+        ch = self._begin_settle(multiple)
         conn = ch._conn
         conn._proto.nack(ch._cid, self.delivery_tag, multiple, requeue)
         q = self.queue
@@ -433,6 +441,8 @@ class Channel:
         self.prefetch = prefetch
         self._cid = 0
         self._generation = 0
+        #: Highest delivery tag settled with multiple=True in this generation.
+        self._settled_upto = 0
         self._opened_once = False
         self._closed = False
         self._closed_error: BaseException | None = None
@@ -445,6 +455,7 @@ class Channel:
         self._get_unacked: dict[str, int] = {}
         #: Time publishes for the confirm-latency histogram (an SDK is installed).
         self._timing = False
+        self._next_sample = 0.0
         self._internal = False
         #: While recovery re-opens it, a broker close only resets it (see _on_closed).
         self._recovering = False
@@ -507,6 +518,7 @@ class Channel:
         cid = conn._proto.open_channel()
         self._cid = cid
         self._generation += 1
+        self._settled_upto = 0
         self._timing = _metrics.timing_enabled()
         conn._by_id[cid] = self
         await self._call(None, internal=True)
@@ -557,6 +569,7 @@ class Channel:
             del conn._by_id[self._cid]
         self._cid = 0
         self._generation += 1
+        self._settled_upto = 0
         self._get_unacked = {}
         conn._unregister(self)
         _metrics.stats.channels_active -= 1
@@ -620,13 +633,14 @@ class Channel:
         returned = ev.returned
         if ev.ack:
             if self._timing:
-                # One sample per Basic.Ack frame: the oldest publish it confirms (an SDK
-                # histogram record costs microseconds; under load a frame covers many).
-                first = pending.get(ev.tags[0]) if ev.tags else None
-                if first is not None and first.sent_at:
-                    _metrics.confirm_latency.record(
-                        time.monotonic() - first.sent_at, {"queue": first.routing_key}
-                    )
+                # Sampled: the oldest publish a Basic.Ack frame confirms, at most once per
+                # _CONFIRM_SAMPLE_INTERVAL (under load a frame covers many publishes).
+                now = time.monotonic()
+                if now >= self._next_sample:
+                    first = pending.get(ev.tags[0]) if ev.tags else None
+                    if first is not None and first.sent_at:
+                        self._next_sample = now + _CONFIRM_SAMPLE_INTERVAL
+                        _metrics.confirm_latency.record(now - first.sent_at, {"queue": first.routing_key})
             for tag in ev.tags:
                 handle = pending.pop(tag, None)
                 if handle is None:
@@ -776,6 +790,7 @@ class Channel:
             return
         self._cid = 0
         self._generation += 1  # deliveries handed out so far are stale (StaleDeliveryError)
+        self._settled_upto = 0
         self._get_unacked = {}
         self._fail_pending(lost, outcome_unknown=True)
         for consumer in self._consumers.values():
@@ -795,6 +810,12 @@ class Channel:
         """
         if self._closed or self._internal:
             return
+        # A call cancelled while it waited for its reply on an earlier transport (recovery
+        # itself is cancelled when a transport dies) leaves its waiter; no reply will come.
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.error = ConnectionLostError("the connection was lost before the reply")
+            waiter.event.set()
         conn = self._conn
         topo = conn.topology
         self._recovering = True
@@ -1096,8 +1117,14 @@ class Channel:
         return None
 
     async def recover(self, requeue: bool = True) -> None:
-        """Basic.Recover: redeliver this channel's unacknowledged messages."""
+        """Basic.Recover: redeliver this channel's unacknowledged messages.
+
+        Deliveries received before it can no longer be settled (their tags are void):
+        settling one raises :class:`StaleDeliveryError`.
+        """
         await self._call(commands.Basic.Recover(requeue=requeue))
+        self._generation += 1
+        self._settled_upto = 0
 
     @asynccontextmanager
     async def consume(

@@ -313,8 +313,25 @@ class Connection:
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
         self._tg = tg
         self._service_scope = anyio.CancelScope(shield=True)
-        with anyio.fail_after(self.connection_timeout):
-            await self._open_transport()
+        # Try each host of the URL in turn; an answer that is not a network failure
+        # (a refused login, an unknown vhost) is final and raised at once.
+        last: ConnectionLostError | None = None
+        for _ in range(len(self.url.hosts)):
+            host, port = self.url.hosts[self._host_index % len(self.url.hosts)]
+            try:
+                with anyio.fail_after(self.connection_timeout):
+                    await self._open_transport()
+                break
+            except TimeoutError:
+                last = ConnectionLostError(
+                    f"connecting to {host}:{port} timed out after {self.connection_timeout}s"
+                )
+            except ConnectionLostError as exc:
+                last = exc
+            self._host_index += 1
+        else:
+            assert last is not None
+            raise last
         # Returns once the reader runs, so even an immediate aclose() gets its Close-Ok.
         await tg.start(self._supervise, name="ojs-amqp-supervisor")
 

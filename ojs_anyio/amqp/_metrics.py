@@ -24,12 +24,13 @@ What each instrument counts (attribute ``queue`` where it says "by queue"; ``doc
   prefetch slot is taken (a worker with ``prefetch == concurrency`` has all its handlers
   busy); a consumer that sits below 1.0 could take more work.  An instantaneous value at
   each collection.
-* ``ojs_amqp_publish_confirm_latency_seconds``: one sample per Basic.Ack frame, the
-  latency of the oldest publish it confirms, from being queued for the socket to the ack
-  (every publish at low rates; under load RabbitMQ confirms many per frame, and the sample
-  is the slowest of them).  An SDK histogram record costs microseconds, so it is not paid
-  per publish.  Timed only on channels opened while an SDK MeterProvider is installed
-  (:func:`timing_enabled`); without the SDK a publish pays one attribute test.
+* ``ojs_amqp_publish_confirm_latency_seconds``: sampled.  On a Basic.Ack frame, the
+  latency of the oldest publish it confirms, from being queued for the socket to the ack;
+  at most one sample per channel per millisecond.  At low rates that is every publish;
+  under load a frame confirms many publishes and the sample is the slowest of them.  An
+  SDK histogram record costs microseconds, too much to pay per publish.  Timed only on
+  channels opened while an SDK MeterProvider is installed (:func:`timing_enabled`);
+  without the SDK a publish pays one attribute test.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ reconnections = meter.create_counter("ojs_amqp_reconnections_total", description
 confirm_latency = meter.create_histogram(
     "ojs_amqp_publish_confirm_latency_seconds",
     unit="s",
-    description="Publisher confirm latency (oldest publish of each Basic.Ack frame), by queue",
+    description="Publisher confirm latency (sampled: oldest publish of a Basic.Ack frame), by queue",
 )
 
 _timing = False

@@ -263,7 +263,7 @@ async def test_metrics_publish_consume_ack_nack_by_queue(
     hist_before = before.histogram("ojs_amqp_publish_confirm_latency_seconds", queue)
     hist_after = after.histogram("ojs_amqp_publish_confirm_latency_seconds", queue)
     assert hist_before is None
-    # One sample per Basic.Ack frame (the oldest publish it confirms): 1 to 50 of them.
+    # Sampled (at most one per Basic.Ack frame and per millisecond): 1 to 50 samples.
     assert hist_after is not None and 1 <= hist_after.count <= 50
     assert 0 < hist_after.sum / hist_after.count < WAIT
 

@@ -39,7 +39,8 @@ class Soak:
         self.seen: Counter[int] = Counter()
         self.missing = set(range(MESSAGES))
         self.all_seen = anyio.Event()
-        #: Set once the consumer has seen ``_wanted`` distinct messages (the producer waits).
+        #: Set once the consumer has seen ``_wanted`` distinct messages, or on any event of
+        #: the producer's connection (a cut fails publishes): the producer re-checks its lead.
         self._progress = anyio.Event()
         self._wanted = MESSAGES
         self.retried = self.stale_acks = self.lost_acks = 0
@@ -48,15 +49,17 @@ class Soak:
         """Publish everything with confirms (bulk window); publish again whatever ended
         without a confirm, until every message was confirmed once."""
         todo = list(range(MESSAGES))
+        conn.add_listener(lambda _: self._progress.set())
         async with conn.channel() as ch:
             while todo:
                 window = ch.publish_window(max_in_flight=500)
                 sent = []
                 for n in todo:
-                    published = MESSAGES - len(todo) + len(sent)
-                    if published - len(self.seen) > LEAD:
+                    # Ahead of the consumer: confirmed in earlier passes, plus this pass's
+                    # publishes that haven't failed (those are retried in the next pass).
+                    while MESSAGES - len(todo) + len(sent) - len(window.failures) - len(self.seen) > LEAD:
                         await window.flush()  # what the consumer waits for must be on its way
-                        self._progress, self._wanted = anyio.Event(), published - LEAD // 2
+                        self._progress, self._wanted = anyio.Event(), len(self.seen) + LEAD // 2
                         await self._progress.wait()
                     body = str(n).encode()
                     handle = await window.publish(body, routing_key=self.queue, properties=PERSISTENT)

@@ -1,0 +1,86 @@
+"""Settling rules the broker would otherwise enforce by closing the channel, and the first
+connect trying every host of a multi-host URL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import pytest
+from amqp_helpers import closed_port
+
+from ojs_anyio import amqp
+
+pytestmark = pytest.mark.anyio
+
+
+async def _three_messages(ch: amqp.Channel, queue: str) -> list[amqp.IncomingMessage]:
+    for i in range(3):
+        await ch.publish(f"m{i}".encode(), routing_key=queue)
+    got: list[amqp.IncomingMessage] = []
+    with anyio.fail_after(10):
+        while len(got) < 3:
+            msg = await ch.get(queue)
+            if msg is not None:
+                got.append(msg)
+    return got
+
+
+async def test_multiple_ack_settles_earlier_deliveries_locally(amqp_url: str) -> None:
+    async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+        queue = (await ch.queue_declare("", exclusive=True)).name
+        first, second, third = await _three_messages(ch, queue)
+        await second.ack(multiple=True)  # covers first and second
+        with pytest.raises(amqp.DeliveryAlreadySettledError):
+            await first.ack()  # caught locally; the broker would have closed the channel (406)
+        await third.ack()  # not covered: still ours to settle
+        assert ch.is_open
+        assert (await ch.queue_declare(queue, passive=True)).message_count == 0
+        await ch.publish(b"after", routing_key=queue)  # the channel is still usable
+        msg = await ch.get(queue)
+        assert msg is not None and msg.body == b"after"
+        await msg.ack()
+
+
+async def test_multiple_nack_settles_earlier_deliveries_locally(amqp_url: str) -> None:
+    async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+        queue = (await ch.queue_declare("", exclusive=True)).name
+        first, second, _third = await _three_messages(ch, queue)
+        await second.nack(requeue=False, multiple=True)
+        with pytest.raises(amqp.DeliveryAlreadySettledError):
+            await first.reject()
+        assert ch.is_open
+
+
+async def test_recover_makes_earlier_deliveries_stale(amqp_url: str) -> None:
+    async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+        queue = (await ch.queue_declare("", exclusive=True)).name
+        first, _, _ = await _three_messages(ch, queue)
+        await ch.recover(requeue=True)
+        assert first.is_stale
+        with pytest.raises(amqp.StaleDeliveryError):
+            await first.ack()
+        assert ch.is_open
+        again = await ch.get(queue)
+        assert again is not None and again.redelivered
+        await again.ack()
+
+
+async def test_first_connect_tries_every_host(amqp_url: str, unique: Callable[[str], str]) -> None:
+    parsed = amqp.parse_url(amqp_url)
+    dead = closed_port()
+    url = amqp_url.replace(f"{parsed.host}:{parsed.port}", f"127.0.0.1:{dead},{parsed.host}:{parsed.port}")
+    if url == amqp_url:  # URL without an explicit port
+        url = amqp_url.replace(f"@{parsed.host}", f"@127.0.0.1:{dead},{parsed.host}:{parsed.port}")
+    assert amqp.parse_url(url).hosts[0] == ("127.0.0.1", dead)
+    with anyio.fail_after(15):
+        async with amqp.connect(url, connection_timeout=5) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            await ch.publish(b"x", routing_key=queue)
+
+
+async def test_first_connect_reports_the_last_failure_when_no_host_answers() -> None:
+    a, b = closed_port(), closed_port()
+    with pytest.raises(amqp.ConnectionLostError, match=str(b)), anyio.fail_after(15):
+        async with amqp.connect(f"amqp://guest:guest@127.0.0.1:{a},127.0.0.1:{b}/"):
+            pass
