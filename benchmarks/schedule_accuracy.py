@@ -8,7 +8,10 @@ delay asked for.  A scheduled push goes through the binary delay levels (``_clie
 ``ojs.queue.delay.NN`` TTL queues, one hop per set bit, then the landing queue and the
 job's own queue); a job already due goes straight to its queue.
 
-A worker (``--concurrency``, default 10) consumes the queue from before the first push.
+The pushes are spread over ``--push-tasks`` concurrent tasks (default 20); how long each
+``push_job()`` took is reported too, since a push's own latency counts as lateness (the
+delay is computed when the message is built, and the TTL clock starts when the broker has
+it).  A worker (``--concurrency``, default 10) consumes the queue from before the first push.
 Its handler records, on arrival, ``lateness = now - scheduled_at`` where ``scheduled_at``
 is the job's own field (RFC 3339 with milliseconds, as the envelope stores it).  The run
 ends when every job has arrived (or ``max-delay + 60`` s passed).
@@ -75,12 +78,15 @@ def summary(values: list[float]) -> dict[str, Any]:
     }
 
 
-async def run(url: str, jobs: int, max_delay: float, seed: int, concurrency: int) -> dict[str, Any]:
+async def run(
+    url: str, jobs: int, max_delay: float, seed: int, concurrency: int, push_tasks: int
+) -> dict[str, Any]:
     rng = random.Random(seed)
     q = f"sched-{uuid.uuid4().hex[:10]}"
     requested: dict[str, datetime] = {}  # job id -> the datetime passed to push
     hops: dict[str, int] = {}  # job id -> delay-level hops (set bits of the delay in ms)
     lateness: dict[str, float] = {}  # job id -> ms after the job's scheduled_at
+    push_ms: list[float] = []  # how long each push_job() took (build excluded), ms
     vs_requested: dict[str, float] = {}  # job id -> ms after the requested datetime
     done = anyio.Event()
     worker = ojs.Worker(queues=[q], concurrency=concurrency)
@@ -115,12 +121,14 @@ async def run(url: str, jobs: int, max_delay: float, seed: int, concurrency: int
                         job = client.build("bench.scheduled", [len(requested)], queue=q, scheduled_at=at)
                         requested[job.id] = at
                         hops[job.id] = bin(max(0, math.ceil(d * 1000))).count("1")
+                        t_push = time.perf_counter()
                         await client.push_job(job)
+                        push_ms.append((time.perf_counter() - t_push) * 1000)
 
                 t0 = time.monotonic()
                 async with anyio.create_task_group() as ptg:
-                    for k in range(PUSH_TASKS):
-                        ptg.start_soon(pusher, delays[k::PUSH_TASKS])
+                    for k in range(push_tasks):
+                        ptg.start_soon(pusher, delays[k::push_tasks])
                 push_seconds = time.monotonic() - t0
                 with anyio.move_on_after(max_delay + 60.0):
                     await done.wait()
@@ -147,7 +155,9 @@ async def run(url: str, jobs: int, max_delay: float, seed: int, concurrency: int
         "seed": seed,
         "concurrency": concurrency,
         "python": platform.python_version(),
+        "push_tasks": push_tasks,
         "push_seconds": round(push_seconds, 3),
+        "push_latency": {k: v for k, v in summary(push_ms).items() if k in ("p50_ms", "p99_ms", "max_ms")},
         "received": len(lateness),
         "missing": jobs - len(lateness),
         "lateness": result,
@@ -163,7 +173,12 @@ def print_report(r: dict[str, Any]) -> None:
         f"schedule accuracy: {r['jobs']:,} jobs at uniform random delays in [0, {r['max_delay_s']:g}] s "
         f"(seed {r['seed']}), worker concurrency {r['concurrency']}, python {r['python']}"
     )
-    print(f"pushed in {r['push_seconds']:.2f}s; received {r['received']:,}, missing {r['missing']}")
+    pl = r["push_latency"]
+    print(
+        f"pushed by {r['push_tasks']} tasks in {r['push_seconds']:.2f}s; one push took"
+        f" p50 {pl['p50_ms']:.1f} ms, p99 {pl['p99_ms']:.1f} ms, max {pl['max_ms']:.1f} ms"
+    )
+    print(f"received {r['received']:,}, missing {r['missing']}")
     verdict = "PASS" if lat["early"] == 0 and r["missing"] == 0 else "FAIL"
     print(f"early (arrived before scheduled_at): {lat['early']}  {verdict}")
     print(
@@ -187,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-delay", type=float, default=None, help="seconds (default 120; 3 with --smoke)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=10, help="worker concurrency")
+    ap.add_argument("--push-tasks", type=int, default=PUSH_TASKS, help="concurrent pushers (default 20)")
     ap.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
     ap.add_argument("--url", default=os.environ.get("OJS_AMQP_URL", DEFAULT_URL))
     ap.add_argument("--smoke", action="store_true", help="30 jobs within 3 s")
@@ -196,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     max_delay = args.max_delay if args.max_delay is not None else (3.0 if args.smoke else 120.0)
     if jobs < 1 or max_delay < 0:
         ap.error("--jobs must be >= 1 and --max-delay >= 0")
-    result = anyio.run(run, args.url, jobs, max_delay, args.seed, args.concurrency, backend=args.backend)
+    result = anyio.run(
+        run, args.url, jobs, max_delay, args.seed, args.concurrency, args.push_tasks, backend=args.backend
+    )
     result["backend"] = args.backend
     if args.json:
         print(json.dumps(result))

@@ -65,8 +65,7 @@ class _Stats:
         table: dict[str, int] = {}
         for source in list(consumers):
             for queue, n, _prefetch in source._metrics_unacked():
-                if n:
-                    table[queue] = table.get(queue, 0) + n
+                table[queue] = table.get(queue, 0) + n  # 0 too: a live consumer's queue
         return table
 
     @property

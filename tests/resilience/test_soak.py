@@ -31,6 +31,7 @@ PERSISTENT = amqp.BasicProperties(delivery_mode=2)
 #: The producer stays at most this many messages ahead of the consumer, so it publishes
 #: through the whole run and the cuts hit publishes in flight, not only deliveries.
 LEAD = 1000
+LATENCY = float(os.environ.get("OJS_SOAK_LATENCY", "0.005"))
 
 
 class Soak:
@@ -95,6 +96,8 @@ async def test_soak_no_loss_under_repeated_cuts(amqp_url: str, unique: Callable[
     soak = Soak(unique("soak"))
     try:
         async with FaultProxy() as proxy:
+            # A few ms each way: confirms are always in flight, so every cut catches some.
+            proxy.set_latency(LATENCY)
             async with observer(amqp_url) as operator:
                 await operator.queue_declare(soak.queue, durable=True)
             with anyio.fail_after(TIME_BOUND + 10):
