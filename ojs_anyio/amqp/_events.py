@@ -62,7 +62,9 @@ class ConsumerRecovered(RecoveryEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopologyRecoveryFailed(RecoveryEvent):
-    """Re-declaring one entity failed (for example 406 on conflicting arguments)."""
+    """Recovery could not restore one thing: re-declaring an entity failed (for example 406
+    on conflicting arguments), or re-registering a consumer did (its queue is gone).  The
+    rest of the recovery goes on; that consumer's iteration raises ``error``."""
 
     what: str
     error: BaseException

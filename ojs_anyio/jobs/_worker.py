@@ -475,13 +475,16 @@ class Worker:
         timeout = (
             float(job.timeout) if isinstance(job.timeout, int) and job.timeout > 0 else self.default_timeout
         )
-        if timeout > self.broker_consumer_timeout:
+        # The broker's clock starts at delivery, and a job may wait prefetched before its
+        # handler starts: keep a 10% margin below the consumer timeout.
+        cap = self.broker_consumer_timeout * 0.9
+        if timeout > cap:
             log.warning(
                 "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): the broker would "
                 "close the channel and redeliver it; it is capped at %.0fs",
-                job.id, timeout, self.broker_consumer_timeout, self.broker_consumer_timeout,
+                job.id, timeout, self.broker_consumer_timeout, cap,
             )  # fmt: skip
-            timeout = self.broker_consumer_timeout
+            timeout = cap
         error: tuple[str, str, str] | None = None  # (code, error type, message)
         verdict: BaseException | None = None
         scope = anyio.CancelScope()
