@@ -61,7 +61,10 @@ then the worker at the k-th concurrency (1, 10, 100) draining it; ours alternate
 ``push_batch`` (rounds 1 and 3) and ``push`` x100 (round 2).  Interleaving the systems
 makes drift in the machine's load hit them alike.  An enqueue rate is the best of the
 rounds that measured it (``--repeat R`` runs everything R times, best reported).  Each
-run's queue (with the peer's side queues and exchanges) is deleted afterwards.  Ours
+run's queue (with the peer's side queues and exchanges) is deleted afterwards.  A round
+that fails (e.g. the shared broker restarted mid-run: a peer publishing without confirms
+then silently loses messages, which the queue-length check catches) is run again, once
+by default (``--retries``); the report notes it.  Ours
 runs on asyncio and on Trio (extra columns); the comparison takes our best backend.
 
 Targets (printed as PASS/MISS, never asserted): ours ≥ 5x the best peer, per scenario.
@@ -475,30 +478,29 @@ def _tail(data: bytes, limit: int = 600) -> str:
     return text[-limit:].replace("\n", " | ")
 
 
-def run_peer(python: str, url: str, row: str, peer: str, pool: str, n: int, c: int, out: Rates) -> None:
-    """One round: the peer's enqueue of N into a fresh queue, then its worker at concurrency c."""
+def run_peer(python: str, url: str, row: str, peer: str, pool: str, n: int, c: int, out: Rates) -> str | None:
+    """One round: the peer's enqueue of N into a fresh queue, then its worker at concurrency c.
+
+    Returns None, or what went wrong (the round's rates are then not recorded)."""
     q = f"bench.{peer}.{uuid.uuid4().hex[:10]}"
     ent = peer_entities(peer, q)
     try:
         try:
-            rate = peer_enqueue(python, url, peer, q, n)
-            out.best("enqueue", rate)
-            log(f"  {row}: enqueue {rate:,.0f} jobs/s")
+            enqueue_rate = peer_enqueue(python, url, peer, q, n)
+            log(f"  {row}: enqueue {enqueue_rate:,.0f} jobs/s")
         except Exception as exc:
-            out.notes["enqueue"] = f"error: {exc}"
-            log(f"  {row}: enqueue failed: {exc}")
-            return
+            return f"enqueue failed: {exc}"
         count = wait_for_count(url, q, n)
         if count != n:
-            out.notes[f"worker_c{c}"] = f"error: queue holds {count} messages, expected {n}"
-            return
+            return f"after the enqueue the queue holds {count} messages, expected {n}"
         try:
             rate = peer_worker(python, url, peer, pool, q, n, c)
-            out.best(f"worker_c{c}", rate)
-            log(f"  {row}: worker c={c}: {rate:,.0f} jobs/s")
         except Exception as exc:
-            out.notes[f"worker_c{c}"] = f"error: {exc}"
-            log(f"  {row}: worker c={c} failed: {exc}")
+            return f"worker c={c} failed: {exc}"
+        log(f"  {row}: worker c={c}: {rate:,.0f} jobs/s")
+        out.best("enqueue", enqueue_rate)
+        out.best(f"worker_c{c}", rate)
+        return None
     finally:
         delete_entities(url, ent.queues, ent.exchanges)
 
@@ -796,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="rounds; the best of each is reported (default 1)")
     ap.add_argument("--profile", choices=["asyncio", "trio"], help="cProfile our push_batch and worker; exit")
     ap.add_argument("--profile-concurrency", type=int, default=10, help="worker concurrency for --profile")
+    ap.add_argument("--retries", type=int, default=1, help="re-runs of a round that failed (default 1)")
     ap.add_argument("--peer-python", default=sys.executable, help="interpreter for the peer subprocesses")
     # child mode (internal)
     ap.add_argument("--child", choices=list(PEER_MODULES), help=argparse.SUPPRESS)
@@ -839,20 +842,31 @@ def main(argv: list[str] | None = None) -> int:
         for i, c in enumerate(concurrencies):
             style = "push_batch" if i % 2 == 0 else "push_concurrent"
             for backend in backends:
-                log(f"round {rnd + 1}.{i + 1}: ojs-anyio/{backend}: {style} N={n}, worker c={c}")
-                try:
-                    run_ours(args.url, n, backend, c, style, ours[backend])
-                    log("  " + ", ".join(f"{k} {v:,.0f}" for k, v in ours[backend].values.items()))
-                except Exception as exc:
-                    failed = True
-                    ours[backend].notes[f"{style}/worker_c{c}"] = f"error: {exc!r}"
-                    log(f"  failed: {exc!r}")
-                    traceback.print_exc(file=sys.stderr)
+                for attempt in range(1 + args.retries):
+                    log(f"round {rnd + 1}.{i + 1}: ojs-anyio/{backend}: {style} N={n}, worker c={c}")
+                    key = f"round {rnd + 1}.{i + 1}"
+                    try:
+                        run_ours(args.url, n, backend, c, style, ours[backend])
+                        log("  " + ", ".join(f"{k} {v:,.0f}" for k, v in ours[backend].values.items()))
+                        break
+                    except Exception as exc:
+                        log(f"  failed: {exc!r}")
+                        traceback.print_exc(file=sys.stderr)
+                        final = attempt == args.retries
+                        failed = failed or final
+                        ours[backend].notes[key] = ("error: " if final else "retried after: ") + repr(exc)
             for row, peer, pool in PEER_ROWS:
                 rates = peers.get(row)
-                if isinstance(rates, Rates):
+                if not isinstance(rates, Rates):
+                    continue
+                for attempt in range(1 + args.retries):
                     log(f"round {rnd + 1}.{i + 1}: {row}: enqueue N={n}, worker c={c}")
-                    run_peer(args.peer_python, args.url, row, peer, pool, n, c, rates)
+                    why = run_peer(args.peer_python, args.url, row, peer, pool, n, c, rates)
+                    if why is None:
+                        break
+                    log(f"  {row}: {why}")
+                    prefix = "error: " if attempt == args.retries else "retried after: "
+                    rates.notes[f"round {rnd + 1}.{i + 1}"] = prefix + why
 
     comparison = compare(ours, peers, concurrencies)
     elapsed = time.monotonic() - started

@@ -9,11 +9,14 @@ The resilience tests run ``main()`` through a proxy that cuts the connection rep
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 
 from ojs_anyio import amqp
 
+T = TypeVar("T")
 QUEUE = "example.failure-handling"
 PERSISTENT = amqp.BasicProperties(delivery_mode=2)
 #: Retry quickly at first, never more than 5 s apart; give up after a minute down.
@@ -29,6 +32,18 @@ def report(event: amqp.RecoveryEvent) -> None:
         print("recovered")
     elif isinstance(event, amqp.TopologyRecoveryFailed):
         print("could not restore", event.what, event.error)
+
+
+async def call_again_after_a_cut(call: Callable[[], Awaitable[T]]) -> T:
+    """A call in flight when the connection drops fails with the connection's error;
+    calling again waits for the recovery (it never runs twice on the broker by itself)."""
+    while True:
+        try:
+            return await call()
+        except amqp.RecoveryFailedError:
+            raise  # recovery gave up: this is final
+        except (amqp.ConnectionLostError, amqp.ConnectionLevelError):
+            continue
 
 
 async def publish_all(ch: amqp.Channel, queue: str, bodies: list[bytes]) -> int:
@@ -94,7 +109,7 @@ async def main(
                 tg.start_soon(consumer)
                 retried = await publish_all(ch, queue, bodies)
                 print(f"published {count}, all confirmed; {retried} published again after a cut")
-            await ch.queue_delete(queue)
+            await call_again_after_a_cut(lambda: ch.queue_delete(queue))
         print(f"reconnections: {conn.reconnections}")
 
 

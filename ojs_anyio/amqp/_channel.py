@@ -14,9 +14,10 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from pamqp import commands
 
@@ -56,6 +57,9 @@ __all__ = ["Channel", "Consumer", "IncomingMessage", "PublishHandle", "PublishWi
 log = logging.getLogger("ojs_anyio.amqp")
 
 _FLUSH_THRESHOLD = 64 * 1024
+#: A consumer takes buffered deliveries without yielding to the event loop, but checkpoints
+#: fully at least once every this many messages.
+_YIELD_EVERY = 32
 # The per-queue counters, bumped inline on the delivery and ack paths (see _metrics).
 _CONSUMED = _metrics.stats.consumed
 _ACKED = _metrics.stats.acked
@@ -314,8 +318,7 @@ class IncomingMessage:
         conn._proto.ack(ch._cid, self.delivery_tag, multiple)
         q = self.queue
         _ACKED[q] = _ACKED.get(q, 0) + 1
-        if not conn._writing:
-            await conn._flush()
+        await self._send_settle(conn)
 
     async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
         ch = self._begin_settle(multiple)
@@ -323,8 +326,7 @@ class IncomingMessage:
         conn._proto.nack(ch._cid, self.delivery_tag, multiple, requeue)
         q = self.queue
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        if not conn._writing:
-            await conn._flush()
+        await self._send_settle(conn)
 
     async def reject(self, requeue: bool = True) -> None:
         ch = self._begin_settle()
@@ -332,6 +334,16 @@ class IncomingMessage:
         conn._proto.reject(ch._cid, self.delivery_tag, requeue)
         q = self.queue
         _NACKED[q] = _NACKED.get(q, 0) + 1
+        await self._send_settle(conn)
+
+    async def _send_settle(self, conn: Connection) -> None:
+        """Write the ack/nack/reject just queued.  While the consumer still has deliveries
+        buffered, the write is batched instead: the consumer sends it before it waits for
+        the broker again, and the connection's flusher within ~2 ms at the latest."""
+        consumer = self._consumer
+        if consumer is not None and consumer._buffered > 0 and len(conn._proto._out) < _FLUSH_THRESHOLD:
+            conn._defer_flush()
+            return
         if not conn._writing:
             await conn._flush()
 
@@ -375,6 +387,9 @@ class Consumer:
         self._error: BaseException | None = None
         self._active = False
         self._unacked = 0
+        #: Deliveries pushed into the stream and not yet handed to the user.
+        self._buffered = 0
+        self._since_yield = 0
         self._resubscribe_scope: anyio.CancelScope | None = None
         _metrics.consumers.add(self)
 
@@ -382,10 +397,35 @@ class Consumer:
         return self
 
     async def __anext__(self) -> IncomingMessage:
+        if self._buffered == 0:
+            conn = self.channel._conn
+            if conn._deferred_flush:
+                # About to wait for the broker: send the acks batched meanwhile first.
+                await conn._flush_quietly()
+        elif self._since_yield < _YIELD_EVERY:
+            # A delivery is already buffered: take it without a trip through the event loop
+            # (still a cancellation point); a full checkpoint every _YIELD_EVERY messages
+            # keeps other tasks running.
+            self._since_yield += 1
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            try:
+                msg = self._receive.receive_nowait()
+            except anyio.WouldBlock:
+                pass
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return self._finish()
+            else:
+                self._buffered -= 1
+                return msg
+        self._since_yield = 0
         try:
-            return await self._receive.receive()
+            msg = await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            pass
+            return self._finish()
+        self._buffered -= 1
+        return msg
+
+    def _finish(self) -> NoReturn:
         if self._error is not None:
             raise self._error  # as it is: "from None" would erase its __cause__
         raise StopAsyncIteration
@@ -413,6 +453,7 @@ class Consumer:
             return False
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return False
+        self._buffered += 1
         if not msg._settled:
             self._unacked += 1
         return True
@@ -429,6 +470,7 @@ class Consumer:
             try:
                 dropped.append(self._receive.receive_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                self._buffered = 0
                 return dropped
 
 

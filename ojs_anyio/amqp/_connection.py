@@ -80,6 +80,8 @@ __all__ = ["Connection", "RecoveryPolicy", "connect"]
 log = logging.getLogger("ojs_anyio.amqp")
 
 _READ_SIZE = 256 * 1024
+#: Longest a batched ack waits for a write (see IncomingMessage._send_settle).
+_DEFERRED_FLUSH_DELAY = 0.002
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +154,8 @@ class Connection:
         self._proto: AMQPConnection = AMQPConnection(self._parameters())
         self._stream: anyio.abc.ByteStream | None = None
         self._writing = False
+        self._deferred_flush = False
+        self._flush_soon = anyio.Event()
         self._connected = anyio.Event()
         self._opened: ConnectionOpened | None = None
         self._handshake_done = anyio.Event()
@@ -462,6 +466,7 @@ class Connection:
             raise ConnectionLostError("not connected")
         proto = self._proto
         self._writing = True
+        self._deferred_flush = False
         try:
             while True:
                 data = proto.data_to_send()
@@ -509,6 +514,7 @@ class Connection:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._reader, tg.cancel_scope, name="ojs-amqp-reader")
             tg.start_soon(self._heartbeat_loop, name="ojs-amqp-heartbeat")
+            tg.start_soon(self._deferred_flusher, name="ojs-amqp-flusher")
             if restore:
                 tg.start_soon(self._restore, name="ojs-amqp-restore")
             else:
@@ -516,12 +522,31 @@ class Connection:
             task_status.started()
         return self._transport_error or ConnectionLostError("connection lost")
 
+    def _defer_flush(self) -> None:
+        """Bytes were queued without writing them (batched acks): the flusher task sends
+        them within ``_DEFERRED_FLUSH_DELAY`` unless someone writes first."""
+        if not self._deferred_flush:
+            self._deferred_flush = True
+            self._flush_soon.set()
+
+    async def _deferred_flusher(self) -> None:
+        while True:
+            await self._flush_soon.wait()
+            self._flush_soon = anyio.Event()
+            await anyio.sleep(_DEFERRED_FLUSH_DELAY)
+            if self._deferred_flush:
+                await self._flush_quietly()
+
     async def _reader(self, scope: anyio.CancelScope) -> None:
+        proto = self._proto
         try:
             while True:
                 data = await self._receive()
+                queued = len(proto._out)
                 self._feed(data)
-                if self._proto.has_data_to_send:
+                # Send what the frames themselves made us queue (Close-Ok, rejects of late
+                # deliveries…).  Acks queued by consumers are theirs to send, batched.
+                if len(proto._out) > queued:
                     await self._flush()
                 if self._transport_error is not None or self._proto.state in (
                     ConnectionState.CLOSED,

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from amqp_helpers import closed_port
+from amqp_helpers import closed_port, deleted_afterwards
+from harness import FaultProxy
 
 from ojs_anyio import amqp
 
@@ -84,3 +85,44 @@ async def test_first_connect_reports_the_last_failure_when_no_host_answers() -> 
     with pytest.raises(amqp.ConnectionLostError, match=str(b)), anyio.fail_after(15):
         async with amqp.connect(f"amqp://guest:guest@127.0.0.1:{a},127.0.0.1:{b}/"):
             pass
+
+
+async def test_batched_ack_is_sent_even_if_the_consumer_stops_iterating(
+    amqp_url: str, unique: Callable[[str], str]
+) -> None:
+    """An ack made while more deliveries are buffered is batched, not dropped: the
+    connection's flusher sends it within milliseconds although the user never asks for
+    the next message.  Proof from the broker: after a cut, only the two unacked messages
+    come back."""
+    queue = unique("q")
+    async with (
+        amqp.connect(amqp_url) as setup,
+        setup.channel() as ch,
+        deleted_afterwards(setup, queues=[queue]),
+    ):
+        await ch.queue_declare(queue)
+        for i in range(3):
+            await ch.publish(f"m{i}".encode(), routing_key=queue)
+        async with FaultProxy() as proxy:
+            with anyio.fail_after(15), pytest.raises(amqp.ConnectionLostError):
+                async with amqp.connect(proxy.url()) as conn, conn.channel() as cch:
+                    async with cch.consume(queue, prefetch=3) as messages:
+                        first = await messages.__anext__()
+                        while messages.statistics().current_buffer_used < 2:
+                            await anyio.sleep(0.01)  # the broker pushes the other two
+                        await first.ack()  # batched: two more are buffered
+                        await anyio.sleep(0.2)  # time is the behaviour here: the flush bound
+                        proxy.cut_all()
+                        await anyio.sleep_forever()  # the connection's failure ends the block
+        with anyio.fail_after(10):
+            back = []
+            while len(back) < 2:
+                msg = await ch.get(queue)
+                if msg is None:
+                    await anyio.sleep(0.05)  # the broker requeues asynchronously after the cut
+                    continue
+                back.append(msg)
+                await msg.ack()
+        assert sorted(m.body for m in back) == [b"m1", b"m2"]
+        assert all(m.redelivered for m in back)
+        assert await ch.get(queue) is None
