@@ -3,7 +3,7 @@
 Run: python docs/examples/failure_handling.py [amqp-url] [messages]
 (needs RabbitMQ; default amqp://guest:guest@localhost:5672/).  While it runs, break the
 connection, e.g. ``rabbitmqctl close_all_connections "try me"``, and watch it recover.
-The resilience tests run ``main()`` through a proxy that cuts the connection repeatedly.
+The resilience tests run ``main()`` through a proxy that cuts the connection mid-run.
 """
 
 from __future__ import annotations
@@ -114,4 +114,5 @@ async def main(
 
 
 if __name__ == "__main__":
-    anyio.run(main, *sys.argv[1:2], *(int(n) for n in sys.argv[2:3]))
+    url = sys.argv[1] if len(sys.argv) > 1 else "amqp://guest:guest@localhost:5672/"
+    anyio.run(main, url, int(sys.argv[2]) if len(sys.argv) > 2 else 1000)

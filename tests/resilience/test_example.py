@@ -36,8 +36,11 @@ async def test_example_survives_repeated_cuts(
             # Each time traffic flows again (so mid-run, never before the setup is done);
             # a few times only, so the example's own backoff (up to 5 s) stays out of play.
             for _ in range(3):
-                flowed = proxy.bytes_down
-                await wait_until(lambda: proxy.active_connections == 1 and proxy.bytes_down > flowed + 10_000)
+                target = proxy.bytes_down + 10_000
+                await wait_until(
+                    lambda target=target: proxy.active_connections == 1 and proxy.bytes_down > target,
+                    timeout=60,
+                )
                 proxy.cut_all()
 
         with anyio.fail_after(60):
