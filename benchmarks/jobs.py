@@ -64,8 +64,16 @@ rounds that measured it (``--repeat R`` runs everything R times, best reported).
 run's queue (with the peer's side queues and exchanges) is deleted afterwards.  A round
 that fails (e.g. the shared broker restarted mid-run: a peer publishing without confirms
 then silently loses messages, which the queue-length check catches) is run again, once
-by default (``--retries``); the report notes it.  Ours
-runs on asyncio and on Trio (extra columns); the comparison takes our best backend.
+by default (``--retries``), after waiting up to 2 minutes for the broker to answer; the
+report notes it.  Ours runs on asyncio and on Trio (extra columns); the comparison takes
+our best backend.
+
+Known asymmetries, all in the peers' favour: they prefetch more than their concurrency
+(Celery 4c, Dramatiq 2c, taskiq ≥ 10) where ours prefetches exactly c, which matters most
+at c=1 (one broker round trip per job for us); Celery and Dramatiq enqueue without
+publisher confirms and Celery acks before running the task; and our job queues are
+priority queues (``x-max-priority`` 10, the OJS default), which cost the broker more per
+message than the peers' plain queues.
 
 Targets (printed as PASS/MISS, never asserted): ours ≥ 5x the best peer, per scenario.
 Enqueue scenarios compare each of our push styles with the best peer enqueue; worker
@@ -76,8 +84,8 @@ Peers
 
 ``pip install -e '.[bench-peers]'`` (celery, dramatiq[rabbitmq], taskiq-aio-pika,
 faststream[rabbit]).  All four install into our environment without downgrading anything
-(taskiq-aio-pika and FastStream come through aio-pika 9+/aiormq 7, which use pamqp 4 like
-us).  A peer that isn't importable is reported "not installed".  ``--peer-python PATH``
+(taskiq-aio-pika and FastStream come through aio-pika 10 / aiormq 7, which use pamqp 4
+like us).  A peer that isn't importable is reported "not installed".  ``--peer-python PATH``
 runs the peer subprocesses with another interpreter (e.g. a separate venv, should a peer
 ever need a conflicting pamqp).
 
@@ -86,9 +94,13 @@ Usage::
     python3 benchmarks/jobs.py [--n 20000] [--smoke] [--json] [--url amqp://...]
                                [--peers all|none|celery,dramatiq,taskiq,faststream]
                                [--backends asyncio,trio] [--concurrency 1,10,100]
+                               [--repeat 1] [--retries 1] [--peer-python PATH]
+    python3 benchmarks/jobs.py --profile asyncio|trio [--n 20000] [--profile-concurrency 10]
 
-``--smoke``: N=200, ours only (unless ``--peers`` is given), a few seconds.  Exit status
-is 1 only when one of our own scenarios failed to run.
+``--smoke``: N=200, ours only (unless ``--peers`` is given), a few seconds.  ``--profile``
+runs cProfile over our ``push_batch`` and our worker draining N, prints the top functions
+by own time and own time per file, and exits.  Exit status is 1 only when one of our own
+scenarios failed to run (after its retries).
 """
 
 from __future__ import annotations
@@ -473,9 +485,28 @@ def peer_worker(python: str, url: str, peer: str, pool: str, q: str, n: int, c: 
     return (n - 1) / span if n > 1 and span > 0 else math.nan
 
 
-def _tail(data: bytes, limit: int = 600) -> str:
-    text = data.decode(errors="replace").strip()
-    return text[-limit:].replace("\n", " | ")
+def _tail(data: bytes, limit: int = 300) -> str:
+    """The last line of a child's stderr (its exception, usually), shortened."""
+    lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip()[-limit:] if lines else "(no output)"
+
+
+def wait_for_broker(url: str, timeout: float = 120.0) -> bool:
+    """Wait until the broker accepts a connection (the shared broker may be restarting)."""
+
+    async def probe() -> None:
+        async with amqp.connect(url):
+            pass
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            anyio.run(probe)
+            return True
+        except Exception:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1.0)
 
 
 def run_peer(python: str, url: str, row: str, peer: str, pool: str, n: int, c: int, out: Rates) -> str | None:
@@ -768,7 +799,7 @@ def print_report(
     print(f"ours (best backend) ÷ best peer, target ≥ {TARGET:g}x:")
     for row in comparison:
         if row["ours"] is None:
-            line = "ours did not run"
+            line = "ours not measured"
         elif row["peer"] is None:
             line = f"{_fmt(row['ours'])} ({row['ours_backend']}); no peer result"
         else:
@@ -855,6 +886,8 @@ def main(argv: list[str] | None = None) -> int:
                         final = attempt == args.retries
                         failed = failed or final
                         ours[backend].notes[key] = ("error: " if final else "retried after: ") + repr(exc)
+                        if not final:
+                            wait_for_broker(args.url)
             for row, peer, pool in PEER_ROWS:
                 rates = peers.get(row)
                 if not isinstance(rates, Rates):
@@ -867,6 +900,8 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"  {row}: {why}")
                     prefix = "error: " if attempt == args.retries else "retried after: "
                     rates.notes[f"round {rnd + 1}.{i + 1}"] = prefix + why
+                    if attempt < args.retries:
+                        wait_for_broker(args.url)
 
     comparison = compare(ours, peers, concurrencies)
     elapsed = time.monotonic() - started

@@ -34,7 +34,6 @@ from ._errors import (
     ConnectionLevelError,
     FrameError,
     NotImplementedByPeer,
-    ProtocolError,
     UnexpectedFrame,
     UsageError,
     channel_error_for,

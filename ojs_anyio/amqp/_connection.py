@@ -768,7 +768,8 @@ async def connect(
             finally:
                 await conn.aclose()
     except BaseExceptionGroup as eg:
-        raise _unwrap(eg, conn._fatal) from None
+        err = _unwrap(eg, conn._fatal)
+        raise err from err.__cause__  # not the group; keep why (RecoveryFailedError: the last error)
     if conn._fatal is not None:
         raise conn._fatal
 

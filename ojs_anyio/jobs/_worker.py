@@ -177,6 +177,8 @@ class Worker:
         #: Jobs this worker finished recently, for INFO: job id -> answer; bounded.
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._control_ch: amqp.Channel | None = None
+        #: Set whenever a job finishes (the grace-period wait in stop() listens to it).
+        self._jobs_changed = anyio.Event()
 
     # ------------------------------------------------------------- config
 
@@ -351,7 +353,8 @@ class Worker:
     async def _enforce_grace(self) -> None:
         with anyio.move_on_after(self.grace_period):
             while self._job_scopes:
-                await anyio.sleep(0.05)
+                self._jobs_changed = anyio.Event()
+                await self._jobs_changed.wait()
             return
         for scope, ctx in list(self._job_scopes.values()):
             log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
@@ -360,12 +363,14 @@ class Worker:
     async def _serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
         names = client.names
         try:
-            async with client.conn.channel(confirms=True) as ch:
-                async with ch.consume(names.job_queue(queue), prefetch=self.concurrency) as deliveries:
-                    started.set()
-                    async with anyio.create_task_group() as tg:
-                        for _ in range(self.concurrency):
-                            tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
+            async with (
+                client.conn.channel(confirms=True) as ch,
+                ch.consume(names.job_queue(queue), prefetch=self.concurrency) as deliveries,
+            ):
+                started.set()
+                async with anyio.create_task_group() as tg:
+                    for _ in range(self.concurrency):
+                        tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
         finally:
             self._queues_running -= 1
             if self._queues_running <= 0:
@@ -472,19 +477,19 @@ class Worker:
                 f"args {job.args!r} do not fit {fn.__name__}{signature}: {exc}", started,
             )  # fmt: skip
             return
-        timeout = (
-            float(job.timeout) if isinstance(job.timeout, int) and job.timeout > 0 else self.default_timeout
-        )
+        own_timeout = isinstance(job.timeout, int) and job.timeout > 0
+        timeout = float(job.timeout) if own_timeout else self.default_timeout  # type: ignore[arg-type]
         # The broker's clock starts at delivery, and a job may wait prefetched before its
-        # handler starts: keep a 10% margin below the consumer timeout.
+        # handler starts: keep a 10% margin below the consumer timeout.  The worker's own
+        # default is capped silently; a job that asks for more is warned about.
         cap = self.broker_consumer_timeout * 0.9
-        if timeout > cap:
+        if timeout > cap and own_timeout:
             log.warning(
                 "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): the broker would "
                 "close the channel and redeliver it; it is capped at %.0fs",
                 job.id, timeout, self.broker_consumer_timeout, cap,
             )  # fmt: skip
-            timeout = cap
+        timeout = min(timeout, cap)
         error: tuple[str, str, str] | None = None  # (code, error type, message)
         verdict: BaseException | None = None
         scope = anyio.CancelScope()
@@ -531,6 +536,7 @@ class Worker:
         finally:
             self._job_scopes.pop(job.id, None)
             self.active.pop(job.id, None)
+            self._jobs_changed.set()
         if verdict is None and error is None:
             await msg.ack()
             self._report(
@@ -669,7 +675,9 @@ class Worker:
             # reject-publish, or unbound).  Keep the reason anyway: publish the copy straight
             # to the dead-letter exchange (confirmed), then ack the original.  Only if that
             # fails too is the original Nacked without the reason headers (x-death remains).
-            log.warning("job queue %s refused the dead-letter copy (%s); sending it to the DLX directly", queue, exc)
+            log.warning(
+                "job queue %s refused the dead-letter copy (%s); sending it to the DLX directly", queue, exc
+            )
             direct = with_headers(props, {}, drop=(H_DEAD_LETTER,))
             try:
                 await ch.publish(
@@ -725,7 +733,8 @@ class Worker:
         if outcome.outcome in ("completed", "cancelled", "abandoned"):
             log.info(
                 "job %s type=%s queue=%s attempt=%d outcome=%s duration=%.3fs",
-                outcome.job_id, outcome.type, outcome.queue, outcome.attempt, outcome.outcome, outcome.duration,
+                outcome.job_id, outcome.type, outcome.queue,
+                outcome.attempt, outcome.outcome, outcome.duration,
             )  # fmt: skip
         for cb in list(self._listeners):
             cb(outcome)

@@ -105,15 +105,18 @@ async def test_batched_ack_is_sent_even_if_the_consumer_stops_iterating(
             await ch.publish(f"m{i}".encode(), routing_key=queue)
         async with FaultProxy() as proxy:
             with anyio.fail_after(15), pytest.raises(amqp.ConnectionLostError):
-                async with amqp.connect(proxy.url()) as conn, conn.channel() as cch:
-                    async with cch.consume(queue, prefetch=3) as messages:
-                        first = await messages.__anext__()
-                        while messages.statistics().current_buffer_used < 2:
-                            await anyio.sleep(0.01)  # the broker pushes the other two
-                        await first.ack()  # batched: two more are buffered
-                        await anyio.sleep(0.2)  # time is the behaviour here: the flush bound
-                        proxy.cut_all()
-                        await anyio.sleep_forever()  # the connection's failure ends the block
+                async with (
+                    amqp.connect(proxy.url()) as conn,
+                    conn.channel() as cch,
+                    cch.consume(queue, prefetch=3) as messages,
+                ):
+                    first = await messages.__anext__()
+                    while messages.statistics().current_buffer_used < 2:  # noqa: ASYNC110 (broker pushes)
+                        await anyio.sleep(0.01)
+                    await first.ack()  # batched: two more are buffered
+                    await anyio.sleep(0.2)  # time is the behaviour here: the flush bound
+                    proxy.cut_all()
+                    await anyio.sleep_forever()  # the connection's failure ends the block
         with anyio.fail_after(10):
             back = []
             while len(back) < 2:

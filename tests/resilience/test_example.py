@@ -11,7 +11,7 @@ import anyio
 import pytest
 from harness import FaultProxy
 
-from .resilience_helpers import wait_until
+from .resilience_helpers import observer, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -27,9 +27,23 @@ def load_example() -> ModuleType:
 
 
 async def test_example_survives_repeated_cuts(
-    unique: Callable[[str], str], capsys: pytest.CaptureFixture[str]
+    amqp_url: str, unique: Callable[[str], str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     example = load_example()
+    queue = unique("example")
+    try:
+        await run_with_cuts(example, queue)
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            async with observer(amqp_url) as operator:
+                await operator.queue_delete(queue)  # durable: don't leave it behind on failure
+    out = capsys.readouterr().out
+    assert "published 3000, all confirmed" in out
+    assert "consumed all 3000" in out
+    assert "lost:" in out and "recovered" in out
+
+
+async def run_with_cuts(example: ModuleType, queue: str) -> None:
     async with FaultProxy() as proxy:
 
         async def cut_a_few_times() -> None:
@@ -46,10 +60,6 @@ async def test_example_survives_repeated_cuts(
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(cut_a_few_times)
-                await example.main(proxy.url(), 3000, unique("example"))
+                await example.main(proxy.url(), 3000, queue)
                 tg.cancel_scope.cancel()
         assert proxy.connections_cut >= 1
-    out = capsys.readouterr().out
-    assert "published 3000, all confirmed" in out
-    assert "consumed all 3000" in out
-    assert "lost:" in out and "recovered" in out

@@ -50,6 +50,7 @@ async def test_gives_up_after_max_attempts(amqp_url: str, unique: Callable[[str]
                             await anyio.sleep_forever()  # the connection's failure ends the block
             # The block ended with the one error, not a group, and the cause is kept.
             assert isinstance(raised.value, amqp.RecoveryFailedError)
+            assert isinstance(raised.value.__cause__, amqp.ConnectionLostError)
     assert log is not None
     assert [ev.attempt for ev in log.of(amqp.Reconnecting)] == [1, 2, 3]
     assert all(0.09 <= ev.delay <= 0.22 for ev in log.of(amqp.Reconnecting))
