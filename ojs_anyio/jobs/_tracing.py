@@ -28,8 +28,26 @@ __all__ = ["consumer_span", "extract_context", "inject_headers", "producer_span"
 tracer = trace.get_tracer("ojs_anyio.jobs", "0.1.0")
 
 
+def _recording() -> bool:
+    """Whether spans are recorded: an SDK (or other) tracer provider is installed.
+
+    Without one, spans are skipped entirely (they would be no-ops anyway), which saves
+    tens of microseconds per push and per job.  Checked on each call, so a provider
+    installed later takes effect at once.
+    """
+    t = tracer
+    if isinstance(t, trace.ProxyTracer):  # follows the global provider once one is set
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return not isinstance(t, trace.NoOpTracer)
+
+
 def inject_headers() -> dict[str, str]:
-    """The current trace context as ``x-ojs-*`` headers ({} when there is no active span)."""
+    """The current trace context as ``x-ojs-*`` headers ({} when there is no active span).
+
+    A valid context is propagated even when nothing records spans here (for example a
+    remote parent set by a web framework with the API alone)."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     parent = carrier.get("traceparent")
@@ -61,6 +79,9 @@ def extract_context(headers: Mapping[str, Any] | None) -> otel_context.Context:
 
 @contextmanager
 def producer_span(job: Job, exchange: str) -> Iterator[trace.Span]:
+    if not _recording():
+        yield trace.INVALID_SPAN
+        return
     with tracer.start_as_current_span(
         f"{job.queue} publish",
         kind=SpanKind.PRODUCER,
@@ -82,6 +103,9 @@ def producer_span(job: Job, exchange: str) -> Iterator[trace.Span]:
 def consumer_span(
     headers: Mapping[str, Any] | None, *, queue: str, job_id: str | None, job_type: str | None, attempt: int
 ) -> Iterator[trace.Span]:
+    if not _recording():
+        yield trace.INVALID_SPAN
+        return
     ctx = extract_context(headers)
     attributes: dict[str, Any] = {
         "messaging.system": "rabbitmq",
