@@ -37,7 +37,8 @@ def _recording() -> bool:
     """
     t = tracer
     if isinstance(t, trace.ProxyTracer):  # follows the global provider once one is set
-        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+        provider = trace.get_tracer_provider()
+        return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
     return not isinstance(t, trace.NoOpTracer)
 
 

@@ -485,8 +485,8 @@ class Worker:
         cap = self.broker_consumer_timeout * 0.9
         if timeout > cap and own_timeout:
             log.warning(
-                "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): the broker would "
-                "close the channel and redeliver it; it is capped at %.0fs",
+                "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): "
+                "the broker would close the channel and redeliver it; it is capped at %.0fs",
                 job.id, timeout, self.broker_consumer_timeout, cap,
             )  # fmt: skip
         timeout = min(timeout, cap)
