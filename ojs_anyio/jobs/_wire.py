@@ -15,6 +15,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import msgspec
+
 from codec import BasicProperties, Int32
 
 from ._envelope import Job, format_timestamp, parse_timestamp
@@ -137,22 +139,7 @@ def with_headers(
     for key in drop:
         headers.pop(key, None)
     headers.update(updates)
-    return BasicProperties(
-        content_type=props.content_type,
-        content_encoding=props.content_encoding,
-        headers=headers,
-        delivery_mode=props.delivery_mode,
-        priority=props.priority,
-        correlation_id=props.correlation_id,
-        reply_to=props.reply_to,
-        expiration=props.expiration,
-        message_id=props.message_id,
-        timestamp=props.timestamp,
-        type=props.type,
-        user_id=props.user_id,
-        app_id=props.app_id,
-        cluster_id=props.cluster_id,
-    )
+    return msgspec.structs.replace(props, headers=headers)
 
 
 def header_int(headers: dict[str, Any] | None, key: str, default: int) -> int:

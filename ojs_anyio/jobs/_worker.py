@@ -662,38 +662,28 @@ class Worker:
             },
         )
         props = _with_priority(props, 9)
-        try:
-            await ch.publish(
-                msg.body,
-                exchange=client.names.direct_exchange,
-                routing_key=queue,
-                properties=props,
-                mandatory=True,
-            )
-        except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
-            # The annotated copy can't go back through the job queue (full with
-            # reject-publish, or unbound).  Keep the reason anyway: publish the copy straight
-            # to the dead-letter exchange (confirmed), then ack the original.  Only if that
-            # fails too is the original Nacked without the reason headers (x-death remains).
-            log.warning(
-                "job queue %s refused the dead-letter copy (%s); sending it to the DLX directly", queue, exc
-            )
-            direct = with_headers(props, {}, drop=(H_DEAD_LETTER,))
+        # First choice: the marked copy back through the job queue, to be Nacked into the
+        # DLQ (AMQP-009).  If the job queue refuses it (full with reject-publish, or
+        # unbound), keep the reason anyway: the copy, unmarked, straight to the DLX.  Each
+        # publish is confirmed before the original is acked.
+        copies = (
+            (client.names.direct_exchange, props),
+            (client.names.dlx_exchange, with_headers(props, {}, drop=(H_DEAD_LETTER,))),
+        )
+        for exchange, copy in copies:
             try:
                 await ch.publish(
-                    msg.body,
-                    exchange=client.names.dlx_exchange,
-                    routing_key=queue,
-                    properties=direct,
-                    mandatory=True,
+                    msg.body, exchange=exchange, routing_key=queue, properties=copy, mandatory=True
                 )
-            except (amqp.UnroutableError, amqp.PublishNackedError) as exc2:
-                log.error("dead-lettering job on %s without reason headers: %s", queue, exc2)
-                await msg.nack(requeue=False)
-            else:
-                await msg.ack()
-        else:
+            except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
+                log.warning("dead-letter copy of a job on %s refused via %r: %s", queue, exchange, exc)
+                continue
             await msg.ack()
+            break
+        else:
+            # Only x-death will say where it came from.
+            log.error("dead-lettering a job on %s without its reason headers", queue)
+            await msg.nack(requeue=False)
         job_id = job.id if job is not None else msg.properties.message_id
         job_type = job.type if job is not None else msg.properties.type
         log.info(
