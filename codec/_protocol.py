@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -988,5 +988,3 @@ def _encode_start_ok(
     )
     return struct.pack(">BHI", FRAME_METHOD, 0, len(payload)) + payload + b"\xce"
 
-
-HandlerT = Callable[..., None]

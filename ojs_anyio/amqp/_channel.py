@@ -11,7 +11,6 @@ import itertools
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -491,7 +490,6 @@ class Channel:
         self._waiter: _Waiter | None = None
         self._pending: dict[int, PublishHandle] = {}
         self._consumers: dict[str, Consumer] = {}
-        self._unconfirmed_window: deque[PublishHandle] = deque()
         self._returns_without_confirm: list[Returned] = []
         #: Unsettled Basic.Get deliveries of this transport, by queue (for the unacked gauge).
         self._get_unacked: dict[str, int] = {}
@@ -596,9 +594,6 @@ class Channel:
                 pass  # the connection failed meanwhile; the channel is gone with it
             finally:
                 self._mark_closed(ChannelClosedError("channel closed"))
-
-    async def _close_for_shutdown(self) -> None:
-        await self.aclose()
 
     def _mark_closed(self, error: BaseException) -> None:
         if self._closed:

@@ -270,7 +270,7 @@ class Connection:
                 with anyio.move_on_after(self.close_timeout):
                     if self._connected.is_set() and self._stream is not None:
                         for ch in list(self._channels):
-                            await ch._close_for_shutdown()
+                            await ch.aclose()
                         self._proto.close()
                         await self._flush_quietly()
                         # The reader ends on Close-Ok, or as soon as the transport fails.
