@@ -232,9 +232,20 @@ class RawConnection:
                 raise ConnectionError("broker closed the socket")
             buf = buf[pos:] + data
 
-    def publish(self, queue: str, n: int) -> float:
-        """Publish N pre-encoded messages in large writes; return seconds until all acked."""
-        one = codec.encode_publish(self.cid, "", queue, None, BODY, self.frame_max)
+    def publish(
+        self,
+        queue: str,
+        n: int,
+        *,
+        exchange: str = "",
+        properties: codec.BasicProperties | None = None,
+        body: bytes = BODY,
+        mandatory: bool = False,
+    ) -> float:
+        """Publish N pre-encoded messages in large writes; return seconds until all acked.
+
+        ``queue`` is the routing key (the queue itself through the default exchange)."""
+        one = codec.encode_publish(self.cid, exchange, queue, properties, body, self.frame_max, mandatory)
         per_write = max(1, RAW_WRITE_BYTES // len(one))
         chunks = [one * per_write] * (n // per_write)
         if n % per_write:

@@ -314,6 +314,42 @@ async def _ours_worker(client: ojs.Client, q: str, n: int, concurrency: int) -> 
     return (n - 1) / (seen["last"] - seen["first"]) if n > 1 else math.nan
 
 
+async def _job_message(url: str, q: str) -> tuple[str, Any, bytes]:
+    """Declare ``q``'s topology with our client and return (exchange, properties, body) of
+    one job message exactly as our push would send it."""
+    async with ojs.connect(url) as client:
+        await client.declare_queue(q)
+        exchange, _rk, props, body = await client._message(client.build("bench.noop", ARGS, queue=q), None)
+        return exchange, props, body
+
+
+def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
+    """The raw-socket ceiling for this round's workloads, on our topology and messages.
+
+    Enqueue: N copies of one real job message (our properties and body, mandatory, to the
+    direct exchange and the priority job queue) written in large batches over a blocking
+    socket, confirms counted without per-message objects.  Worker: Basic.Qos(prefetch=c) and
+    one Basic.Ack per delivery, nothing decoded (``hotpath.RawConnection``).  No client, in
+    any language, moves these jobs through this broker faster than that.
+    """
+    import hotpath  # beside this script
+
+    q = f"bench-{uuid.uuid4().hex[:10]}"
+    exchange, props, body = anyio.run(_job_message, url, q)
+    job_queue = f"ojs.queue.{q}"
+    conn = hotpath.RawConnection(url)
+    try:
+        seconds = conn.publish(q, n, exchange=exchange, properties=props, body=body, mandatory=True)
+        out.best("enqueue", n / seconds)
+        count = wait_for_count(url, job_queue, n)
+        if count != n:
+            raise RuntimeError(f"raw enqueue: the queue holds {count} jobs, expected {n}")
+        out.best(f"worker_c{c}", n / conn.consume(job_queue, n, prefetch=c))
+    finally:
+        conn.close()
+        delete_entities(url, [job_queue, f"ojs.queue.dlx.{q}", f"ojs.queue.control.{q}"])
+
+
 def run_ours(url: str, n: int, backend: str, c: int, style: str, out: Rates) -> None:
     anyio.run(_ours_round, url, n, c, style, out, backend=backend)
 
@@ -718,7 +754,10 @@ SCENARIOS = (
 
 
 def compare(
-    ours: dict[str, Rates], peers: dict[str, Rates | str], concurrencies: tuple[int, ...]
+    ours: dict[str, Rates],
+    peers: dict[str, Rates | str],
+    concurrencies: tuple[int, ...],
+    ceiling: Rates,
 ) -> list[dict[str, Any]]:
     def best_ours(key: str) -> tuple[float | None, str | None]:
         cands = [(r.values[key], b) for b, r in ours.items() if key in r.values]
@@ -737,6 +776,7 @@ def compare(
         o, ob = best_ours(ours_key)
         p, pb = best_peer(peer_key)
         ratio = o / p if o is not None and p else None
+        top = ceiling.values.get(peer_key)
         rows.append(
             {
                 "scenario": ours_key,
@@ -747,6 +787,10 @@ def compare(
                 "ratio": ratio,
                 "target": TARGET,
                 "verdict": None if ratio is None else ("PASS" if ratio >= TARGET else "MISS"),
+                "ceiling": top,
+                "ours_of_ceiling": o / top if o is not None and top else None,
+                # Whether TARGET x the best peer is at most the raw-socket ceiling at all.
+                "target_reachable": None if p is None or top is None else TARGET * p <= top,
             }
         )
     return rows
@@ -764,9 +808,10 @@ def print_report(
     comparison: list[dict[str, Any]],
     concurrencies: tuple[int, ...],
     elapsed: float,
+    ceiling: Rates,
 ) -> None:
     ran = [name for name, r in peers.items() if isinstance(r, Rates)]
-    cols = [f"ojs/{b}" for b in ours] + ran
+    cols = ["raw-socket"] + [f"ojs/{b}" for b in ours] + ran
     width = max(12, *(len(c) + 2 for c in cols))
     keys = [(k, label) for k, label in SCENARIOS]
     keys += [(f"worker_c{c}", f"worker concurrency={c}") for c in concurrencies]
@@ -778,7 +823,7 @@ def print_report(
     print()
     print(f"{'scenario':<34}" + "".join(f"{c:>{width}}" for c in cols))
     for key, label in keys:
-        cells = []
+        cells = [_fmt(ceiling.values.get(key))]
         for b in ours:
             cells.append(_fmt(ours[b].values.get(key)))
         for name in ran:
@@ -795,6 +840,22 @@ def print_report(
     for b, r in ours.items():
         for key, note in r.notes.items():
             print(f"  ojs/{b} {key}: {note}")
+    for key, note in ceiling.notes.items():
+        print(f"  raw-socket {key}: {note}")
+    print("  raw-socket: the ceiling, the same job messages and topology over a bare socket")
+    print()
+    print("ours (best backend) ÷ raw-socket ceiling; is the target (5x the best peer) below the ceiling?")
+    for row in comparison:
+        if row["ceiling"] is None or row["ours"] is None:
+            continue
+        reach = row["target_reachable"]
+        verdict = (
+            "no peer result"
+            if reach is None
+            else f"target {_fmt(TARGET * row['peer'])}/s "
+            + ("is below the ceiling" if reach else "is ABOVE the ceiling: no client can reach it here")
+        )
+        print(f"  {row['scenario']:<18} {row['ours_of_ceiling']:6.1%} of {_fmt(row['ceiling'])}; {verdict}")
     print()
     print(f"ours (best backend) ÷ best peer, target ≥ {TARGET:g}x:")
     for row in comparison:
@@ -859,6 +920,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     failed = False
     ours: dict[str, Rates] = {b: Rates() for b in backends}
+    ceiling = Rates()
     peers: dict[str, Rates | str] = {}
     for row, peer, _pool in PEER_ROWS:
         if peer not in wanted:
@@ -872,6 +934,14 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in range(args.repeat):
         for i, c in enumerate(concurrencies):
             style = "push_batch" if i % 2 == 0 else "push_concurrent"
+            key = f"round {rnd + 1}.{i + 1}"
+            log(f"{key}: raw-socket ceiling: enqueue N={n}, consume+ack at prefetch {c}")
+            try:
+                run_ceiling(args.url, n, c, ceiling)
+                log("  " + ", ".join(f"{k} {v:,.0f}" for k, v in ceiling.values.items()))
+            except Exception as exc:
+                log(f"  failed: {exc!r}")
+                ceiling.notes[key] = "error: " + repr(exc)
             for backend in backends:
                 for attempt in range(1 + args.retries):
                     log(f"round {rnd + 1}.{i + 1}: ojs-anyio/{backend}: {style} N={n}, worker c={c}")
@@ -903,7 +973,7 @@ def main(argv: list[str] | None = None) -> int:
                     if attempt < args.retries:
                         wait_for_broker(args.url)
 
-    comparison = compare(ours, peers, concurrencies)
+    comparison = compare(ours, peers, concurrencies, ceiling)
     elapsed = time.monotonic() - started
     if args.json:
         print(
@@ -923,13 +993,14 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         for name, r in peers.items()
                     },
+                    "ceiling": {"rates": ceiling.values, "notes": ceiling.notes},
                     "comparison": comparison,
                     "target": TARGET,
                 }
             )
         )
     else:
-        print_report(args, n, ours, peers, comparison, concurrencies, elapsed)
+        print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling)
     return 1 if failed else 0
 
 

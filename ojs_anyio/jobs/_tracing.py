@@ -12,9 +12,9 @@ Only ``opentelemetry-api`` is used: with no SDK configured every span is a cheap
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -78,12 +78,25 @@ def extract_context(headers: Mapping[str, Any] | None) -> otel_context.Context:
     return propagate.extract(carrier)
 
 
-@contextmanager
-def producer_span(job: Job, exchange: str) -> Iterator[trace.Span]:
+class _NoSpan:
+    """The context manager of a span nobody records: enters as the invalid span."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> trace.Span:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NO_SPAN: Final = _NoSpan()
+
+
+def producer_span(job: Job, exchange: str) -> AbstractContextManager[trace.Span]:
     if not _recording():
-        yield trace.INVALID_SPAN
-        return
-    with tracer.start_as_current_span(
+        return _NO_SPAN  # no generator, no span: this runs once per push
+    return tracer.start_as_current_span(
         f"{job.queue} publish",
         kind=SpanKind.PRODUCER,
         attributes={
@@ -96,17 +109,14 @@ def producer_span(job: Job, exchange: str) -> Iterator[trace.Span]:
             "ojs.job.type": job.type,
             "ojs.job.queue": job.queue,
         },
-    ) as span:
-        yield span
+    )
 
 
-@contextmanager
 def consumer_span(
     headers: Mapping[str, Any] | None, *, queue: str, job_id: str | None, job_type: str | None, attempt: int
-) -> Iterator[trace.Span]:
+) -> AbstractContextManager[trace.Span]:
     if not _recording():
-        yield trace.INVALID_SPAN
-        return
+        return _NO_SPAN
     ctx = extract_context(headers)
     attributes: dict[str, Any] = {
         "messaging.system": "rabbitmq",
@@ -120,7 +130,6 @@ def consumer_span(
         attributes["messaging.message.id"] = job_id
     if job_type:
         attributes["ojs.job.type"] = job_type
-    with tracer.start_as_current_span(
+    return tracer.start_as_current_span(
         f"{queue} process", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
-    ) as span:
-        yield span
+    )

@@ -88,8 +88,8 @@ def job_properties(
     created = job.created_at if isinstance(job.created_at, str) else format_timestamp(enqueued_at)
     headers: dict[str, Any] = {
         H_QUEUE: job.queue,
-        H_ATTEMPT: Int32(attempt),
-        H_MAX_ATTEMPTS: Int32(max_attempts),
+        H_ATTEMPT: _int32(attempt),
+        H_MAX_ATTEMPTS: _int32(max_attempts),
         H_CREATED_AT: created,
         H_ENQUEUED_AT: format_timestamp(enqueued_at),
     }
@@ -116,12 +116,37 @@ def job_properties(
     )
 
 
+# Int32 values are immutable: the few attempt counts in use are built once.
+_INT32: dict[int, Int32] = {}
+
+
+def _int32(value: int) -> Int32:
+    found = _INT32.get(value)
+    if found is None:
+        found = Int32(value)
+        if len(_INT32) < 256:
+            _INT32[value] = found
+    return found
+
+
+# The last canonical ``created_at`` second ("2026-02-15T10:30:00", from a ".mmmZ" text) and
+# its datetime: pushes in the same second share it, so the text is parsed once a second.
+_last_second: tuple[str, datetime] = ("", datetime.fromtimestamp(0, UTC))
+
+
 def _whole_seconds(created: str) -> datetime:
+    global _last_second
+    canonical = len(created) == 24 and created[19] == "." and created[23] == "Z"
+    if canonical and created[:19] == _last_second[0]:
+        return _last_second[1]
     try:
         moment = parse_timestamp(created)
     except ValueError:
-        moment = datetime.now(UTC)
-    return moment.astimezone(UTC).replace(microsecond=0)
+        return datetime.now(UTC).replace(microsecond=0)
+    result = moment.astimezone(UTC).replace(microsecond=0)
+    if canonical:
+        _last_second = (created[:19], result)
+    return result
 
 
 def with_headers(

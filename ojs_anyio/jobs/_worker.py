@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import random
 import time
 import uuid
@@ -51,7 +52,15 @@ from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, Client
 from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._exceptions import DeadLetter, Discard, Retry
-from ._retry import RetryPolicy, compute_delay_ms, is_retryable, ladder_delay_ms, merge, resolve_retry
+from ._retry import (
+    EffectiveRetryPolicy,
+    RetryPolicy,
+    compute_delay_ms,
+    is_retryable,
+    ladder_delay_ms,
+    merge,
+    resolve_retry,
+)
 from ._topology import strip_dead_letter_headers
 from ._wire import (
     H_ATTEMPT,
@@ -90,8 +99,16 @@ class JobContext:
     worker_id: str
     message: amqp.IncomingMessage
     started_at: float = field(default_factory=time.monotonic)
-    started_wall: str = field(default_factory=lambda: format_timestamp(datetime.now(UTC)))
+    #: Wall-clock start (seconds since the epoch); :attr:`started_wall` formats it.
+    started_time: float = field(default_factory=time.time)
     cancel_requested: bool = False
+    #: Set by a graceful stop whose grace period ran out: the job is left unacked.
+    abandoned: bool = False
+
+    @property
+    def started_wall(self) -> str:
+        """When the handler started, as an OJS timestamp."""
+        return format_timestamp(datetime.fromtimestamp(self.started_time, UTC))
 
     @property
     def id(self) -> str:
@@ -159,7 +176,10 @@ class Worker:
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
         self.broker_consumer_timeout = broker_consumer_timeout
         self._rng = rng or random.Random()
-        self._handlers: dict[str, tuple[Handler, inspect.Signature]] = {}
+        #: job type -> (handler, its signature, (min, max) positional args incl. ctx or None)
+        #: (worker policy, client policy, the two merged): see _policy.
+        self._defaults: tuple[RetryPolicy | None, RetryPolicy, RetryPolicy] | None = None
+        self._handlers: dict[str, tuple[Handler, inspect.Signature, tuple[int, float] | None]] = {}
         self._listeners: list[Callable[[JobOutcome], None]] = []
         self._stopping = False
         self._fetch_scopes: set[anyio.CancelScope] = set()
@@ -192,7 +212,15 @@ class Worker:
         return register
 
     def register(self, job_type: str, fn: Handler) -> None:
-        self._handlers[job_type] = (fn, inspect.signature(fn))
+        signature = inspect.signature(fn)
+        self._handlers[job_type] = (fn, signature, _positional_arity(signature))
+
+    def _policy(self, job: Job, client: Client) -> EffectiveRetryPolicy:
+        """The job's retry policy over the worker's over the client's (merged once per pair)."""
+        cached = self._defaults
+        if cached is None or cached[0] is not self.retry or cached[1] is not client.retry:
+            cached = self._defaults = (self.retry, client.retry, merge(self.retry, client.retry))
+        return resolve_retry(job.retry, cached[2])
 
     def add_listener(self, callback: Callable[[JobOutcome], None]) -> Callable[[], None]:
         """Call ``callback`` with every :class:`JobOutcome` (synchronously)."""
@@ -305,7 +333,11 @@ class Worker:
                 "worker_id": self.worker_id,
                 "started_at": ctx.started_wall,
             }
-        return self._recent.get(job_id)
+        recent = self._recent.get(job_id)
+        if recent is None:
+            return None
+        finished = recent["finished_at"]
+        return {**recent, "finished_at": finished.text() if isinstance(finished, _FinishedAt) else finished}
 
     def _was_cancelled(self, job_id: str) -> bool:
         when = self._cancelled.get(job_id)
@@ -358,6 +390,7 @@ class Worker:
             return
         for scope, ctx in list(self._job_scopes.values()):
             log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
+            ctx.abandoned = True
             scope.cancel()
 
     async def _serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
@@ -446,9 +479,9 @@ class Worker:
                 f"no handler registered for job type {job.type!r} on worker {self.worker_id}", started,
             )  # fmt: skip
             return
-        fn, signature = entry
+        fn, signature, arity = entry
         try:
-            policy = resolve_retry(job.retry, merge(self.retry, client.retry))
+            policy = self._policy(job, client)
         except InvalidJobError as exc:
             await self._dead_letter(
                 client, ch, queue, msg, job, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started
@@ -470,7 +503,10 @@ class Worker:
             return
         ctx = JobContext(job, attempt, max_attempts, queue, self.worker_id, msg)
         try:
-            signature.bind(ctx, *job.args)
+            # Checked against the arity worked out at registration; the full bind (which
+            # words the error) only for handlers whose parameters need it.
+            if arity is None or not arity[0] <= len(job.args) + 1 <= arity[1]:
+                signature.bind(ctx, *job.args)
         except TypeError as exc:
             await self._dead_letter(
                 client, ch, queue, msg, job, attempt, ErrorCode.INVALID_ARGS,
@@ -492,7 +528,9 @@ class Worker:
         timeout = min(timeout, cap)
         error: tuple[str, str, str] | None = None  # (code, error type, message)
         verdict: BaseException | None = None
-        scope = anyio.CancelScope()
+        # One scope per job serves as its timeout (the deadline) and as the handle that
+        # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
+        scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
         self._job_scopes[job.id] = (scope, ctx)
         self.active[job.id] = ctx
         try:
@@ -502,15 +540,14 @@ class Worker:
                     headers, queue=queue, job_id=job.id, job_type=job.type, attempt=attempt
                 ),
             ):
-                with anyio.move_on_after(timeout) as timer:
-                    await fn(ctx, *job.args)
-                if timer.cancelled_caught:
-                    error = (
-                        ErrorCode.HANDLER_TIMEOUT,
-                        "TimeoutError",
-                        f"handler exceeded its timeout of {timeout:g}s",
-                    )
-            if scope.cancelled_caught:
+                await fn(ctx, *job.args)
+            if scope.cancelled_caught and not (ctx.cancel_requested or ctx.abandoned):
+                error = (
+                    ErrorCode.HANDLER_TIMEOUT,
+                    "TimeoutError",
+                    f"handler exceeded its timeout of {timeout:g}s",
+                )
+            elif scope.cancelled_caught:
                 if ctx.cancel_requested:
                     await msg.ack()
                     self._report(
@@ -716,7 +753,7 @@ class Worker:
                     "state": state,
                     "attempt": outcome.attempt,
                     "worker_id": self.worker_id,
-                    "finished_at": format_timestamp(datetime.now(UTC)),
+                    "finished_at": _FinishedAt(time.time()),
                 },
                 limit=1000,
             )
@@ -768,6 +805,31 @@ def _decode_delivered(body: bytes) -> Job:
         if not isinstance(data, dict) or "specversion" in data:
             raise
         return job_from_dict({"specversion": SPEC_VERSION, **data})
+
+
+class _FinishedAt(float):
+    """A finish time kept as epoch seconds; formatted only if INFO asks for it."""
+
+    __slots__ = ()
+
+    def text(self) -> str:
+        return format_timestamp(datetime.fromtimestamp(self, UTC))
+
+
+def _positional_arity(signature: inspect.Signature) -> tuple[int, float] | None:
+    """``(min, max)`` positional arguments a handler takes (``max`` may be infinite), or
+    ``None`` when a keyword-only parameter without a default makes positional calls fail."""
+    low, high = 0, 0.0
+    for param in signature.parameters.values():
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            high += 1
+            if param.default is param.empty:
+                low += 1
+        elif param.kind is param.VAR_POSITIONAL:
+            high = math.inf
+        elif param.kind is param.KEYWORD_ONLY and param.default is param.empty:
+            return None
+    return low, high
 
 
 def _remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) -> None:

@@ -373,3 +373,98 @@ def test_fuzz_decode_only_raises_invalid_job_error(fields: dict[str, Any], base:
     without_nulls = {k: v for k, v in data.items() if v is not None or k in ("result", "x_other")}
     reencoded = json.loads(encode_job(job))
     assert set(reencoded) == set(without_nulls)
+
+
+def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except InvalidJobError as exc:
+        return ("error", exc.field, exc.message)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([*FIELD_NAMES, "extensions", "errors"]),
+        json_values | st.sampled_from(["PT1S", "1.0", MINIMAL["id"], "2026-02-15T10:30:00Z"]),
+    ),
+    st.sampled_from([{}, MINIMAL]),
+)
+def test_bytes_fast_path_agrees_with_the_long_way(fields: dict[str, Any], base: dict[str, Any]) -> None:
+    # bytes go straight into the struct when they can; a str always takes the dict route.
+    text = json.dumps({**base, **fields})
+    assert _outcome(decode_job, text.encode()) == _outcome(decode_job, text)
+
+
+def test_bytes_fast_path_keeps_extensions_and_drops_nulls() -> None:
+    body = json.dumps({**MINIMAL, "x_trace": {"a": 1}, "meta": None, "result": None}).encode()
+    job = decode_job(body)
+    assert job.extensions == {"x_trace": {"a": 1}}
+    assert job.meta is msgspec.UNSET and job.result is None
+    nested = json.dumps({**MINIMAL, "extensions": {"a": 1}}).encode()
+    assert decode_job(nested).extensions == {"extensions": {"a": 1}}
+
+
+TYPES = st.sampled_from(["email.send", "a", "Email.Send", "", "x" * 256, "a..b", "report_2.run"])
+QUEUES = st.sampled_from(["default", "billing.invoices", "Bad Queue", "", "q" * 129, "-x", "0-q"])
+
+
+@given(
+    type_=TYPES,
+    queue=QUEUES,
+    priority=st.none() | st.sampled_from([0, -100, 100, 101, -101, True, 5]),
+    timeout=st.none() | st.sampled_from([0, 30, -1, False]),
+    meta=st.none() | st.sampled_from([{}, {"tenant": "acme"}, {1: "x"}, {"k": [1, None]}]),
+    id_=st.none() | st.sampled_from([MINIMAL["id"], MINIMAL["id"].upper(), "nope"]),
+)
+def test_new_job_accepts_exactly_what_the_schema_accepts(
+    type_: str, queue: str, priority: Any, timeout: Any, meta: Any, id_: str | None
+) -> None:
+    # new_job builds common jobs directly; the full schema check must agree with it.
+    kwargs = {"queue": queue, "priority": priority, "timeout": timeout, "meta": meta, "id": id_}
+    made = _outcome(new_job, type_, ["a"], now=NOW, **kwargs)
+    data: dict[str, Any] = {
+        "specversion": "1.0",
+        "id": id_ or MINIMAL["id"],
+        "type": type_,
+        "queue": queue,
+        "args": ["a"],
+        "state": "available",
+        "attempt": 0,
+        "created_at": "2026-02-15T10:30:00.250Z",
+    }
+    # in new_job's order, so that with two bad fields both name the same one first
+    data.update({k: kwargs[k] for k in ("meta", "priority", "timeout") if kwargs[k] is not None})
+    reference = _outcome(job_from_dict, data)
+    if isinstance(reference, tuple):
+        assert isinstance(made, tuple), f"new_job accepted what the schema rejects: {reference}"
+        assert made[1] == reference[1]
+    else:
+        assert isinstance(made, Job)
+        assert msgspec.structs.replace(made, id=reference.id) == reference
+
+
+def test_handler_arity_matches_signature_bind() -> None:
+    import inspect
+
+    from ojs_anyio.jobs._worker import _positional_arity
+
+    def two(ctx: Any, a: Any, b: Any) -> None: ...
+    def defaults(ctx: Any, a: Any, b: Any = 1) -> None: ...
+    def star(ctx: Any, *rest: Any) -> None: ...
+    def kw_required(ctx: Any, a: Any, *, flag: Any) -> None: ...
+    def kw_default(ctx: Any, a: Any, *, flag: Any = 0) -> None: ...
+
+    for fn in (two, defaults, star, kw_required, kw_default):
+        sig = inspect.signature(fn)
+        arity = _positional_arity(sig)
+        for count in range(5):
+            try:
+                sig.bind(*range(count))
+                fits = True
+            except TypeError:
+                fits = False
+            quick = arity is not None and arity[0] <= count <= arity[1]
+            # the quick check may only say "fits" when bind agrees; else bind decides
+            assert not quick or fits, (fn.__name__, count)
+            if arity is not None:
+                assert quick == fits, (fn.__name__, count)
