@@ -46,6 +46,7 @@ from ._errors import (
     PublishTimeoutError,
     RecoveryFailedError,
     StaleDeliveryError,
+    TransactionLostError,
     UnroutableError,
 )
 from ._events import (
@@ -102,6 +103,7 @@ __all__ = [
     "ResourceLocked",
     "StaleDeliveryError",
     "TopologyRecoveryFailed",
+    "TransactionLostError",
     "UnroutableError",
     "UsageError",
     "connect",

@@ -43,6 +43,7 @@ from ._errors import (
     PublishNackedError,
     PublishOutcomeUnknownError,
     StaleDeliveryError,
+    TransactionLostError,
     UnroutableError,
 )
 from ._events import ConsumerRecovered, TopologyRecoveryFailed
@@ -480,6 +481,9 @@ class Channel:
         self._conn = conn
         self.confirms = confirms
         self.prefetch = prefetch
+        #: Set by tx_select; recovery selects tx again on the new channel.
+        self.transactional = False
+        self._tx_generation = 0
         self._cid = 0
         self._generation = 0
         #: Highest delivery tag settled with multiple=True in this generation.
@@ -564,6 +568,8 @@ class Channel:
         await self._call(None, internal=True)
         if self.confirms:
             await self._call(commands.Confirm.Select(), internal=True)
+        if self.transactional:
+            await self._call(commands.Tx.Select(), internal=True)
         if self.prefetch is not None:
             await self._call(commands.Basic.Qos(prefetch_count=self.prefetch), internal=True)
 
@@ -1266,13 +1272,30 @@ class Channel:
         self.confirms = True
 
     async def tx_select(self) -> None:
+        """Make the channel transactional (recovery restores this on the new channel)."""
         await self._call(commands.Tx.Select())
+        self.transactional = True
+        self._tx_generation = self._generation
 
     async def tx_commit(self) -> None:
+        """Commit; raises :class:`TransactionLostError` if a reconnect rolled the
+        transaction back since it began (then nothing of it was committed)."""
+        self._check_transaction()
         await self._call(commands.Tx.Commit())
 
     async def tx_rollback(self) -> None:
+        if self.transactional and self._tx_generation != self._generation:
+            self._tx_generation = self._generation  # already rolled back by the loss
+            return
         await self._call(commands.Tx.Rollback())
+
+    def _check_transaction(self) -> None:
+        if self.transactional and self._tx_generation != self._generation:
+            self._tx_generation = self._generation
+            raise TransactionLostError(
+                "the connection was lost during this transaction and the broker rolled it back; "
+                "a new transaction has begun on the recovered channel"
+            )
 
 
 def _key(arguments: dict[str, Any] | None) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "UnroutableError",
     "BlockedTimeoutError",
     "RecoveryFailedError",
+    "TransactionLostError",
 ]
 
 
@@ -45,6 +46,15 @@ class ChannelClosedError(AMQPError):
 
 class RecoveryFailedError(ConnectionLostError):
     """Automatic recovery gave up (attempts or deadline exhausted)."""
+
+
+class TransactionLostError(ConnectionLostError):
+    """The connection was lost during a transaction: the broker rolled it back.
+
+    Everything published or acked since the last commit was discarded.  The recovered
+    channel is transactional again and a new transaction has begun: redo the work and
+    commit again.
+    """
 
 
 class PublishError(AMQPError):

@@ -460,3 +460,39 @@ async def test_server_cancel_resubscribes_when_queue_returns(
                 assert bodies == [b"before", b"after"]
                 assert log.of(amqp.ConnectionLost) == []
                 await ch.queue_delete(queue)
+
+
+# ---------------------------------------------------------------------- transactions
+
+
+async def test_transaction_cut_in_half_fails_its_commit(amqp_url: str, unique: Callable[[str], str]) -> None:
+    """The broker rolls back a transaction whose connection died: the commit after
+    recovery must say so, not report success for publishes that were discarded; the
+    recovered channel is transactional again."""
+    queue = unique("q")
+    async with FaultProxy() as proxy:
+        with anyio.fail_after(20):
+            async with amqp.connect(proxy.url(), recovery=FAST) as conn:
+                log = EventLog(conn)
+                async with conn.channel(confirms=False) as ch:
+                    await ch.queue_declare(queue)
+                    await ch.tx_select()
+                    await ch.publish(b"committed", routing_key=queue)
+                    await ch.tx_commit()
+                    await ch.publish(b"lost", routing_key=queue)
+                    proxy.cut_all()
+                    await log.wait_recovered()
+                    with pytest.raises(amqp.TransactionLostError):
+                        await ch.tx_commit()
+                    await ch.publish(b"redone", routing_key=queue)
+                    assert await message_count(amqp_url, queue) == 1  # uncommitted: not there yet
+                    await ch.tx_commit()
+                    assert await message_count(amqp_url, queue) == 2
+                    bodies = []
+                    for _ in range(2):
+                        msg = await ch.get(queue, no_ack=True)
+                        assert msg is not None
+                        bodies.append(msg.body)
+                    assert bodies == [b"committed", b"redone"]
+                    await ch.tx_commit()
+                    await ch.queue_delete(queue)
