@@ -871,6 +871,8 @@ class Channel:
                     for consumer in list(self._consumers.values()):
                         if consumer._resubscribe_scope is not None:
                             continue  # cancelled by the broker earlier: _resubscribe owns it
+                        if self._consumers.get(consumer.consumer_tag) is not consumer:
+                            continue  # its consume() block ended while we were recovering
                         current = consumer
                         consumer.queue = topo.current_name(consumer.queue)
                         failure = topo.failure(consumer.queue)
@@ -893,6 +895,15 @@ class Channel:
                         return
                     self._drop_consumer(current, exc, "re-registering it failed")
                     continue
+                # A consume() block that ended while its consumer was being re-registered
+                # found no broker-side consumer to cancel yet: cancel it now, or the broker
+                # would keep delivering to a consumer nobody reads.
+                current = None
+                for consumer in recovered:
+                    if self._consumers.get(consumer.consumer_tag) is not consumer:
+                        cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag)
+                        await self._call(cancel, internal=True)
+                recovered = [c for c in recovered if self._consumers.get(c.consumer_tag) is c]
                 break
         finally:
             self._recovering = False
@@ -1217,7 +1228,13 @@ class Channel:
                 await self._cancel_consumer(consumer)
 
     async def _basic_consume(self, consumer: Consumer, *, internal: bool = False) -> None:
-        self._consumers[consumer.consumer_tag] = consumer
+        if internal:
+            # Re-registering (recovery, resubscribe): only a consumer whose consume()
+            # block is still open; one that ended meanwhile stays gone.
+            if self._consumers.get(consumer.consumer_tag) is not consumer:
+                return
+        else:
+            self._consumers[consumer.consumer_tag] = consumer
         consumer._active = True
         try:
             await self._call(

@@ -496,3 +496,50 @@ async def test_transaction_cut_in_half_fails_its_commit(amqp_url: str, unique: C
                     assert bodies == [b"committed", b"redone"]
                     await ch.tx_commit()
                     await ch.queue_delete(queue)
+
+
+# ---------------------------------------------------------------------- consume() ending mid-recovery
+
+
+@pytest.mark.parametrize("gate_on", ["other", "itself"])
+async def test_consume_block_ended_during_recovery_leaves_no_broker_consumer(
+    amqp_url: str, unique: Callable[[str], str], gate_on: str
+) -> None:
+    """A ``consume()`` block that ends while recovery is re-registering consumers (before
+    or during its own re-registration) must not leave a consumer at the broker that
+    nobody reads: the other consumer is restored, this one is not."""
+    keep_q, drop_q = unique("keep"), unique("drop")
+    async with FaultProxy() as proxy:
+        with anyio.fail_after(20):
+            async with amqp.connect(proxy.url(), recovery=FAST) as conn:
+                log = EventLog(conn)
+                async with conn.channel() as ch:
+                    await ch.queue_declare(keep_q)
+                    await ch.queue_declare(drop_q)
+                    # Hold recovery at one consumer's re-registration, to end the drop
+                    # consumer's block right there (a deterministic stand-in for the race).
+                    reached, release = anyio.Event(), anyio.Event()
+                    original = ch._basic_consume
+
+                    async def gated(consumer: amqp.Consumer, *, internal: bool = False) -> None:
+                        gate = keep_q if gate_on == "other" else drop_q
+                        if internal and consumer.queue == gate:
+                            reached.set()
+                            await release.wait()
+                        await original(consumer, internal=internal)
+
+                    ch._basic_consume = gated  # type: ignore[method-assign]
+                    async with ch.consume(keep_q, prefetch=5) as kept:
+                        async with ch.consume(drop_q, prefetch=5):
+                            proxy.cut_all()
+                            await reached.wait()
+                        release.set()
+                        await log.wait_recovered()
+                        assert (await ch.queue_declare(drop_q, passive=True)).consumer_count == 0
+                        assert (await ch.queue_declare(keep_q, passive=True)).consumer_count == 1
+                        await ch.publish(b"still here", routing_key=keep_q)
+                        msg = await kept.__anext__()
+                        assert msg.body == b"still here"
+                        await msg.ack()
+                    await ch.queue_delete(keep_q)
+                    await ch.queue_delete(drop_q)
