@@ -20,7 +20,14 @@ from ._protocol import __all__ as _protocol_all
 from ._table import *  # noqa: F403
 from ._table import __all__ as _table_all
 
+# isort: split
+# The C versions of the hot path when codec._speedups is loaded (they replace the
+# pure-Python names imported above); see codec/_accel.py.
+from ._accel import SPEEDUPS
+from ._hot import *  # noqa: F403
+
 __all__ = [
+    "SPEEDUPS",
     *_errors_all,
     *_table_all,
     *_properties_all,

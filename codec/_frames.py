@@ -17,8 +17,10 @@ strings and trailing bytes, which pamqp lets through.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
+from ._accel import SPEEDUPS
 from ._errors import CommandInvalid, FrameError, ProtocolSyntaxError, ProtocolVersionMismatch, UsageError
 from ._properties import BasicProperties, encode_properties_into, encode_short_string
 from ._table import (
@@ -57,6 +59,9 @@ FRAME_OVERHEAD: Final = 8
 """Bytes a frame adds around its payload: 7 of header, 1 end octet."""
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+Frame = tuple[int, int, bytes]
+"""``(frame_type, channel, payload)``, as :class:`FrameReader` returns frames."""
 
 _PROTOCOL_MAX = 2**32 - 1
 _FRAME_HDR = struct.Struct(">BHI")
@@ -101,9 +106,12 @@ class FrameReader:
     still undrained raises :class:`UsageError`.
     """
 
-    __slots__ = ("_at_start", "_buf", "_error", "_frame_max", "_max_payload", "_pos")
+    __slots__ = ("_at_start", "_buf", "_error", "_frame_max", "_max_payload", "_pos", "_split")
 
     def __init__(self, frame_max: int = FRAME_MAX_DEFAULT) -> None:
+        # the loop of frames() that slices whole frames out of new data: C when
+        # codec._speedups is loaded (codec/_accel.py)
+        self._split = _split_frames
         self._buf = bytearray()
         self._pos = 0
         self._at_start = True
@@ -153,7 +161,7 @@ class FrameReader:
             raise UsageError("FrameReader.feed() with a whole frame undrained: call next_frame() first")
         buf += data
 
-    def next_frame(self) -> tuple[int, int, bytes] | None:
+    def next_frame(self) -> Frame | None:
         """Return the next ``(frame_type, channel, payload)``, or ``None`` if more
         bytes are needed."""
         if self._error is not None:
@@ -194,40 +202,24 @@ class FrameReader:
         self._at_start = False
         return frame_type, channel, payload
 
-    def frames(self, data: bytes | bytearray | memoryview) -> list[tuple[int, int, bytes]]:
+    def frames(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Feed ``data`` and return every frame that is now complete.
 
         On a protocol error this raises, and the frames of ``data`` before the bad one
         are lost with the connection; use :meth:`feed` and :meth:`next_frame` to get
         every frame up to an error.
         """
-        result: list[tuple[int, int, bytes]] = []
+        result: list[Frame] = []
         if self._error is None and self._pos == len(self._buf) and type(data) is bytes:
             # Nothing pending: slice frames straight out of ``data`` (one copy each).
             # Anything unusual (an error, an incomplete frame) is left to next_frame().
             if self._pos:
                 del self._buf[:]
                 self._pos = 0
-            pos = 0
-            total = len(data)
-            max_payload = self._max_payload
-            unpack = _FRAME_HDR.unpack_from
-            while total - pos >= 7:
-                frame_type, channel, size = unpack(data, pos)
-                end = pos + 7 + size
-                if (
-                    end >= total
-                    or size > max_payload
-                    or frame_type not in _FRAME_TYPES
-                    or data[end] != FRAME_END
-                    or (frame_type == FRAME_HEARTBEAT and (channel or size))
-                ):
-                    break
-                result.append((frame_type, channel, data[pos + 7 : end]))
-                pos = end + 1
+            pos = self._split(result, data, self._max_payload)
             if pos:
                 self._at_start = False
-            if pos == total:
+            if pos == len(data):
                 return result
             self._buf += memoryview(data)[pos:]
         else:
@@ -253,6 +245,40 @@ class FrameReader:
 
 
 _FRAME_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
+
+
+def _split_frames_py(result: list[Frame], data: bytes, max_payload: int) -> int:
+    """Append to ``result`` the complete, well-formed frames at the start of ``data``;
+    return the offset of the first byte not consumed.
+
+    Stops at an incomplete frame or at anything wrong (too large, unknown type, bad end
+    octet, bad heartbeat), which :meth:`FrameReader.next_frame` then handles.
+    ``codec._speedups.split_frames`` is the same loop in C.
+    """
+    pos = 0
+    total = len(data)
+    unpack = _FRAME_HDR.unpack_from
+    while total - pos >= 7:
+        frame_type, channel, size = unpack(data, pos)
+        end = pos + 7 + size
+        if (
+            end >= total
+            or size > max_payload
+            or frame_type not in _FRAME_TYPES
+            or data[end] != FRAME_END
+            or (frame_type == FRAME_HEARTBEAT and (channel or size))
+        ):
+            break
+        result.append((frame_type, channel, data[pos + 7 : end]))
+        pos = end + 1
+    return pos
+
+
+_split_frames: Callable[[list[Frame], bytes, int], int]
+if SPEEDUPS:
+    from ._speedups import split_frames as _split_frames
+else:
+    _split_frames = _split_frames_py
 
 
 # --- building frames ---------------------------------------------------------------

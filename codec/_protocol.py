@@ -26,7 +26,7 @@ from typing import Any
 
 from pamqp import commands
 
-from . import _fast
+from . import _fast, _hot
 from ._errors import (
     AuthenticationError,
     ChannelProtocolError,
@@ -525,7 +525,7 @@ class AMQPConnection:
         body_len = len(body)
         if body_len > self._max_message:
             raise UsageError(f"message body of {body_len} bytes exceeds max_message_size={self._max_message}")
-        self._out += _fast.encode_publish(
+        self._out += _hot.encode_publish(
             channel_id, exchange, routing_key, properties, body, self.frame_max, mandatory, immediate
         )
         if not ch.confirm_mode:
@@ -736,24 +736,24 @@ class AMQPConnection:
         if state is ChannelState.OPEN:
             # Hot path first.
             if mid == BASIC_DELIVER:
-                ch.content_fields = _fast.decode_deliver(payload)
+                ch.content_fields = _hot.decode_deliver(payload)
                 ch.content_kind = _DELIVER
                 return
             if mid == BASIC_ACK:
-                tag, multiple = _fast.decode_ack(payload)
+                tag, multiple = _hot.decode_ack(payload)
                 self._on_confirm(ch, tag, multiple, True, events)
                 return
             if mid == BASIC_NACK:
-                tag, multiple, _requeue = _fast.decode_nack(payload)
+                tag, multiple, _requeue = _hot.decode_nack(payload)
                 self._on_confirm(ch, tag, multiple, False, events)
                 return
             if mid == BASIC_RETURN:
-                ch.content_fields = _fast.decode_return(payload)
+                ch.content_fields = _hot.decode_return(payload)
                 ch.content_kind = _RETURN
                 return
             if mid == BASIC_GET_OK:
                 self._complete_sync(ch, mid)
-                ch.content_fields = _fast.decode_get_ok(payload)
+                ch.content_fields = _hot.decode_get_ok(payload)
                 ch.content_kind = _GET_OK
                 return
         elif state is ChannelState.CLOSING and mid not in (CHANNEL_CLOSE, CHANNEL_CLOSE_OK):
@@ -792,7 +792,7 @@ class AMQPConnection:
     def _on_content_header(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
         if ch.content_kind == _NO_CONTENT or ch.properties is not None:
             raise UnexpectedFrame(f"content header on channel {ch.id} without a content method", remote=False)
-        _class_id, body_size, props = _fast.decode_content_header(payload)
+        _class_id, body_size, props = _hot.decode_content_header(payload)
         if body_size > self._max_message:
             raise FrameError(
                 f"message body of {body_size} bytes on channel {ch.id} exceeds max_message_size="
