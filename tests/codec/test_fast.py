@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from codec_impls import IMPLS, Impl
 from codec_strategies import (
     OJS_PROPERTIES,
     SETTINGS,
@@ -53,6 +55,7 @@ def _marshal(method: Any) -> bytes:
 # --- encode_publish -----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(
     channel=st.integers(0, 65535),
@@ -65,6 +68,7 @@ def _marshal(method: Any) -> bytes:
     immediate=st.booleans(),
 )
 def test_encode_publish_matches_pamqp(
+    impl: Impl,
     channel: int,
     exchange: str,
     routing_key: str,
@@ -74,7 +78,7 @@ def test_encode_publish_matches_pamqp(
     mandatory: bool,
     immediate: bool,
 ) -> None:
-    ours = codec.encode_publish(channel, exchange, routing_key, props, body, frame_max, mandatory, immediate)
+    ours = impl.encode_publish(channel, exchange, routing_key, props, body, frame_max, mandatory, immediate)
     method = commands.Basic.Publish(
         exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
     )
@@ -87,57 +91,63 @@ def test_encode_publish_matches_pamqp(
     )
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(body=bodies, frame_max=frame_maxes)
-def test_publish_frames_parse_back(body: bytes, frame_max: int) -> None:
-    data = codec.encode_publish(3, "ex", "rk", OJS_PROPERTIES, body, frame_max)
-    frames = codec.FrameReader(frame_max).frames(data)
+def test_publish_frames_parse_back(impl: Impl, body: bytes, frame_max: int) -> None:
+    data = impl.encode_publish(3, "ex", "rk", OJS_PROPERTIES, body, frame_max)
+    frames = impl.reader(frame_max).frames(data)
     assert [f[0] for f in frames] == [1, 2] + [3] * (-(-len(body) // (frame_max - 8)))
     assert all(f[1] == 3 for f in frames)
     assert all(len(f[2]) <= frame_max - 8 for f in frames)
     assert codec.decode_method(frames[0][2]).routing_key == "rk"
-    class_id, size, props = codec.decode_content_header(frames[1][2])
+    class_id, size, props = impl.decode_content_header(frames[1][2])
     assert (class_id, size, props) == (60, len(body), OJS_PROPERTIES)
     assert b"".join(f[2] for f in frames[2:]) == body
 
 
-def test_encode_publish_frame_max_zero_means_no_limit() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_encode_publish_frame_max_zero_means_no_limit(impl: Impl) -> None:
     body = b"x" * 300_000
-    frames = codec.FrameReader(0).frames(codec.encode_publish(1, "", "q", None, body, 0))
+    frames = impl.reader(0).frames(impl.encode_publish(1, "", "q", None, body, 0))
     assert [f[0] for f in frames] == [1, 2, 3]
 
 
-def test_encode_publish_errors() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_encode_publish_errors(impl: Impl) -> None:
     with pytest.raises(UsageError, match="255 bytes"):
-        codec.encode_publish(1, "", "r" * 256, None, b"", 4096)
+        impl.encode_publish(1, "", "r" * 256, None, b"", 4096)
     with pytest.raises(UsageError, match="255 bytes"):
-        codec.encode_publish(1, "é" * 128, "", None, b"", 4096)
+        impl.encode_publish(1, "é" * 128, "", None, b"", 4096)
     with pytest.raises(UsageError):
-        codec.encode_publish(70000, "", "", None, b"", 4096)
+        impl.encode_publish(70000, "", "", None, b"", 4096)
     with pytest.raises(UsageError):
-        codec.encode_publish(-1, "", "", None, b"", 4096)
+        impl.encode_publish(-1, "", "", None, b"", 4096)
     with pytest.raises(UsageError, match="frame_max"):
-        codec.encode_publish(1, "", "", None, b"", 4095)
+        impl.encode_publish(1, "", "", None, b"", 4095)
     with pytest.raises(UsageError):
-        codec.encode_publish(1, "", "", BasicProperties(delivery_mode=300), b"", 4096)
+        impl.encode_publish(1, "", "", BasicProperties(delivery_mode=300), b"", 4096)
     big_headers = BasicProperties(headers={"k": "v" * 5000})
     with pytest.raises(UsageError, match="content header"):
-        codec.encode_publish(1, "", "", big_headers, b"", 4096)
-    assert codec.encode_publish(1, "", "", big_headers, b"", 8192)
+        impl.encode_publish(1, "", "", big_headers, b"", 4096)
+    assert impl.encode_publish(1, "", "", big_headers, b"", 8192)
 
 
 # --- ack / nack / reject ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(channel=st.integers(0, 65535), tag=delivery_tags, multiple=st.booleans(), requeue=st.booleans())
-def test_ack_nack_reject_both_directions(channel: int, tag: int, multiple: bool, requeue: bool) -> None:
+def test_ack_nack_reject_both_directions(
+    impl: Impl, channel: int, tag: int, multiple: bool, requeue: bool
+) -> None:
     cases = [
-        (codec.encode_ack(channel, tag, multiple), commands.Basic.Ack(tag, multiple), codec.decode_ack,
+        (codec.encode_ack(channel, tag, multiple), commands.Basic.Ack(tag, multiple), impl.decode_ack,
          (tag, multiple)),
         (codec.encode_nack(channel, tag, multiple, requeue), commands.Basic.Nack(tag, multiple, requeue),
-         codec.decode_nack, (tag, multiple, requeue)),
-        (codec.encode_reject(channel, tag, requeue), commands.Basic.Reject(tag, requeue), codec.decode_reject,
+         impl.decode_nack, (tag, multiple, requeue)),
+        (codec.encode_reject(channel, tag, requeue), commands.Basic.Reject(tag, requeue), impl.decode_reject,
          (tag, requeue)),
     ]  # fmt: skip
     for ours, method, decoder, fields in cases:
@@ -149,10 +159,11 @@ def test_ack_nack_reject_both_directions(channel: int, tag: int, multiple: bool,
         assert [getattr(decoded, k) for k in method.__slots__] == list(fields)
 
 
-def test_ack_defaults_and_large_tags() -> None:
-    assert codec.decode_nack(payload_of(codec.encode_nack(1, 5))) == (5, False, True)
-    assert codec.decode_reject(payload_of(codec.encode_reject(1, 5))) == (5, True)
-    assert codec.decode_ack(payload_of(codec.encode_ack(1, 2**64 - 1))) == (2**64 - 1, False)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_ack_defaults_and_large_tags(impl: Impl) -> None:
+    assert impl.decode_nack(payload_of(codec.encode_nack(1, 5))) == (5, False, True)
+    assert impl.decode_reject(payload_of(codec.encode_reject(1, 5))) == (5, True)
+    assert impl.decode_ack(payload_of(codec.encode_ack(1, 2**64 - 1))) == (2**64 - 1, False)
     with pytest.raises(UsageError, match="unsigned 64-bit"):
         codec.encode_ack(1, 2**64)
     with pytest.raises(UsageError, match="unsigned 64-bit"):
@@ -168,47 +179,53 @@ def hexb(text: str) -> bytes:
     return bytes.fromhex(text)
 
 
-METHOD_CASES: list[tuple[str, bytes, bytes]] = [
-    ("ack", codec.encode_ack(1, 1), hexb("01 0001 0000000d 003c0050 0000000000000001 00 ce")),
-    ("ack many", codec.encode_ack(2, 258, True), hexb("01 0002 0000000d 003c0050 0000000000000102 01 ce")),
-    ("nack", codec.encode_nack(1, 1), hexb("01 0001 0000000d 003c0078 0000000000000001 02 ce")),
-    ("nack many", codec.encode_nack(1, 1, True, False), hexb(
+METHOD_CASES: list[tuple[str, Callable[[Impl], bytes], bytes]] = [
+    ("ack", lambda impl: codec.encode_ack(1, 1), hexb("01 0001 0000000d 003c0050 0000000000000001 00 ce")),
+    ("ack many", lambda impl: codec.encode_ack(2, 258, True),
+     hexb("01 0002 0000000d 003c0050 0000000000000102 01 ce")),
+    ("nack", lambda impl: codec.encode_nack(1, 1), hexb("01 0001 0000000d 003c0078 0000000000000001 02 ce")),
+    ("nack many", lambda impl: codec.encode_nack(1, 1, True, False), hexb(
         "01 0001 0000000d 003c0078 0000000000000001 01 ce")),
-    ("reject", codec.encode_reject(1, 7), hexb("01 0001 0000000d 003c005a 0000000000000007 01 ce")),
-    ("reject no", codec.encode_reject(1, 7, False), hexb("01 0001 0000000d 003c005a 0000000000000007 00 ce")),
-    ("publish", codec.encode_publish(1, "ex", "rk", None, b"hi", 4096),
+    ("reject", lambda impl: codec.encode_reject(1, 7),
+     hexb("01 0001 0000000d 003c005a 0000000000000007 01 ce")),
+    ("reject no", lambda impl: codec.encode_reject(1, 7, False),
+     hexb("01 0001 0000000d 003c005a 0000000000000007 00 ce")),
+    ("publish", lambda impl: impl.encode_publish(1, "ex", "rk", None, b"hi", 4096),
      hexb("01 0001 0000000d 003c0028 0000 02 6578 02 726b 00 ce")
      + hexb("02 0001 0000000e 003c 0000 0000000000000002 0000 ce")
      + hexb("03 0001 00000002 6869 ce")),
-    ("publish mandatory, empty body", codec.encode_publish(5, "", "q", BasicProperties(delivery_mode=2), b"",
-                                                           4096, mandatory=True),
+    ("publish mandatory, empty body",
+     lambda impl: impl.encode_publish(5, "", "q", BasicProperties(delivery_mode=2), b"", 4096,
+                                      mandatory=True),
      hexb("01 0005 0000000a 003c0028 0000 00 01 71 01 ce")
      + hexb("02 0005 0000000f 003c 0000 0000000000000000 1000 02 ce")),
-    ("publish immediate", codec.encode_publish(1, "", "", None, b"", 4096, immediate=True)[:17],
+    ("publish immediate", lambda impl: impl.encode_publish(1, "", "", None, b"", 4096, immediate=True)[:17],
      hexb("01 0001 00000009 003c0028 0000 00 00 02 ce")),
-    ("heartbeat", codec.HEARTBEAT_FRAME, hexb("08 0000 00000000 ce")),
-    ("protocol header", codec.PROTOCOL_HEADER, b"AMQP\x00\x00\x09\x01"),
+    ("heartbeat", lambda impl: codec.HEARTBEAT_FRAME, hexb("08 0000 00000000 ce")),
+    ("protocol header", lambda impl: codec.PROTOCOL_HEADER, b"AMQP\x00\x00\x09\x01"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("name", "ours", "wire"), METHOD_CASES, ids=[c[0] for c in METHOD_CASES])
-def test_method_bytes(name: str, ours: bytes, wire: bytes) -> None:
-    assert ours == wire
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("name", "make", "wire"), METHOD_CASES, ids=[c[0] for c in METHOD_CASES])
+def test_method_bytes(impl: Impl, name: str, make: Callable[[Impl], bytes], wire: bytes) -> None:
+    assert make(impl) == wire
 
 
 # --- decoders ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(consumer_tag=short_text, tag=delivery_tags, redelivered=st.booleans(), exchange=exchange_names,
        routing_key=short_text)  # fmt: skip
 def test_decode_deliver_both_directions(
-    consumer_tag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
+    impl: Impl, consumer_tag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
 ) -> None:
     method = commands.Basic.Deliver(consumer_tag, tag, redelivered, exchange, routing_key)
     theirs = frame.marshal(method, 1)
     expected = (consumer_tag, tag, redelivered, exchange, routing_key)
-    assert codec.decode_deliver(payload_of(theirs)) == expected
+    assert impl.decode_deliver(payload_of(theirs)) == expected
     ours = codec.encode_method_frame(1, method)
     assert ours == theirs
     _, _, back = frame.unmarshal(ours)
@@ -223,57 +240,63 @@ def test_decode_deliver_both_directions(
     assert [getattr(slow, k) for k in method.__slots__] == list(expected)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(
     reply_code=st.integers(0, 65535), reply_text=short_text, exchange=exchange_names, routing_key=short_text
 )
 def test_decode_return_both_directions(
-    reply_code: int, reply_text: str, exchange: str, routing_key: str
+    impl: Impl, reply_code: int, reply_text: str, exchange: str, routing_key: str
 ) -> None:
     method = commands.Basic.Return(reply_code, reply_text, exchange, routing_key)
     theirs = frame.marshal(method, 1)
     expected = (reply_code, reply_text, exchange, routing_key)
-    assert codec.decode_return(payload_of(theirs)) == expected
+    assert impl.decode_return(payload_of(theirs)) == expected
     assert codec.encode_method_frame(1, method) == theirs
     slow = codec.decode_method(payload_of(theirs))
     assert [getattr(slow, k) for k in method.__slots__] == list(expected)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(tag=delivery_tags, redelivered=st.booleans(), exchange=exchange_names, routing_key=short_text,
        count=st.integers(0, 2**32 - 1))  # fmt: skip
 def test_decode_get_ok_both_directions(
-    tag: int, redelivered: bool, exchange: str, routing_key: str, count: int
+    impl: Impl, tag: int, redelivered: bool, exchange: str, routing_key: str, count: int
 ) -> None:
     method = commands.Basic.GetOk(tag, redelivered, exchange, routing_key, count)
     theirs = frame.marshal(method, 1)
     expected = (tag, redelivered, exchange, routing_key, count)
-    assert codec.decode_get_ok(payload_of(theirs)) == expected
+    assert impl.decode_get_ok(payload_of(theirs)) == expected
     assert codec.encode_method_frame(1, method) == theirs
     slow = codec.decode_method(payload_of(theirs))
     assert [getattr(slow, k) for k in method.__slots__] == list(expected)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(props=pamqp_properties, size=st.integers(0, 2**63 - 1))
-def test_decode_content_header_matches_pamqp(props: BasicProperties, size: int) -> None:
+def test_decode_content_header_matches_pamqp(impl: Impl, props: BasicProperties, size: int) -> None:
     theirs = frame.marshal(header.ContentHeader(0, size, codec.to_pamqp(props)), 1)
-    class_id, body_size, ours = codec.decode_content_header(payload_of(theirs))
+    class_id, body_size, ours = impl.decode_content_header(payload_of(theirs))
     _, _, content = frame.unmarshal(theirs)
     assert (class_id, body_size) == (content.class_id, content.body_size) == (60, size)
     assert_same_properties(ours, codec.from_pamqp(content.properties))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(props=st.none() | pamqp_properties, body=bodies, frame_max=frame_maxes, tag=delivery_tags)
-def test_decode_whole_delivery(props: BasicProperties | None, body: bytes, frame_max: int, tag: int) -> None:
+def test_decode_whole_delivery(
+    impl: Impl, props: BasicProperties | None, body: bytes, frame_max: int, tag: int
+) -> None:
     wire = frame.marshal(commands.Basic.Deliver("ctag", tag, False, "ex", "rk"), 9) + pamqp_content(
         9, codec.to_pamqp(props), body, frame_max
     )
-    frames = codec.FrameReader(frame_max).frames(wire)
+    frames = impl.reader(frame_max).frames(wire)
     assert codec.method_key(frames[0][2]) == codec.BASIC_DELIVER
-    assert codec.decode_deliver(frames[0][2]) == ("ctag", tag, False, "ex", "rk")
-    _, size, decoded = codec.decode_content_header(frames[1][2])
+    assert impl.decode_deliver(frames[0][2]) == ("ctag", tag, False, "ex", "rk")
+    _, size, decoded = impl.decode_content_header(frames[1][2])
     assert size == len(body)
     assert_same_properties(decoded, expected_properties(props) if props else BasicProperties())
     assert b"".join(f[2] for f in frames[2:]) == body
@@ -302,46 +325,50 @@ def test_method_keys() -> None:
 
 # --- malformed payloads --------------------------------------------------------------------
 
-VALID_PAYLOADS: list[tuple[str, Any, bytes]] = [
-    ("deliver", codec.decode_deliver, payload_of(_marshal(commands.Basic.Deliver("c", 1, True, "e", "r")))),
-    ("return", codec.decode_return, payload_of(_marshal(commands.Basic.Return(312, "NO", "e", "r")))),
-    ("get_ok", codec.decode_get_ok, payload_of(_marshal(commands.Basic.GetOk(1, False, "e", "r", 3)))),
-    ("ack", codec.decode_ack, payload_of(codec.encode_ack(1, 1))),
-    ("nack", codec.decode_nack, payload_of(codec.encode_nack(1, 1))),
-    ("reject", codec.decode_reject, payload_of(codec.encode_reject(1, 1))),
-    ("content header", codec.decode_content_header,
+VALID_PAYLOADS: list[tuple[str, str, bytes]] = [
+    ("deliver", "decode_deliver", payload_of(_marshal(commands.Basic.Deliver("c", 1, True, "e", "r")))),
+    ("return", "decode_return", payload_of(_marshal(commands.Basic.Return(312, "NO", "e", "r")))),
+    ("get_ok", "decode_get_ok", payload_of(_marshal(commands.Basic.GetOk(1, False, "e", "r", 3)))),
+    ("ack", "decode_ack", payload_of(codec.encode_ack(1, 1))),
+    ("nack", "decode_nack", payload_of(codec.encode_nack(1, 1))),
+    ("reject", "decode_reject", payload_of(codec.encode_reject(1, 1))),
+    ("content header", "decode_content_header",
      payload_of(frame.marshal(header.ContentHeader(0, 5, codec.to_pamqp(OJS_PROPERTIES)), 1))),
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("name", "decoder", "payload"), VALID_PAYLOADS, ids=[c[0] for c in VALID_PAYLOADS])
-def test_truncated_and_padded_payloads(name: str, decoder: Any, payload: bytes) -> None:
-    decoder(payload)  # the valid one decodes
+def test_truncated_and_padded_payloads(impl: Impl, name: str, decoder: str, payload: bytes) -> None:
+    decode = getattr(impl, decoder)
+    decode(payload)  # the valid one decodes
     for size in range(len(payload)):
         with pytest.raises(ProtocolSyntaxError):
-            decoder(payload[:size])
+            decode(payload[:size])
     with pytest.raises(ProtocolSyntaxError):
-        decoder(payload + b"\x00")
+        decode(payload + b"\x00")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     ("name", "decoder", "payload"), VALID_PAYLOADS[:6], ids=[c[0] for c in VALID_PAYLOADS[:6]]
 )
-def test_decoder_checks_the_method_id(name: str, decoder: Any, payload: bytes) -> None:
+def test_decoder_checks_the_method_id(impl: Impl, name: str, decoder: str, payload: bytes) -> None:
     other = payload_of(frame.marshal(commands.Basic.Qos(), 1))
     with pytest.raises(ProtocolSyntaxError):
-        decoder(other[:4] + payload[4:])
+        getattr(impl, decoder)(other[:4] + payload[4:])
 
 
-def test_non_utf8_short_strings() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_utf8_short_strings(impl: Impl) -> None:
     payload = bytearray(VALID_PAYLOADS[0][2])
     payload[5] = 0xFF  # the consumer tag "c"
     with pytest.raises(ProtocolSyntaxError, match="UTF-8"):
-        codec.decode_deliver(bytes(payload))
+        impl.decode_deliver(bytes(payload))
     payload = bytearray(VALID_PAYLOADS[1][2])
     payload[-1] = 0xFF  # the routing key "r"
     with pytest.raises(ProtocolSyntaxError, match="UTF-8"):
-        codec.decode_return(bytes(payload))
+        impl.decode_return(bytes(payload))
 
 
 # --- the slow path, every pamqp method ---------------------------------------------------------

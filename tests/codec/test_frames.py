@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+from codec_impls import IMPLS, Impl
 from codec_strategies import OJS_PROPERTIES, SETTINGS, split_at
 from hypothesis import given
 from hypothesis import strategies as st
@@ -44,38 +45,42 @@ def read_all(reader: FrameReader, chunks: list[bytes]) -> list[tuple[int, int, b
     return out
 
 
-def test_trace_in_one_piece() -> None:
-    assert FrameReader().frames(TRACE) == TRACE_FRAMES
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_trace_in_one_piece(impl: Impl) -> None:
+    assert impl.reader().frames(TRACE) == TRACE_FRAMES
+    reader = impl.reader()
     assert read_all(reader, [TRACE]) == TRACE_FRAMES
     assert reader.buffered == 0
 
 
-def test_trace_split_at_every_offset() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_trace_split_at_every_offset(impl: Impl) -> None:
     for cut in range(len(TRACE) + 1):
         pieces = [TRACE[:cut], TRACE[cut:]]
-        assert read_all(FrameReader(), pieces) == TRACE_FRAMES, cut
-        reader = FrameReader()
+        assert read_all(impl.reader(), pieces) == TRACE_FRAMES, cut
+        reader = impl.reader()
         assert reader.frames(pieces[0]) + reader.frames(pieces[1]) == TRACE_FRAMES, cut
 
 
-def test_trace_byte_by_byte() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_trace_byte_by_byte(impl: Impl) -> None:
+    reader = impl.reader()
     out = []
     for i in range(len(TRACE)):
         out += reader.frames(TRACE[i : i + 1])
         assert reader.buffered < 4096 + 8
     assert out == TRACE_FRAMES
-    assert read_all(FrameReader(), [TRACE[i : i + 1] for i in range(len(TRACE))]) == TRACE_FRAMES
+    assert read_all(impl.reader(), [TRACE[i : i + 1] for i in range(len(TRACE))]) == TRACE_FRAMES
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(st.lists(st.integers(0, len(TRACE)), max_size=30), st.booleans())
-def test_trace_any_split(cuts: list[int], as_bytearray: bool) -> None:
+def test_trace_any_split(impl: Impl, cuts: list[int], as_bytearray: bool) -> None:
     chunks = split_at(TRACE, cuts)
     if as_bytearray:
         chunks = [bytearray(c) for c in chunks]  # type: ignore[misc]
-    reader = FrameReader()
+    reader = impl.reader()
     out = []
     for chunk in chunks:
         out += reader.frames(chunk)
@@ -84,8 +89,9 @@ def test_trace_any_split(cuts: list[int], as_bytearray: bool) -> None:
     assert all(type(p) is bytes for _, _, p in out)
 
 
-def test_buffer_is_released_after_draining() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_buffer_is_released_after_draining(impl: Impl) -> None:
+    reader = impl.reader()
     big = raw_frame(3, 1, b"x" * 100_000)
     assert reader.frames(big[:50_000]) == []
     assert reader.buffer_size == 50_000
@@ -100,8 +106,9 @@ def test_buffer_is_released_after_draining() -> None:
     assert reader.buffer_size == 0
 
 
-def test_payloads_are_independent_of_the_buffer() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_payloads_are_independent_of_the_buffer(impl: Impl) -> None:
+    reader = impl.reader()
     data = bytearray(raw_frame(1, 1, b"abc") + raw_frame(1, 1, b"def")[:5])
     first = reader.frames(data)
     data[7:10] = b"zzz"
@@ -112,8 +119,9 @@ def test_payloads_are_independent_of_the_buffer() -> None:
 # --- size limits -------------------------------------------------------------------------
 
 
-def test_oversized_frame_is_rejected_from_its_header() -> None:
-    reader = FrameReader(frame_max=4096)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_oversized_frame_is_rejected_from_its_header(impl: Impl) -> None:
+    reader = impl.reader(frame_max=4096)
     reader.feed(struct.pack(">BHI", 3, 1, 4096 - 7))  # one byte too many; no payload sent
     with pytest.raises(FrameError) as info:
         reader.next_frame()
@@ -121,22 +129,25 @@ def test_oversized_frame_is_rejected_from_its_header() -> None:
     assert reader.buffered == 7
 
 
-def test_oversized_frame_never_buffered_even_when_declared_huge() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_oversized_frame_never_buffered_even_when_declared_huge(impl: Impl) -> None:
+    reader = impl.reader()
     header_only = struct.pack(">BHI", 3, 1, 2**32 - 1)
     with pytest.raises(FrameError):
         reader.frames(header_only + b"\x00" * 100)
     assert reader.buffer_size <= 107
 
 
-def test_largest_frame_is_accepted() -> None:
-    reader = FrameReader(frame_max=4096)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_largest_frame_is_accepted(impl: Impl) -> None:
+    reader = impl.reader(frame_max=4096)
     payload = b"x" * (4096 - 8)
     assert reader.frames(raw_frame(3, 1, payload)) == [(3, 1, payload)]
 
 
-def test_frame_max_can_change_and_zero_means_protocol_max() -> None:
-    reader = FrameReader(frame_max=4096)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_frame_max_can_change_and_zero_means_protocol_max(impl: Impl) -> None:
+    reader = impl.reader(frame_max=4096)
     big = raw_frame(3, 1, b"x" * 10000)
     reader.frame_max = 0
     assert reader.frame_max == 0
@@ -148,18 +159,20 @@ def test_frame_max_can_change_and_zero_means_protocol_max() -> None:
         reader.frames(big)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bad", [1, 4095, 2**32, -1, 1.5, True, "4096"])
-def test_bad_frame_max(bad: object) -> None:
+def test_bad_frame_max(impl: Impl, bad: object) -> None:
     with pytest.raises(UsageError):
-        FrameReader(frame_max=bad)  # type: ignore[arg-type]
-    reader = FrameReader()
+        impl.reader(frame_max=bad)  # type: ignore[arg-type]
+    reader = impl.reader()
     with pytest.raises(UsageError):
         reader.frame_max = bad  # type: ignore[assignment]
     assert reader.frame_max == 131072
 
 
-def test_feeding_without_draining_is_refused() -> None:
-    reader = FrameReader(frame_max=4096)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_feeding_without_draining_is_refused(impl: Impl) -> None:
+    reader = impl.reader(frame_max=4096)
     frame_bytes = raw_frame(1, 1, b"x" * 1000)
     for _ in range(4):
         reader.feed(frame_bytes)  # 4032 bytes: less than one max frame
@@ -173,29 +186,33 @@ def test_feeding_without_draining_is_refused() -> None:
 # --- protocol errors ------------------------------------------------------------------
 
 
-def test_bad_frame_end() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_frame_end(impl: Impl) -> None:
+    reader = impl.reader()
     with pytest.raises(FrameError, match="end octet"):
         reader.frames(raw_frame(1, 1, b"abc", end=0x00))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("frame_type", [0, 4, 7, 9, 65, 255])
-def test_unknown_frame_type(frame_type: int) -> None:
-    reader = FrameReader()
+def test_unknown_frame_type(impl: Impl, frame_type: int) -> None:
+    reader = impl.reader()
     reader.frames(raw_frame(8, 0, b""))  # not at the start of the stream any more
     with pytest.raises(FrameError, match="unknown frame type"):
         reader.frames(bytes([frame_type]))  # detected from the first byte
 
 
-def test_unknown_frame_type_at_start() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_unknown_frame_type_at_start(impl: Impl) -> None:
     with pytest.raises(FrameError, match="unknown frame type"):
-        FrameReader().frames(b"\x04")
+        impl.reader().frames(b"\x04")
     with pytest.raises(FrameError, match="unknown frame type"):
-        FrameReader().frames(b"AMQX\x00\x00\x09\x01")
+        impl.reader().frames(b"AMQX\x00\x00\x09\x01")
 
 
-def test_reader_stays_broken() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_reader_stays_broken(impl: Impl) -> None:
+    reader = impl.reader()
     with pytest.raises(FrameError):
         reader.frames(raw_frame(1, 1, b"", end=1))
     assert reader.broken
@@ -204,16 +221,17 @@ def test_reader_stays_broken() -> None:
             call()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     "offered", [b"AMQP\x00\x00\x09\x01", b"AMQP\x01\x01\x00\x0a", b"AMQP\x00\x00\x08\x00"]
 )
-def test_protocol_header_reply(offered: bytes) -> None:
+def test_protocol_header_reply(impl: Impl, offered: bytes) -> None:
     for pieces in (
         [offered],
         [offered[i : i + 1] for i in range(8)],
         [offered[:3], offered[3:7], offered[7:]],
     ):
-        reader = FrameReader()
+        reader = impl.reader()
         with pytest.raises(ProtocolVersionMismatch) as info:
             for piece in pieces:
                 reader.frames(piece)
@@ -223,28 +241,31 @@ def test_protocol_header_reply(offered: bytes) -> None:
             reader.next_frame()
 
 
-def test_partial_protocol_header_waits() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_partial_protocol_header_waits(impl: Impl) -> None:
+    reader = impl.reader()
     assert reader.frames(b"AMQP\x00\x00\x09") == []
     assert reader.buffered == 7
 
 
-def test_protocol_header_only_at_the_start() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_protocol_header_only_at_the_start(impl: Impl) -> None:
+    reader = impl.reader()
     reader.frames(codec.HEARTBEAT_FRAME)
     with pytest.raises(FrameError):
         reader.frames(b"AMQP\x00\x00\x09\x01")
 
 
-def test_heartbeats() -> None:
-    reader = FrameReader()
+@pytest.mark.parametrize("impl", IMPLS)
+def test_heartbeats(impl: Impl) -> None:
+    reader = impl.reader()
     assert reader.frames(codec.HEARTBEAT_FRAME * 3) == [(8, 0, b"")] * 3
     assert heartbeat.Heartbeat.marshal() == codec.HEARTBEAT_FRAME
     assert header.ProtocolHeader().marshal() == codec.PROTOCOL_HEADER
     with pytest.raises(FrameError, match="heartbeat"):
-        FrameReader().frames(raw_frame(8, 1, b""))
+        impl.reader().frames(raw_frame(8, 1, b""))
     with pytest.raises(FrameError, match="heartbeat"):
-        FrameReader().frames(raw_frame(8, 0, b"x"))
+        impl.reader().frames(raw_frame(8, 0, b"x"))
 
 
 # --- building frames ------------------------------------------------------------------------
@@ -257,13 +278,15 @@ def test_encode_frame() -> None:
         codec.encode_frame(1, 65536, b"")
 
 
-def test_encode_content_empty_body_has_no_body_frame() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_encode_content_empty_body_has_no_body_frame(impl: Impl) -> None:
     data = codec.encode_content(1, 60, None, b"", 4096)
-    frames = FrameReader().frames(data)
+    frames = impl.reader().frames(data)
     assert [f[0] for f in frames] == [2]
     assert codec.decode_content_header(frames[0][2]) == (60, 0, codec.BasicProperties())
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     ("size", "frame_max", "expected"),
     [
@@ -276,10 +299,12 @@ def test_encode_content_empty_body_has_no_body_frame() -> None:
         (200_000, 0, [200_000]),
     ],
 )
-def test_encode_content_splits_at_frame_max_minus_8(size: int, frame_max: int, expected: list[int]) -> None:
+def test_encode_content_splits_at_frame_max_minus_8(
+    impl: Impl, size: int, frame_max: int, expected: list[int]
+) -> None:
     body = bytes(i % 256 for i in range(size))
     data = codec.encode_content(7, 60, OJS_PROPERTIES, body, frame_max)
-    frames = FrameReader(frame_max).frames(data)
+    frames = impl.reader(frame_max).frames(data)
     assert frames[0][0] == 2
     assert [len(p) for t, ch, p in frames[1:] if t == 3 and ch == 7] == expected
     assert len(frames) == len(expected) + 1

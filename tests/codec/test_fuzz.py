@@ -11,13 +11,14 @@ import struct
 from typing import Any
 
 import pytest
+from codec_impls import IMPLS, Impl
 from codec_strategies import OJS_PROPERTIES, SETTINGS, split_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands, frame, header
 
 import codec
-from codec import FrameReader, ProtocolError
+from codec import ProtocolError
 
 EXAMPLES = int(os.environ.get("OJS_FUZZ_EXAMPLES", "500"))
 FUZZ = settings(SETTINGS, max_examples=EXAMPLES)
@@ -58,12 +59,12 @@ SEED_STREAM = b"".join(
 )
 
 FAST_DECODERS = {
-    codec.BASIC_DELIVER: codec.decode_deliver,
-    codec.BASIC_RETURN: codec.decode_return,
-    codec.BASIC_GET_OK: codec.decode_get_ok,
-    codec.BASIC_ACK: codec.decode_ack,
-    codec.BASIC_NACK: codec.decode_nack,
-    codec.BASIC_REJECT: codec.decode_reject,
+    codec.BASIC_DELIVER: "decode_deliver",
+    codec.BASIC_RETURN: "decode_return",
+    codec.BASIC_GET_OK: "decode_get_ok",
+    codec.BASIC_ACK: "decode_ack",
+    codec.BASIC_NACK: "decode_nack",
+    codec.BASIC_REJECT: "decode_reject",
 }
 
 
@@ -100,7 +101,7 @@ def mutate(data: bytes, ops: list[tuple[str, int, Any]]) -> bytes:
 # --- checks ------------------------------------------------------------------------------
 
 
-def decode_payload(frame_type: int, payload: bytes) -> None:
+def decode_payload(impl: Impl, frame_type: int, payload: bytes) -> None:
     """Run the decoders a connection would run on this frame."""
     if frame_type == codec.FRAME_METHOD:
         try:
@@ -110,7 +111,7 @@ def decode_payload(frame_type: int, payload: bytes) -> None:
         fast = FAST_DECODERS.get(key)
         if fast is not None:
             try:
-                assert isinstance(fast(payload), tuple)
+                assert isinstance(getattr(impl, fast)(payload), tuple)
             except ProtocolError:
                 pass
         try:
@@ -119,14 +120,14 @@ def decode_payload(frame_type: int, payload: bytes) -> None:
             pass
     elif frame_type == codec.FRAME_HEADER:
         try:
-            class_id, size, props = codec.decode_content_header(payload)
+            class_id, size, props = impl.decode_content_header(payload)
             assert isinstance(props, codec.BasicProperties) and size >= 0 and class_id >= 0
         except ProtocolError:
             pass
 
 
-def run_reader(chunks: list[bytes], use_next_frame: bool) -> None:
-    reader = FrameReader(FRAME_MAX)
+def run_reader(impl: Impl, chunks: list[bytes], use_next_frame: bool) -> None:
+    reader = impl.reader(FRAME_MAX)
     try:
         for chunk in chunks:
             if use_next_frame:
@@ -143,7 +144,7 @@ def run_reader(chunks: list[bytes], use_next_frame: bool) -> None:
                 assert frame_type in (1, 2, 3, 8)
                 assert 0 <= channel <= 65535
                 assert len(payload) <= FRAME_MAX - 8
-                decode_payload(frame_type, payload)
+                decode_payload(impl, frame_type, payload)
     except ProtocolError:
         assert reader.broken
         try:
@@ -157,21 +158,23 @@ def run_reader(chunks: list[bytes], use_next_frame: bool) -> None:
 # --- fuzz targets ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @FUZZ
 @given(ops=st.lists(mutation, max_size=6), cuts=st.lists(st.integers(0, len(SEED_STREAM)), max_size=12),
        use_next_frame=st.booleans())  # fmt: skip
 def test_fuzz_reader_mutated_stream(
-    ops: list[tuple[str, int, Any]], cuts: list[int], use_next_frame: bool
+    impl: Impl, ops: list[tuple[str, int, Any]], cuts: list[int], use_next_frame: bool
 ) -> None:
-    run_reader(split_at(mutate(SEED_STREAM, ops), cuts), use_next_frame)
+    run_reader(impl, split_at(mutate(SEED_STREAM, ops), cuts), use_next_frame)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @FUZZ
 @given(
     data=st.binary(max_size=400), cuts=st.lists(st.integers(0, 400), max_size=8), use_next_frame=st.booleans()
 )
-def test_fuzz_reader_random_bytes(data: bytes, cuts: list[int], use_next_frame: bool) -> None:
-    run_reader(split_at(data, cuts), use_next_frame)
+def test_fuzz_reader_random_bytes(impl: Impl, data: bytes, cuts: list[int], use_next_frame: bool) -> None:
+    run_reader(impl, split_at(data, cuts), use_next_frame)
 
 
 frame_like = st.builds(
@@ -186,37 +189,41 @@ frame_like = st.builds(
 )
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @FUZZ
 @given(frames=st.lists(frame_like, max_size=8), cuts=st.lists(st.integers(0, 600), max_size=8),
        prefix=st.sampled_from([b"", b"", b"AMQP\x00\x00\x09\x01", b"AMQ"]))  # fmt: skip
-def test_fuzz_reader_frame_like(frames: list[bytes], cuts: list[int], prefix: bytes) -> None:
-    run_reader(split_at(prefix + b"".join(frames), cuts), use_next_frame=False)
+def test_fuzz_reader_frame_like(impl: Impl, frames: list[bytes], cuts: list[int], prefix: bytes) -> None:
+    run_reader(impl, split_at(prefix + b"".join(frames), cuts), use_next_frame=False)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @FUZZ
 @given(seed=st.sampled_from(SEED_METHODS), ops=st.lists(mutation, min_size=1, max_size=5))
-def test_fuzz_method_decoders(seed: bytes, ops: list[tuple[str, int, Any]]) -> None:
+def test_fuzz_method_decoders(impl: Impl, seed: bytes, ops: list[tuple[str, int, Any]]) -> None:
     payload = mutate(seed, ops)
-    decode_payload(codec.FRAME_METHOD, payload)
+    decode_payload(impl, codec.FRAME_METHOD, payload)
     for decoder in FAST_DECODERS.values():  # even when the id does not match
         try:
-            decoder(payload)
+            getattr(impl, decoder)(payload)
         except ProtocolError:
             pass
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @FUZZ
 @given(seed=st.sampled_from(SEED_HEADERS), ops=st.lists(mutation, min_size=1, max_size=5))
-def test_fuzz_header_decoder(seed: bytes, ops: list[tuple[str, int, Any]]) -> None:
-    decode_payload(codec.FRAME_HEADER, mutate(seed, ops))
+def test_fuzz_header_decoder(impl: Impl, seed: bytes, ops: list[tuple[str, int, Any]]) -> None:
+    decode_payload(impl, codec.FRAME_HEADER, mutate(seed, ops))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @FUZZ
 @given(data=st.binary(max_size=200), offset=st.integers(0, 8))
-def test_fuzz_decoders_random_bytes(data: bytes, offset: int) -> None:
-    decode_payload(codec.FRAME_METHOD, data)
-    decode_payload(codec.FRAME_HEADER, data)
-    for decoder in (codec.decode_table, codec.decode_array, codec.decode_properties):
+def test_fuzz_decoders_random_bytes(impl: Impl, data: bytes, offset: int) -> None:
+    decode_payload(impl, codec.FRAME_METHOD, data)
+    decode_payload(impl, codec.FRAME_HEADER, data)
+    for decoder in (impl.decode_table, impl.decode_array, impl.decode_properties):
         try:
             decoder(data, offset)
         except ProtocolError:

@@ -7,6 +7,7 @@ import struct
 
 import msgspec
 import pytest
+from codec_impls import IMPLS, Impl
 from codec_strategies import (
     OJS_PROPERTIES,
     SETTINGS,
@@ -20,7 +21,7 @@ from hypothesis import given
 from pamqp import commands
 
 import codec
-from codec import BasicProperties, ProtocolSyntaxError, UsageError, decode_properties, encode_properties
+from codec import BasicProperties, ProtocolSyntaxError, UsageError
 
 
 def pamqp_decode(data: bytes) -> commands.Basic.Properties:
@@ -31,25 +32,28 @@ def pamqp_decode(data: bytes) -> commands.Basic.Properties:
     return props
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(pamqp_properties)
-def test_encode_matches_pamqp(props: BasicProperties) -> None:
-    assert encode_properties(props) == codec.to_pamqp(props).marshal()
+def test_encode_matches_pamqp(impl: Impl, props: BasicProperties) -> None:
+    assert impl.encode_properties(props) == codec.to_pamqp(props).marshal()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(pamqp_properties)
-def test_decode_matches_pamqp(props: BasicProperties) -> None:
+def test_decode_matches_pamqp(impl: Impl, props: BasicProperties) -> None:
     data = codec.to_pamqp(props).marshal()
-    ours = decode_properties(data)
+    ours = impl.decode_properties(data)
     theirs = codec.from_pamqp(pamqp_decode(data))
     assert_same_properties(ours, theirs)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(our_properties)
-def test_roundtrip(props: BasicProperties) -> None:
-    decoded = decode_properties(encode_properties(props))
+def test_roundtrip(impl: Impl, props: BasicProperties) -> None:
+    decoded = impl.decode_properties(impl.encode_properties(props))
     assert_same_properties(decoded, expected_properties(props))
 
 
@@ -75,23 +79,28 @@ def _plain_headers(value: object) -> object:
     return value
 
 
-def test_ojs_property_set_matches_pamqp() -> None:
-    data = encode_properties(OJS_PROPERTIES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_ojs_property_set_matches_pamqp(impl: Impl) -> None:
+    data = impl.encode_properties(OJS_PROPERTIES)
     assert data == codec.to_pamqp(OJS_PROPERTIES).marshal()
-    assert decode_properties(data) == OJS_PROPERTIES
+    assert impl.decode_properties(data) == OJS_PROPERTIES
 
 
-def test_wire_layout() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_wire_layout(impl: Impl) -> None:
     props = BasicProperties(content_type="a", delivery_mode=2, type="t", cluster_id="c")
-    assert encode_properties(props) == b"\x90\x24" + b"\x01a" + b"\x02" + b"\x01t" + b"\x01c"
-    assert encode_properties(BasicProperties()) == b"\x00\x00"
-    assert encode_properties(None) == b"\x00\x00"
-    assert decode_properties(b"\x00\x00") == BasicProperties()
+    assert impl.encode_properties(props) == b"\x90\x24" + b"\x01a" + b"\x02" + b"\x01t" + b"\x01c"
+    assert impl.encode_properties(BasicProperties()) == b"\x00\x00"
+    assert impl.encode_properties(None) == b"\x00\x00"
+    assert impl.decode_properties(b"\x00\x00") == BasicProperties()
     stamp = datetime.datetime(2024, 1, 1, tzinfo=UTC)
-    assert encode_properties(BasicProperties(timestamp=stamp)) == b"\x00\x40" + struct.pack(">Q", 1704067200)
+    assert impl.encode_properties(BasicProperties(timestamp=stamp)) == b"\x00\x40" + struct.pack(
+        ">Q", 1704067200
+    )
 
 
-def test_every_flag_bit() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_every_flag_bit(impl: Impl) -> None:
     fields = {
         "content_type": ("x", 0x8000),
         "content_encoding": ("x", 0x4000),
@@ -110,33 +119,36 @@ def test_every_flag_bit() -> None:
     }
     for name, (value, flag) in fields.items():
         props = BasicProperties(**{name: value})  # type: ignore[arg-type]
-        data = encode_properties(props)
+        data = impl.encode_properties(props)
         assert struct.unpack(">H", data[:2])[0] == flag, name
         assert data == codec.to_pamqp(props).marshal(), name
-        assert decode_properties(data) == props, name
+        assert impl.decode_properties(data) == props, name
 
 
-def test_empty_string_is_absent_like_pamqp() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty_string_is_absent_like_pamqp(impl: Impl) -> None:
     props = BasicProperties(content_type="", message_id="", headers={}, priority=0)
-    data = encode_properties(props)
+    data = impl.encode_properties(props)
     assert data == codec.to_pamqp(props).marshal()
-    assert decode_properties(data) == BasicProperties(headers={}, priority=0)
+    assert impl.decode_properties(data) == BasicProperties(headers={}, priority=0)
 
 
-def test_timestamp_truncated_and_naive_is_utc() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_timestamp_truncated_and_naive_is_utc(impl: Impl) -> None:
     moment = datetime.datetime(2024, 5, 17, 12, 30, 45, 500000)
-    decoded = decode_properties(encode_properties(BasicProperties(timestamp=moment)))
+    decoded = impl.decode_properties(impl.encode_properties(BasicProperties(timestamp=moment)))
     assert decoded.timestamp == moment.replace(microsecond=0, tzinfo=UTC)
     with pytest.raises(UsageError):
-        encode_properties(BasicProperties(timestamp=datetime.datetime(1960, 1, 1, tzinfo=UTC)))
+        impl.encode_properties(BasicProperties(timestamp=datetime.datetime(1960, 1, 1, tzinfo=UTC)))
 
 
-def test_decode_at_offset_and_flag_continuation() -> None:
-    data = encode_properties(BasicProperties(app_id="x"))
-    assert decode_properties(b"junk" + data, 4) == BasicProperties(app_id="x")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_at_offset_and_flag_continuation(impl: Impl) -> None:
+    data = impl.encode_properties(BasicProperties(app_id="x"))
+    assert impl.decode_properties(b"junk" + data, 4) == BasicProperties(app_id="x")
     # bit 0 says another flag word follows; none are defined, so it is skipped
     continued = b"\x00\x09\x00\x00\x01x"
-    assert decode_properties(continued) == BasicProperties(app_id="x")
+    assert impl.decode_properties(continued) == BasicProperties(app_id="x")
     assert codec.from_pamqp(pamqp_decode_full(continued)) == BasicProperties(app_id="x")
 
 
@@ -148,6 +160,7 @@ def pamqp_decode_full(data: bytes) -> commands.Basic.Properties:
     return content.properties
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     "data",
     [
@@ -167,11 +180,12 @@ def pamqp_decode_full(data: bytes) -> commands.Basic.Properties:
         b"\x00\x04\x03ab",  # cluster_id truncated
     ],
 )
-def test_malformed_properties_raise_syntax_error(data: bytes) -> None:
+def test_malformed_properties_raise_syntax_error(impl: Impl, data: bytes) -> None:
     with pytest.raises(ProtocolSyntaxError):
-        decode_properties(data)
+        impl.decode_properties(data)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     "props",
     [
@@ -186,15 +200,18 @@ def test_malformed_properties_raise_syntax_error(data: bytes) -> None:
         BasicProperties(timestamp="2024-01-01"),  # type: ignore[arg-type]
     ],
 )
-def test_bad_properties_raise_usage_error(props: BasicProperties) -> None:
+def test_bad_properties_raise_usage_error(impl: Impl, props: BasicProperties) -> None:
     with pytest.raises(UsageError):
-        encode_properties(props)
+        impl.encode_properties(props)
 
 
-def test_short_string_limit_message() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_short_string_limit_message(impl: Impl) -> None:
     with pytest.raises(UsageError, match="255 bytes"):
-        encode_properties(BasicProperties(app_id="a" * 300))
-    assert decode_properties(encode_properties(BasicProperties(app_id="a" * 255))).app_id == "a" * 255
+        impl.encode_properties(BasicProperties(app_id="a" * 300))
+    assert (
+        impl.decode_properties(impl.encode_properties(BasicProperties(app_id="a" * 255))).app_id == "a" * 255
+    )
 
 
 def test_struct_is_frozen_and_keyword_only() -> None:

@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from codec_impls import IMPLS, Impl
 from codec_strategies import (
     SETTINGS,
     UTC,
@@ -27,7 +28,7 @@ from pamqp import decode as pdecode
 from pamqp import encode as pencode
 
 import codec
-from codec import ProtocolSyntaxError, UsageError, decode_array, decode_table, encode_array, encode_table
+from codec import ProtocolSyntaxError, UsageError
 
 
 def entry(key: bytes, kind: bytes, value: bytes) -> bytes:
@@ -42,44 +43,49 @@ def table(*entries: bytes) -> bytes:
 # --- differential: pamqp ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(pamqp_tables)
-def test_encode_table_matches_pamqp(value: dict[str, Any]) -> None:
-    assert encode_table(value) == pencode.field_table(value)
+def test_encode_table_matches_pamqp(impl: Impl, value: dict[str, Any]) -> None:
+    assert impl.encode_table(value) == pencode.field_table(value)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(st.lists(pamqp_values, max_size=6))
-def test_encode_array_matches_pamqp(value: list[Any]) -> None:
-    assert encode_array(value) == pencode.field_array(value)
+def test_encode_array_matches_pamqp(impl: Impl, value: list[Any]) -> None:
+    assert impl.encode_array(value) == pencode.field_array(value)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(pamqp_tables)
-def test_decode_table_matches_pamqp(value: dict[str, Any]) -> None:
+def test_decode_table_matches_pamqp(impl: Impl, value: dict[str, Any]) -> None:
     data = pencode.field_table(value)
-    ours, offset = decode_table(data)
+    ours, offset = impl.decode_table(data)
     consumed, theirs = pdecode.field_table(data)
     assert offset == consumed == len(data)
     assert_same(ours, plain(theirs))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(our_tables)
-def test_decode_matches_pamqp_for_every_wire_type(value: dict[str, Any]) -> None:
+def test_decode_matches_pamqp_for_every_wire_type(impl: Impl, value: dict[str, Any]) -> None:
     """Bytes pamqp cannot produce (d, f, B, x from bytes, explicit widths) still decode
     to the values pamqp decodes them to."""
-    data = encode_table(value)
-    ours, _ = decode_table(data)
+    data = impl.encode_table(value)
+    ours, _ = impl.decode_table(data)
     _, theirs = pdecode.field_table(data)
     assert_same(ours, plain(theirs))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(st.binary(max_size=8), st.integers(0, 5))
-def test_decode_at_offset(prefix: bytes, extra: int) -> None:
-    data = prefix + encode_table({"a": 1, "b": "x"}) + b"\x00" * extra
-    value, offset = decode_table(data, len(prefix))
+def test_decode_at_offset(impl: Impl, prefix: bytes, extra: int) -> None:
+    data = prefix + impl.encode_table({"a": 1, "b": "x"}) + b"\x00" * extra
+    value, offset = impl.decode_table(data, len(prefix))
     assert value == {"a": 1, "b": "x"}
     assert offset == len(data) - extra
 
@@ -87,20 +93,22 @@ def test_decode_at_offset(prefix: bytes, extra: int) -> None:
 # --- our own round trips are lossless ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(our_tables)
-def test_roundtrip(value: dict[str, Any]) -> None:
-    data = encode_table(value)
-    decoded, offset = decode_table(data)
+def test_roundtrip(impl: Impl, value: dict[str, Any]) -> None:
+    data = impl.encode_table(value)
+    decoded, offset = impl.decode_table(data)
     assert offset == len(data)
     assert_same(decoded, expected_roundtrip(value))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(st.lists(our_values, max_size=6))
-def test_array_roundtrip(value: list[Any]) -> None:
-    data = encode_array(value)
-    decoded, offset = decode_array(data)
+def test_array_roundtrip(impl: Impl, value: list[Any]) -> None:
+    data = impl.encode_array(value)
+    decoded, offset = impl.decode_array(data)
     assert offset == len(data)
     assert_same(decoded, expected_roundtrip(value))
 
@@ -148,32 +156,37 @@ WIRE_CASES: list[tuple[Any, bytes]] = [
 ]
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("value", "wire"), WIRE_CASES, ids=[repr(v)[:40] for v, _ in WIRE_CASES])
-def test_wire_bytes(value: Any, wire: bytes) -> None:
-    assert encode_table({"k": value}) == table(entry(b"k", wire[:1], wire[1:]))
-    assert encode_array([value]) == struct.pack(">I", len(wire)) + wire
+def test_wire_bytes(impl: Impl, value: Any, wire: bytes) -> None:
+    assert impl.encode_table({"k": value}) == table(entry(b"k", wire[:1], wire[1:]))
+    assert impl.encode_array([value]) == struct.pack(">I", len(wire)) + wire
 
 
-def test_empty_and_none_tables() -> None:
-    assert encode_table(None) == b"\x00\x00\x00\x00"
-    assert encode_table({}) == b"\x00\x00\x00\x00"
-    assert decode_table(b"\x00\x00\x00\x00") == ({}, 4)
-    assert encode_array([]) == b"\x00\x00\x00\x00"
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty_and_none_tables(impl: Impl) -> None:
+    assert impl.encode_table(None) == b"\x00\x00\x00\x00"
+    assert impl.encode_table({}) == b"\x00\x00\x00\x00"
+    assert impl.decode_table(b"\x00\x00\x00\x00") == ({}, 4)
+    assert impl.encode_array([]) == b"\x00\x00\x00\x00"
 
 
-def test_keys_are_sorted_like_pamqp() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_keys_are_sorted_like_pamqp(impl: Impl) -> None:
     value = {"b": 1, "a": 2, "B": 3}
-    assert encode_table(value) == table(entry(b"B", b"b", b"\x03"), entry(b"a", b"b", b"\x02"),
+    assert impl.encode_table(value) == table(entry(b"B", b"b", b"\x03"), entry(b"a", b"b", b"\x02"),
                                         entry(b"b", b"b", b"\x01"))  # fmt: skip
-    assert encode_table(value) == pencode.field_table(value)
+    assert impl.encode_table(value) == pencode.field_table(value)
 
 
-def test_same_keys_in_another_order_give_the_same_bytes() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_same_keys_in_another_order_give_the_same_bytes(impl: Impl) -> None:
     # The key-template cache is keyed by iteration order; both orders must sort.
-    assert encode_table({"x": 1, "y": 2}) == encode_table({"y": 2, "x": 1})
+    assert impl.encode_table({"x": 1, "y": 2}) == impl.encode_table({"y": 2, "x": 1})
 
 
-def test_decode_every_type_code() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_every_type_code(impl: Impl) -> None:
     data = table(
         entry(b"t", b"t", b"\x02"),  # any non-zero octet is true
         entry(b"b", b"b", b"\xff"),
@@ -197,7 +210,7 @@ def test_decode_every_type_code() -> None:
         entry(b"0", b"\x00", b""),
         entry(b"x", b"x", b"\x00\x00\x00\x01\x00"),
     )
-    ours, offset = decode_table(data)
+    ours, offset = impl.decode_table(data)
     assert offset == len(data)
     _, theirs = pdecode.field_table(data)
     assert_same(ours, plain(theirs))
@@ -214,75 +227,83 @@ def test_decode_every_type_code() -> None:
     assert ours["0"] is None and ours["V"] is None
 
 
-def test_duplicate_keys_last_wins_like_pamqp() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_duplicate_keys_last_wins_like_pamqp(impl: Impl) -> None:
     data = table(entry(b"a", b"b", b"\x01"), entry(b"a", b"b", b"\x02"))
-    assert decode_table(data)[0] == {"a": 2} == pdecode.field_table(data)[1]
+    assert impl.decode_table(data)[0] == {"a": 2} == pdecode.field_table(data)[1]
 
 
 # --- documented quirks ------------------------------------------------------------------------
 
 
-def test_quirk_float_is_64_bit_and_lossless() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_quirk_float_is_64_bit_and_lossless(impl: Impl) -> None:
     value = 0.1
-    data = encode_table({"f": value})
+    data = impl.encode_table({"f": value})
     assert data[6:7] == b"d"
-    assert decode_table(data)[0]["f"] == value  # exact
+    assert impl.decode_table(data)[0]["f"] == value  # exact
     # pamqp writes the same float as a lossy 32-bit 'f'
     theirs = pencode.field_table({"f": value})
     assert theirs[6:7] == b"f"
     assert pdecode.field_table(theirs)[1]["f"] != value
 
 
-def test_quirk_float32_wrapper_writes_f_like_pamqp() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_quirk_float32_wrapper_writes_f_like_pamqp(impl: Impl) -> None:
     value = 1.25
-    assert encode_table({"f": codec.Float32(value)}) == pencode.field_table({"f": value})
+    assert impl.encode_table({"f": codec.Float32(value)}) == pencode.field_table({"f": value})
     assert (
-        decode_table(encode_table({"f": codec.Float32(0.1)}))[0]["f"]
+        impl.decode_table(impl.encode_table({"f": codec.Float32(0.1)}))[0]["f"]
         == struct.unpack(">f", struct.pack(">f", 0.1))[0]
     )
     with pytest.raises(UsageError):
         codec.Float32(1e300)
 
 
-def test_quirk_bytes_are_a_byte_array() -> None:
-    assert encode_table({"x": b"\x01\x02"}) == pencode.field_table({"x": bytearray(b"\x01\x02")})
+@pytest.mark.parametrize("impl", IMPLS)
+def test_quirk_bytes_are_a_byte_array(impl: Impl) -> None:
+    assert impl.encode_table({"x": b"\x01\x02"}) == pencode.field_table({"x": bytearray(b"\x01\x02")})
     with pytest.raises(TypeError):
         pencode.field_table({"x": b"\x01\x02"})
-    decoded = decode_table(encode_table({"x": b"\x01\x02"}))[0]["x"]
+    decoded = impl.decode_table(impl.encode_table({"x": b"\x01\x02"}))[0]["x"]
     assert decoded == b"\x01\x02" and type(decoded) is bytes
 
 
-def test_quirk_timestamp_truncates_subseconds() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_quirk_timestamp_truncates_subseconds(impl: Impl) -> None:
     moment = datetime.datetime(2024, 5, 17, 12, 30, 45, 999999, tzinfo=UTC)
-    data = encode_table({"t": moment})
+    data = impl.encode_table({"t": moment})
     assert data == pencode.field_table({"t": moment})
-    decoded = decode_table(data)[0]["t"]
+    decoded = impl.decode_table(data)[0]["t"]
     assert decoded == moment.replace(microsecond=0)
     assert decoded.tzinfo is not None and decoded.utcoffset() == datetime.timedelta(0)
     # a whole-second datetime round-trips exactly, in any time zone
     paris = datetime.timezone(datetime.timedelta(hours=2))
     whole = datetime.datetime(2024, 5, 17, 14, 30, 45, tzinfo=paris)
-    assert decode_table(encode_table({"t": whole}))[0]["t"] == whole
+    assert impl.decode_table(impl.encode_table({"t": whole}))[0]["t"] == whole
 
 
-def test_quirk_timestamp_before_1970_is_refused() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_quirk_timestamp_before_1970_is_refused(impl: Impl) -> None:
     with pytest.raises(UsageError):
-        encode_table({"t": datetime.datetime(1969, 12, 31, tzinfo=UTC)})
+        impl.encode_table({"t": datetime.datetime(1969, 12, 31, tzinfo=UTC)})
 
 
-def test_quirk_non_utf8_long_string_and_long_string_wrapper() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_quirk_non_utf8_long_string_and_long_string_wrapper(impl: Impl) -> None:
     data = table(entry(b"s", b"S", b"\x00\x00\x00\x02\xff\xfe"))
-    value = decode_table(data)[0]["s"]
+    value = impl.decode_table(data)[0]["s"]
     assert value == b"\xff\xfe" == pdecode.field_table(data)[1]["s"]
-    assert encode_table({"s": codec.LongString(value)}) == data  # written back as 'S'
-    assert encode_table({"s": value})[6:7] == b"x"  # plain bytes would be 'x'
+    assert impl.encode_table({"s": codec.LongString(value)}) == data  # written back as 'S'
+    assert impl.encode_table({"s": value})[6:7] == b"x"  # plain bytes would be 'x'
 
 
-def test_quirk_long_keys() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_quirk_long_keys(impl: Impl) -> None:
     key = "k" * 200  # pamqp truncates keys over 128 bytes; we send them whole
-    assert decode_table(encode_table({key: 1}))[0] == {key: 1}
+    assert impl.decode_table(impl.encode_table({key: 1}))[0] == {key: 1}
     with pytest.raises(UsageError, match="255"):
-        encode_table({"k" * 256: 1})
+        impl.encode_table({"k" * 256: 1})
 
 
 def test_typed_wrappers_validate_and_compare() -> None:
@@ -309,6 +330,7 @@ def test_typed_wrappers_validate_and_compare() -> None:
 # --- encoding errors -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     "value",
     [
@@ -323,45 +345,48 @@ def test_typed_wrappers_validate_and_compare() -> None:
         1j,
     ],
 )
-def test_unencodable_values_raise_usage_error(value: Any) -> None:
+def test_unencodable_values_raise_usage_error(impl: Impl, value: Any) -> None:
     with pytest.raises(UsageError):
-        encode_table({"k": value})
+        impl.encode_table({"k": value})
 
 
-def test_bad_tables_raise_usage_error() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_tables_raise_usage_error(impl: Impl) -> None:
     with pytest.raises(UsageError):
-        encode_table([("a", 1)])  # type: ignore[arg-type]
+        impl.encode_table([("a", 1)])  # type: ignore[arg-type]
     with pytest.raises(UsageError):
-        encode_table({1: 1})  # type: ignore[dict-item]
+        impl.encode_table({1: 1})  # type: ignore[dict-item]
     with pytest.raises(UsageError):
-        encode_table({"a": 1, 2: 1})  # type: ignore[dict-item]
+        impl.encode_table({"a": 1, 2: 1})  # type: ignore[dict-item]
     with pytest.raises(UsageError):
-        encode_array({"a": 1})  # type: ignore[arg-type]
+        impl.encode_array({"a": 1})  # type: ignore[arg-type]
 
 
-def test_encode_depth_limit_and_cycles() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_encode_depth_limit_and_cycles(impl: Impl) -> None:
     nested: dict[str, Any] = {}
     inner = nested
     for _ in range(codec.MAX_DEPTH - 1):
         inner["n"] = {}
         inner = inner["n"]
-    assert decode_table(encode_table(nested))[0] == nested
+    assert impl.decode_table(impl.encode_table(nested))[0] == nested
     inner["n"] = {}
     with pytest.raises(UsageError, match="deeper"):
-        encode_table(nested)
+        impl.encode_table(nested)
     cycle: dict[str, Any] = {}
     cycle["self"] = cycle
     with pytest.raises(UsageError):
-        encode_table(cycle)
+        impl.encode_table(cycle)
     loop: list[Any] = []
     loop.append(loop)
     with pytest.raises(UsageError):
-        encode_array(loop)
+        impl.encode_array(loop)
 
 
 # --- malformed input --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     "data",
     [
@@ -384,40 +409,43 @@ def test_encode_depth_limit_and_cycles() -> None:
         table(entry(b"a", b"x", b"\xff\xff\xff\xff")),
     ],
 )
-def test_malformed_tables_raise_syntax_error(data: bytes) -> None:
+def test_malformed_tables_raise_syntax_error(impl: Impl, data: bytes) -> None:
     with pytest.raises(ProtocolSyntaxError) as info:
-        decode_table(data)
+        impl.decode_table(data)
     assert info.value.remote is False
     assert info.value.code == 502
 
 
-def test_value_cannot_overrun_its_table() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_value_cannot_overrun_its_table(impl: Impl) -> None:
     # pamqp reads past a table's declared end; we refuse.
     inner = entry(b"a", b"S", b"\x00\x00\x00\x03abc")
     data = struct.pack(">I", len(inner) - 2) + inner
     with pytest.raises(ProtocolSyntaxError):
-        decode_table(data)
+        impl.decode_table(data)
 
 
-def test_decode_depth_limit() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_depth_limit(impl: Impl) -> None:
     data = b"\x00\x00\x00\x00"
     for _ in range(codec.MAX_DEPTH - 1):
         data = table(entry(b"n", b"F", data))
-    decode_table(data)
+    impl.decode_table(data)
     deeper = table(entry(b"n", b"F", data))
     with pytest.raises(ProtocolSyntaxError, match="deeper"):
-        decode_table(deeper)
+        impl.decode_table(deeper)
     arrays = b"\x00\x00\x00\x00"
     for _ in range(codec.MAX_DEPTH):
         arrays = struct.pack(">I", len(arrays) + 1) + b"A" + arrays
     with pytest.raises(ProtocolSyntaxError, match="deeper"):
-        decode_array(arrays)
+        impl.decode_array(arrays)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
 @given(st.binary(max_size=64), st.integers(-2, 70))
-def test_random_bytes_never_escape(data: bytes, offset: int) -> None:
-    for decoder in (decode_table, decode_array):
+def test_random_bytes_never_escape(impl: Impl, data: bytes, offset: int) -> None:
+    for decoder in (impl.decode_table, impl.decode_array):
         try:
             value, end = decoder(data, offset)
         except ProtocolSyntaxError:
@@ -426,6 +454,9 @@ def test_random_bytes_never_escape(data: bytes, offset: int) -> None:
         assert isinstance(value, dict | list)
 
 
-def test_nan_and_infinity_round_trip() -> None:
-    decoded = decode_table(encode_table({"n": math.nan, "i": math.inf, "f": codec.Float32(-math.inf)}))[0]
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nan_and_infinity_round_trip(impl: Impl) -> None:
+    decoded = impl.decode_table(
+        impl.encode_table({"n": math.nan, "i": math.inf, "f": codec.Float32(-math.inf)})
+    )[0]
     assert math.isnan(decoded["n"]) and decoded["i"] == math.inf and decoded["f"] == -math.inf
