@@ -7,6 +7,10 @@ For a 256-byte body and a realistic OJS property set, times:
   (frame split, method decode, header decode, body);
 * ``encode_ack``: one Basic.Ack frame.
 
+``fast`` is the codec as imported: the C extension ``codec._speedups`` when it is loaded
+(``codec.SPEEDUPS``), else pure Python (also with ``OJS_CODEC_PURE=1``).  The first line
+says which; with the C extension the pure-Python figures follow, for comparison.
+
 Usage: ``python3 benchmarks/codec_bench.py [--json] [--smoke]``.
 """
 
@@ -27,6 +31,7 @@ from pamqp import body as pamqp_body
 from pamqp import commands, frame, header
 
 import codec
+from codec import _fast, _frames
 
 FRAME_MAX = 131072
 BODY = bytes(range(256))
@@ -98,6 +103,21 @@ def fast_decode_deliver() -> tuple[Any, ...]:
     return fields, props, content[2]
 
 
+_PURE_READER = codec.FrameReader(FRAME_MAX)
+_PURE_READER._split = _frames._split_frames_py
+
+
+def pure_encode_publish() -> bytes:
+    return _fast.encode_publish(1, EXCHANGE, ROUTING_KEY, PROPS, BODY, FRAME_MAX)
+
+
+def pure_decode_deliver() -> tuple[Any, ...]:
+    method, head, content = _PURE_READER.frames(DELIVERY)
+    fields = _fast.decode_deliver(method[2])
+    _class_id, _size, props = _fast.decode_content_header(head[2])
+    return fields, props, content[2]
+
+
 def pamqp_decode_deliver() -> tuple[Any, ...]:
     data = DELIVERY
     used, _ch, method = frame.unmarshal(data)
@@ -116,17 +136,19 @@ def pamqp_encode_ack() -> bytes:
     return frame.marshal(commands.Basic.Ack(delivery_tag=42), 1)
 
 
-OPS: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
-    ("encode_publish", fast_encode_publish, pamqp_encode_publish),
-    ("decode_deliver", fast_decode_deliver, pamqp_decode_deliver),
-    ("encode_ack", fast_encode_ack, pamqp_encode_ack),
+# name, the codec as imported, pure Python (None: the same code either way), pamqp
+OPS: list[tuple[str, Callable[[], Any], Callable[[], Any] | None, Callable[[], Any]]] = [
+    ("encode_publish", fast_encode_publish, pure_encode_publish, pamqp_encode_publish),
+    ("decode_deliver", fast_decode_deliver, pure_decode_deliver, pamqp_decode_deliver),
+    ("encode_ack", fast_encode_ack, None, pamqp_encode_ack),
 ]
 
 
 def _check_equivalence() -> None:
     """Both sides must do the same work, or the numbers mean nothing."""
-    assert fast_encode_publish() == pamqp_encode_publish()
+    assert fast_encode_publish() == pure_encode_publish() == pamqp_encode_publish()
     assert fast_encode_ack() == pamqp_encode_ack()
+    assert fast_decode_deliver() == pure_decode_deliver()
     fields, props, body = fast_decode_deliver()
     method, head, content = pamqp_decode_deliver()
     assert fields == (
@@ -147,20 +169,19 @@ def _mean_us(fn: Callable[[], Any], number: int) -> float:
     return (time.perf_counter_ns() - start) / number / 1000.0
 
 
-def best_us(
-    fast: Callable[[], Any], slow: Callable[[], Any], number: int, repeat: int
-) -> tuple[float, float]:
-    """Best mean time per call, in microseconds, of each function over ``repeat`` runs.
+def best_us(fns: list[tuple[Callable[[], Any], int]], repeat: int) -> list[float]:
+    """Best mean time per call, in microseconds, of each ``(function, calls per run)``
+    over ``repeat`` runs.
 
-    The two are timed alternately, so that on a busy machine both see the same load;
-    short runs and the best of many keep scheduler noise out of the result.
+    The functions are timed in turn within each repeat, so that on a busy machine all
+    see the same load; short runs and the best of many keep scheduler noise out of the
+    result.
     """
-    best_fast = best_slow = float("inf")
-    slow_number = max(1, number // 5)
+    best = [float("inf")] * len(fns)
     for _ in range(repeat):
-        best_fast = min(best_fast, _mean_us(fast, number))
-        best_slow = min(best_slow, _mean_us(slow, slow_number))
-    return best_fast, best_slow
+        for i, (fn, number) in enumerate(fns):
+            best[i] = min(best[i], _mean_us(fn, number))
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,21 +197,43 @@ def main(argv: list[str] | None = None) -> int:
     repeat = args.repeat or (2 if args.smoke else 40)
 
     _check_equivalence()
+    implementation = "c" if codec.SPEEDUPS else "pure"
+    slow_number = max(1, number // 5)
     results: dict[str, dict[str, float]] = {}
-    for name, fast, slow in OPS:
-        fast_us, pamqp_us = best_us(fast, slow, number, repeat)
+    for name, fast, pure, slow in OPS:
+        fns = [(fast, number), (slow, slow_number)]
+        if codec.SPEEDUPS and pure is not None:
+            fns.append((pure, slow_number))
+        times = best_us(fns, repeat)
         results[name] = {
-            "fast_us": round(fast_us, 3),
-            "pamqp_us": round(pamqp_us, 3),
-            "speedup": round(pamqp_us / fast_us, 1),
+            "fast_us": round(times[0], 3),
+            "pamqp_us": round(times[1], 3),
+            "speedup": round(times[1] / times[0], 1),
         }
+        if len(times) == 3:
+            results[name]["pure_us"] = round(times[2], 3)
+            results[name]["pure_speedup"] = round(times[1] / times[2], 1)
     if args.json:
-        print(json.dumps({"body_bytes": len(BODY), "number": number, "repeat": repeat, "ops": results}))
-    else:
-        for name, r in results.items():
-            print(
-                f"{name} fast_us={r['fast_us']:.3f} pamqp_us={r['pamqp_us']:.3f} speedup={r['speedup']:.1f}"
+        print(
+            json.dumps(
+                {
+                    "implementation": implementation,
+                    "body_bytes": len(BODY),
+                    "number": number,
+                    "repeat": repeat,
+                    "ops": results,
+                }
             )
+        )
+        return 0
+    print(f"implementation: {'C extension (codec._speedups)' if codec.SPEEDUPS else 'pure Python'}")
+    for name, r in results.items():
+        print(f"{name} fast_us={r['fast_us']:.3f} pamqp_us={r['pamqp_us']:.3f} speedup={r['speedup']:.1f}")
+    pure_rows = [(name, r) for name, r in results.items() if "pure_us" in r]
+    if pure_rows:
+        print("pure Python, for comparison:")
+        for name, r in pure_rows:
+            print(f"  {name} pure_us={r['pure_us']:.3f} speedup={r['pure_speedup']:.1f}")
     return 0
 
 
