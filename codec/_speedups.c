@@ -419,9 +419,11 @@ static const char *
 utf8_of(PyObject *s, Py_ssize_t *size, PyObject **keep)
 {
     *keep = NULL;
+#if PY_VERSION_HEX < 0x030C0000 /* from 3.12 every str is ready */
     if (PyUnicode_READY(s) < 0) {
         return NULL;
     }
+#endif
     if (PyUnicode_IS_ASCII(s)) {
         *size = PyUnicode_GET_LENGTH(s);
         return (const char *)PyUnicode_1BYTE_DATA(s);
