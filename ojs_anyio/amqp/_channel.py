@@ -483,7 +483,9 @@ class Channel:
         self.prefetch = prefetch
         #: Set by tx_select; recovery selects tx again on the new channel.
         self.transactional = False
-        self._tx_generation = 0
+        #: Times the channel was opened on a transport; a transaction belongs to one.
+        self._openings = 0
+        self._tx_opening = 0
         self._cid = 0
         self._generation = 0
         #: Highest delivery tag settled with multiple=True in this generation.
@@ -562,6 +564,7 @@ class Channel:
         cid = conn._proto.open_channel()
         self._cid = cid
         self._generation += 1
+        self._openings += 1
         self._settled_upto = 0
         self._timing = _metrics.timing_enabled()
         conn._by_id[cid] = self
@@ -1292,7 +1295,7 @@ class Channel:
         """Make the channel transactional (recovery restores this on the new channel)."""
         await self._call(commands.Tx.Select())
         self.transactional = True
-        self._tx_generation = self._generation
+        self._tx_opening = self._openings
 
     async def tx_commit(self) -> None:
         """Commit; raises :class:`TransactionLostError` if a reconnect rolled the
@@ -1301,14 +1304,14 @@ class Channel:
         await self._call(commands.Tx.Commit())
 
     async def tx_rollback(self) -> None:
-        if self.transactional and self._tx_generation != self._generation:
-            self._tx_generation = self._generation  # already rolled back by the loss
+        if self.transactional and self._tx_opening != self._openings:
+            self._tx_opening = self._openings  # already rolled back by the loss
             return
         await self._call(commands.Tx.Rollback())
 
     def _check_transaction(self) -> None:
-        if self.transactional and self._tx_generation != self._generation:
-            self._tx_generation = self._generation
+        if self.transactional and self._tx_opening != self._openings:
+            self._tx_opening = self._openings
             raise TransactionLostError(
                 "the connection was lost during this transaction and the broker rolled it back; "
                 "a new transaction has begun on the recovered channel"
