@@ -45,8 +45,8 @@ async def test_random_delays_none_early_and_late_within_bounds(client: ojs.Clien
     none by a second.  Arrival order follows from these bounds: jobs scheduled further apart
     than the worst lateness arrive in scheduled order.
 
-    (Typical lateness here is 8-20 ms; on a loaded machine single deliveries have come from
-    the broker up to ~500 ms late, which is why the bound on the worst is loose.)"""
+    (Typical lateness here is 8-20 ms; on a loaded machine single deliveries have reached
+    the consumer up to ~500 ms late, which is why the bound on the worst is loose.)"""
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     worker = ojs.Worker(queues=[q], concurrency=30)
