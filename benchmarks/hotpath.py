@@ -145,7 +145,7 @@ class RawConnection:
     """A blocking-socket AMQP connection: the handshake through ``codec.AMQPConnection``,
     then hand-rolled frame parsing for the hot paths (no events, no objects per frame)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, confirms: bool = True) -> None:
         host, port, user, password, vhost = _url_parts(url)
         sock = socket.create_connection((host, port), timeout=SCENARIO_TIMEOUT)
         # Blocking mode (a Python-level timeout would poll before every call and turn
@@ -171,9 +171,10 @@ class RawConnection:
         self.cid = self.proto.open_channel()
         self._flush_proto()
         self._until(codec.ChannelOpened)
-        self.proto.send_method(self.cid, commands.Confirm.Select())
-        self._flush_proto()
-        self._until(codec.MethodReply)
+        if confirms:
+            self.proto.send_method(self.cid, commands.Confirm.Select())
+            self._flush_proto()
+            self._until(codec.MethodReply)
 
     # --- the handshake, through the sans-IO protocol
 
@@ -312,6 +313,32 @@ class RawConnection:
         if state[1]:
             raise RuntimeError(f"{state[1]} publishes were nacked")
         return elapsed
+
+    def publish_unconfirmed(
+        self,
+        exchange: str,
+        routing_key: str,
+        queue: str,
+        n: int,
+        *,
+        properties: codec.BasicProperties | None = None,
+        body: bytes = BODY,
+    ) -> float:
+        """On a channel without confirms: write N pre-encoded messages in large batches,
+        then ask for ``queue``'s message count until it holds them; seconds until then
+        (the broker's own ingest rate, with nothing waited for per message)."""
+        one = codec.encode_publish(self.cid, exchange, routing_key, properties, body, self.frame_max)
+        per_write = max(1, RAW_WRITE_BYTES // len(one))
+        t0 = time.perf_counter()
+        sent = 0
+        while sent < n:
+            batch = min(per_write, n - sent)
+            self.sock.sendall(one * batch)
+            sent += batch
+        while True:
+            reply = self._rpc(commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
+            if reply.message_count >= n:
+                return time.perf_counter() - t0
 
     def consume(self, queue: str, n: int, prefetch: int = PREFETCH) -> float:
         """Basic.Qos + Basic.Consume, then one Ack per delivery; seconds until N acked."""

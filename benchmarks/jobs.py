@@ -75,6 +75,15 @@ publisher confirms and Celery acks before running the task; and our job queues a
 priority queues (``x-max-priority`` 10, the OJS default), which cost the broker more per
 message than the peers' plain queues.
 
+**Ceiling** (``raw-socket`` column), measured in every round before the systems: our own
+topology and exactly the message our push sends (properties, headers, JSON body), moved
+by a blocking socket with hand-rolled framing and no client at all.  Enqueue: N copies
+published in large batches with publisher confirms (AMQP-014 makes them a MUST), timed
+until the last confirm; and, for context, without confirms, timed until the queue holds N
+(the broker's ingest rate).  Worker c: Basic.Qos(prefetch=c), one Basic.Ack per delivery,
+nothing decoded, timed until N are acked.  The report shows ours as a share of the
+ceiling, and whether 5x the best peer is below the ceiling at all.
+
 Targets (printed as PASS/MISS, never asserted): ours ≥ 5x the best peer, per scenario.
 Enqueue scenarios compare each of our push styles with the best peer enqueue; worker
 scenarios compare the same concurrency.
@@ -347,6 +356,14 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
         out.best(f"worker_c{c}", n / conn.consume(job_queue, n, prefetch=c))
     finally:
         conn.close()
+    # Without confirms (as Celery and Dramatiq enqueue by default), for context: the rate
+    # at which the broker takes these messages in when nobody waits for anything.
+    loose = hotpath.RawConnection(url, confirms=False)
+    try:
+        seconds = loose.publish_unconfirmed(exchange, q, job_queue, n, properties=props, body=body)
+        out.best("enqueue_unconfirmed", n / seconds)
+    finally:
+        loose.close()
         delete_entities(url, [job_queue, f"ojs.queue.dlx.{q}", f"ojs.queue.control.{q}"])
 
 
@@ -750,6 +767,7 @@ SCENARIOS = (
     ("push_batch", "enqueue: ours push_batch"),
     ("push_concurrent", f"enqueue: ours push x{PUSH_TASKS} tasks"),
     ("enqueue", "enqueue: peer idiomatic"),
+    ("enqueue_unconfirmed", "enqueue: no confirms (raw only)"),
 )
 
 
@@ -843,6 +861,12 @@ def print_report(
     for key, note in ceiling.notes.items():
         print(f"  raw-socket {key}: {note}")
     print("  raw-socket: the ceiling, the same job messages and topology over a bare socket")
+    loose = ceiling.values.get("enqueue_unconfirmed")
+    if loose is not None:
+        print(
+            f"  raw-socket without publisher confirms (which AMQP-014 requires): {_fmt(loose)}/s,"
+            " the broker's own ingest rate for these messages"
+        )
     print()
     print("ours (best backend) ÷ raw-socket ceiling; is the target (5x the best peer) below the ceiling?")
     for row in comparison:

@@ -176,9 +176,9 @@ class Worker:
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
         self.broker_consumer_timeout = broker_consumer_timeout
         self._rng = rng or random.Random()
-        #: job type -> (handler, its signature, (min, max) positional args incl. ctx or None)
         #: (worker policy, client policy, the two merged): see _policy.
         self._defaults: tuple[RetryPolicy | None, RetryPolicy, RetryPolicy] | None = None
+        #: job type -> (handler, its signature, (min, max) positional args incl. ctx or None)
         self._handlers: dict[str, tuple[Handler, inspect.Signature, tuple[int, float] | None]] = {}
         self._listeners: list[Callable[[JobOutcome], None]] = []
         self._stopping = False
