@@ -141,6 +141,15 @@ def _url_parts(url: str) -> tuple[str, int, str, str, str]:
     )
 
 
+def _large_writes(one: bytes, n: int) -> list[bytes]:
+    """``n`` copies of an encoded message, grouped into writes of about RAW_WRITE_BYTES."""
+    per_write = max(1, RAW_WRITE_BYTES // len(one))
+    chunks = [one * per_write] * (n // per_write)
+    if n % per_write:
+        chunks.append(one * (n % per_write))
+    return chunks
+
+
 class RawConnection:
     """A blocking-socket AMQP connection: the handshake through ``codec.AMQPConnection``,
     then hand-rolled frame parsing for the hot paths (no events, no objects per frame)."""
@@ -247,10 +256,7 @@ class RawConnection:
 
         ``queue`` is the routing key (the queue itself through the default exchange)."""
         one = codec.encode_publish(self.cid, exchange, queue, properties, body, self.frame_max, mandatory)
-        per_write = max(1, RAW_WRITE_BYTES // len(one))
-        chunks = [one * per_write] * (n // per_write)
-        if n % per_write:
-            chunks.append(one * (n % per_write))
+        chunks = _large_writes(one, n)
         sock = self.sock
         recv = sock.recv
         dontwait = socket.MSG_DONTWAIT
@@ -328,13 +334,10 @@ class RawConnection:
         then ask for ``queue``'s message count until it holds them; seconds until then
         (the broker's own ingest rate, with nothing waited for per message)."""
         one = codec.encode_publish(self.cid, exchange, routing_key, properties, body, self.frame_max)
-        per_write = max(1, RAW_WRITE_BYTES // len(one))
+        chunks = _large_writes(one, n)
         t0 = time.perf_counter()
-        sent = 0
-        while sent < n:
-            batch = min(per_write, n - sent)
-            self.sock.sendall(one * batch)
-            sent += batch
+        for chunk in chunks:
+            self.sock.sendall(chunk)
         while True:
             reply = self._rpc(commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
             if reply.message_count >= n:

@@ -885,8 +885,8 @@ class Channel:
                         if consumer.prefetch is not None and not consumer.no_ack:
                             qos = commands.Basic.Qos(prefetch_count=consumer.prefetch)
                             await self._call(qos, internal=True)
-                        await self._basic_consume(consumer, internal=True)
-                        recovered.append(consumer)
+                        if await self._basic_consume(consumer, internal=True):
+                            recovered.append(consumer)
                 except ChannelLevelError as exc:
                     # The broker closed the channel (_on_closed reset it): go again without
                     # the consumer it refused.
@@ -1230,12 +1230,13 @@ class Channel:
             with anyio.CancelScope(shield=True), anyio.move_on_after(self._conn.close_timeout):
                 await self._cancel_consumer(consumer)
 
-    async def _basic_consume(self, consumer: Consumer, *, internal: bool = False) -> None:
+    async def _basic_consume(self, consumer: Consumer, *, internal: bool = False) -> bool:
+        """Basic.Consume for ``consumer``; False when it was not sent (see below)."""
         if internal:
             # Re-registering (recovery, resubscribe): only a consumer whose consume()
             # block is still open; one that ended meanwhile stays gone.
             if self._consumers.get(consumer.consumer_tag) is not consumer:
-                return
+                return False
         else:
             self._consumers[consumer.consumer_tag] = consumer
         consumer._active = True
@@ -1255,6 +1256,7 @@ class Channel:
             if not internal:
                 self._consumers.pop(consumer.consumer_tag, None)
             raise
+        return True
 
     async def _cancel_consumer(self, consumer: Consumer) -> None:
         self._stop_resubscribe(consumer)
@@ -1300,22 +1302,24 @@ class Channel:
     async def tx_commit(self) -> None:
         """Commit; raises :class:`TransactionLostError` if a reconnect rolled the
         transaction back since it began (then nothing of it was committed)."""
-        self._check_transaction()
-        await self._call(commands.Tx.Commit())
-
-    async def tx_rollback(self) -> None:
-        if self.transactional and self._tx_opening != self._openings:
-            self._tx_opening = self._openings  # already rolled back by the loss
-            return
-        await self._call(commands.Tx.Rollback())
-
-    def _check_transaction(self) -> None:
-        if self.transactional and self._tx_opening != self._openings:
-            self._tx_opening = self._openings
+        if self._transaction_lost():
             raise TransactionLostError(
                 "the connection was lost during this transaction and the broker rolled it back; "
                 "a new transaction has begun on the recovered channel"
             )
+        await self._call(commands.Tx.Commit())
+
+    async def tx_rollback(self) -> None:
+        if self._transaction_lost():
+            return  # the broker already rolled it back
+        await self._call(commands.Tx.Rollback())
+
+    def _transaction_lost(self) -> bool:
+        """Whether a reconnect rolled the current transaction back; the next one starts
+        on the channel as it is now."""
+        lost = self.transactional and self._tx_opening != self._openings
+        self._tx_opening = self._openings
+        return lost
 
 
 def _key(arguments: dict[str, Any] | None) -> str:

@@ -336,8 +336,7 @@ class Worker:
         recent = self._recent.get(job_id)
         if recent is None:
             return None
-        finished = recent["finished_at"]
-        return {**recent, "finished_at": finished.text() if isinstance(finished, _FinishedAt) else finished}
+        return {**recent, "finished_at": recent["finished_at"].text()}
 
     def _was_cancelled(self, job_id: str) -> bool:
         when = self._cancelled.get(job_id)
