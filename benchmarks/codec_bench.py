@@ -7,8 +7,8 @@ For a 256-byte body and a realistic OJS property set, times:
   (frame split, method decode, header decode, body);
 * ``encode_ack``: one Basic.Ack frame.
 
-``fast`` is the codec as imported: the C extension ``codec._speedups`` when it is loaded
-(``codec.SPEEDUPS``), else pure Python (also with ``OJS_CODEC_PURE=1``).  The first line
+``fast`` is the codec as imported: the C extension ``ojs_codec._speedups`` when it is loaded
+(``ojs_codec.SPEEDUPS``), else pure Python (also with ``OJS_CODEC_PURE=1``).  The first line
 says which; with the C extension the pure-Python figures follow, for comparison.
 
 Usage: ``python3 benchmarks/codec_bench.py [--json] [--smoke]``.
@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pamqp import body as pamqp_body
 from pamqp import commands, frame, header
 
-import codec
-from codec import _fast, _frames
+import ojs_codec
+from ojs_codec import _fast, _frames
 
 FRAME_MAX = 131072
 BODY = bytes(range(256))
@@ -47,7 +47,7 @@ HEADERS: dict[str, Any] = {
     "x-ojs-enqueued-at": "2024-05-17T12:30:45.234567Z",
     "x-ojs-tags": "billing,email,priority",
 }
-PROPS = codec.BasicProperties(
+PROPS = ojs_codec.BasicProperties(
     content_type="application/openjobspec+json",
     content_encoding="utf-8",
     delivery_mode=2,
@@ -57,14 +57,14 @@ PROPS = codec.BasicProperties(
     app_id="ojs",
     headers=HEADERS,
 )
-PAMQP_PROPS = codec.to_pamqp(PROPS)
+PAMQP_PROPS = ojs_codec.to_pamqp(PROPS)
 
 
 # --- the operations ------------------------------------------------------------------
 
 
 def fast_encode_publish() -> bytes:
-    return codec.encode_publish(1, EXCHANGE, ROUTING_KEY, PROPS, BODY, FRAME_MAX)
+    return ojs_codec.encode_publish(1, EXCHANGE, ROUTING_KEY, PROPS, BODY, FRAME_MAX)
 
 
 def pamqp_encode_publish() -> bytes:
@@ -93,17 +93,17 @@ DELIVERY = b"".join(
         frame.marshal(pamqp_body.ContentBody(BODY), 1),
     )
 )
-_READER = codec.FrameReader(FRAME_MAX)
+_READER = ojs_codec.FrameReader(FRAME_MAX)
 
 
 def fast_decode_deliver() -> tuple[Any, ...]:
     method, head, content = _READER.frames(DELIVERY)
-    fields = codec.decode_deliver(method[2])
-    _class_id, _size, props = codec.decode_content_header(head[2])
+    fields = ojs_codec.decode_deliver(method[2])
+    _class_id, _size, props = ojs_codec.decode_content_header(head[2])
     return fields, props, content[2]
 
 
-_PURE_READER = codec.FrameReader(FRAME_MAX)
+_PURE_READER = ojs_codec.FrameReader(FRAME_MAX)
 _PURE_READER._split = _frames._split_frames_py
 
 
@@ -129,7 +129,7 @@ def pamqp_decode_deliver() -> tuple[Any, ...]:
 
 
 def fast_encode_ack() -> bytes:
-    return codec.encode_ack(1, 42)
+    return ojs_codec.encode_ack(1, 42)
 
 
 def pamqp_encode_ack() -> bytes:
@@ -158,7 +158,7 @@ def _check_equivalence() -> None:
         method.exchange,
         method.routing_key,
     )
-    assert props == codec.from_pamqp(head.properties)
+    assert props == ojs_codec.from_pamqp(head.properties)
     assert body == content.value == BODY
 
 
@@ -197,12 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     repeat = args.repeat or (2 if args.smoke else 40)
 
     _check_equivalence()
-    implementation = "c" if codec.SPEEDUPS else "pure"
+    implementation = "c" if ojs_codec.SPEEDUPS else "pure"
     slow_number = max(1, number // 5)
     results: dict[str, dict[str, float]] = {}
     for name, fast, pure, slow in OPS:
         fns = [(fast, number), (slow, slow_number)]
-        if codec.SPEEDUPS and pure is not None:
+        if ojs_codec.SPEEDUPS and pure is not None:
             fns.append((pure, slow_number))
         times = best_us(fns, repeat)
         results[name] = {
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
-    print(f"implementation: {'C extension (codec._speedups)' if codec.SPEEDUPS else 'pure Python'}")
+    print(f"implementation: {'C extension (ojs_codec._speedups)' if ojs_codec.SPEEDUPS else 'pure Python'}")
     for name, r in results.items():
         print(f"{name} fast_us={r['fast_us']:.3f} pamqp_us={r['pamqp_us']:.3f} speedup={r['speedup']:.1f}")
     pure_rows = [(name, r) for name, r in results.items() if "pure_us" in r]

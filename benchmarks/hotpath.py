@@ -10,7 +10,7 @@ exclusive server-named queue per scenario, deleted afterwards):
 Clients:
 
 * ``raw-socket``: the ceiling.  A blocking stdlib socket; the handshake is done with
-  ``codec.AMQPConnection``, then N pre-encoded publishes go out in 64 KiB writes (no
+  ``ojs_codec.AMQPConnection``, then N pre-encoded publishes go out in 64 KiB writes (no
   in-flight limit) and confirms are parsed in bulk between writes; deliveries are
   parsed in bulk and one Basic.Ack frame per delivery is written, batched per read.
 * ``ojs-anyio/asyncio`` and ``ojs-anyio/trio``: ``ch.publish_window()`` and
@@ -71,7 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import anyio
 from pamqp import commands
 
-import codec
+import ojs_codec
 from ojs_anyio import amqp
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -117,15 +117,15 @@ _FRAME_HDR = struct.Struct(">BHI")
 _U32 = struct.Struct(">I")
 _TAG_BITS = struct.Struct(">QB")
 _Q = struct.Struct(">Q")
-_BASIC_ACK = codec.BASIC_ACK
-_BASIC_NACK = codec.BASIC_NACK
-_BASIC_DELIVER = codec.BASIC_DELIVER
-_CHANNEL_CLOSE = codec.CHANNEL_CLOSE
-_CONNECTION_CLOSE = codec.CONNECTION_CLOSE
+_BASIC_ACK = ojs_codec.BASIC_ACK
+_BASIC_NACK = ojs_codec.BASIC_NACK
+_BASIC_DELIVER = ojs_codec.BASIC_DELIVER
+_CHANNEL_CLOSE = ojs_codec.CHANNEL_CLOSE
+_CONNECTION_CLOSE = ojs_codec.CONNECTION_CLOSE
 
 
 def _closed_error(payload: bytes) -> ConnectionError:
-    m = codec.decode_method(bytes(payload))
+    m = ojs_codec.decode_method(bytes(payload))
     return ConnectionError(f"broker sent {m.name}: {m.reply_code} {m.reply_text}")
 
 
@@ -151,7 +151,7 @@ def _large_writes(one: bytes, n: int) -> list[bytes]:
 
 
 class RawConnection:
-    """A blocking-socket AMQP connection: the handshake through ``codec.AMQPConnection``,
+    """A blocking-socket AMQP connection: the handshake through ``ojs_codec.AMQPConnection``,
     then hand-rolled frame parsing for the hot paths (no events, no objects per frame)."""
 
     def __init__(self, url: str, *, confirms: bool = True) -> None:
@@ -165,9 +165,9 @@ class RawConnection:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
-        self.proto = codec.AMQPConnection(
-            codec.ConnectionParameters(
-                credentials=codec.Credentials(username=user, password=password),
+        self.proto = ojs_codec.AMQPConnection(
+            ojs_codec.ConnectionParameters(
+                credentials=ojs_codec.Credentials(username=user, password=password),
                 virtual_host=vhost,
                 heartbeat=0,
             )
@@ -175,15 +175,15 @@ class RawConnection:
         self._rest = b""
         self.proto.initiate()
         self._flush_proto()
-        opened = self._until(codec.ConnectionOpened)
+        opened = self._until(ojs_codec.ConnectionOpened)
         self.frame_max: int = opened.frame_max
         self.cid = self.proto.open_channel()
         self._flush_proto()
-        self._until(codec.ChannelOpened)
+        self._until(ojs_codec.ChannelOpened)
         if confirms:
             self.proto.send_method(self.cid, commands.Confirm.Select())
             self._flush_proto()
-            self._until(codec.MethodReply)
+            self._until(ojs_codec.MethodReply)
 
     # --- the handshake, through the sans-IO protocol
 
@@ -202,7 +202,7 @@ class RawConnection:
             for ev in events:
                 if type(ev) is kind:
                     return ev
-                if isinstance(ev, codec.ChannelClosed | codec.ConnectionClosed):
+                if isinstance(ev, ojs_codec.ChannelClosed | ojs_codec.ConnectionClosed):
                     raise ev.error
 
     def declare(
@@ -212,14 +212,14 @@ class RawConnection:
         method = commands.Queue.Declare(queue=queue, exclusive=exclusive, arguments=arguments)
         self.proto.send_method(self.cid, method)
         self._flush_proto()
-        reply = self._until(codec.MethodReply)
+        reply = self._until(ojs_codec.MethodReply)
         return str(reply.method.queue)
 
     # --- raw mode: our own frame loop from here on
 
     def _rpc(self, method: Any, reply: type) -> Any:
         """Send a method raw and read frames until its reply (skipping anything else)."""
-        self.sock.sendall(codec.encode_method_frame(self.cid if method.index >> 16 != 10 else 0, method))
+        self.sock.sendall(ojs_codec.encode_method_frame(self.cid if method.index >> 16 != 10 else 0, method))
         buf = self._rest
         while True:
             pos = 0
@@ -230,7 +230,7 @@ class RawConnection:
                 if fend >= end:
                     break
                 if ftype == 1:
-                    m = codec.decode_method(bytes(buf[pos + 7 : fend]))
+                    m = ojs_codec.decode_method(bytes(buf[pos + 7 : fend]))
                     if type(m) is reply:
                         self._rest = buf[fend + 1 :]
                         return m
@@ -248,14 +248,14 @@ class RawConnection:
         n: int,
         *,
         exchange: str = "",
-        properties: codec.BasicProperties | None = None,
+        properties: ojs_codec.BasicProperties | None = None,
         body: bytes = BODY,
         mandatory: bool = False,
     ) -> float:
         """Publish N pre-encoded messages in large writes; return seconds until all acked.
 
         ``queue`` is the routing key (the queue itself through the default exchange)."""
-        one = codec.encode_publish(self.cid, exchange, queue, properties, body, self.frame_max, mandatory)
+        one = ojs_codec.encode_publish(self.cid, exchange, queue, properties, body, self.frame_max, mandatory)
         chunks = _large_writes(one, n)
         sock = self.sock
         recv = sock.recv
@@ -327,13 +327,13 @@ class RawConnection:
         queue: str,
         n: int,
         *,
-        properties: codec.BasicProperties | None = None,
+        properties: ojs_codec.BasicProperties | None = None,
         body: bytes = BODY,
     ) -> float:
         """On a channel without confirms: write N pre-encoded messages in large batches,
         then ask for ``queue``'s message count until it holds them; seconds until then
         (the broker's own ingest rate, with nothing waited for per message)."""
-        one = codec.encode_publish(self.cid, exchange, routing_key, properties, body, self.frame_max)
+        one = ojs_codec.encode_publish(self.cid, exchange, routing_key, properties, body, self.frame_max)
         chunks = _large_writes(one, n)
         t0 = time.perf_counter()
         for chunk in chunks:
@@ -348,15 +348,15 @@ class RawConnection:
         sock = self.sock
         recv = sock.recv
         cid = self.cid
-        encode_ack = codec.encode_ack
+        encode_ack = ojs_codec.encode_ack
         acked = 0
         pending_tag = 0
         body_left = -1
         buf = self._rest
         t0 = time.perf_counter()
         sock.sendall(
-            codec.encode_method_frame(cid, commands.Basic.Qos(prefetch_count=prefetch))
-            + codec.encode_method_frame(cid, commands.Basic.Consume(queue=queue, consumer_tag="raw"))
+            ojs_codec.encode_method_frame(cid, commands.Basic.Qos(prefetch_count=prefetch))
+            + ojs_codec.encode_method_frame(cid, commands.Basic.Consume(queue=queue, consumer_tag="raw"))
         )
         unpack_hdr = _FRAME_HDR.unpack_from
         unpack_u32 = _U32.unpack_from

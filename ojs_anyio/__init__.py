@@ -15,7 +15,7 @@
     async with ojs.connect() as client:
         await worker.run(client)
 
-The AMQP client underneath is :mod:`ojs_anyio.amqp`; the sans-IO protocol is :mod:`codec`.
+The AMQP client underneath is :mod:`ojs_anyio.amqp`; the sans-IO protocol is :mod:`ojs_codec`.
 """
 
 from . import amqp

@@ -16,7 +16,7 @@
 This layer knows AMQP and nothing about jobs.
 """
 
-from codec import (
+from ojs_codec import (
     AccessRefused,
     AMQPError,
     AuthenticationError,

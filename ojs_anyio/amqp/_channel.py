@@ -2,7 +2,7 @@
 
 ``async with conn.channel() as ch:`` scopes a channel to its block.  A channel the broker
 closes (403/404/405/406…) fails only its own operations, with the typed error from
-:mod:`codec`; the connection and other channels carry on.
+:mod:`ojs_codec`; the connection and other channels carry on.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from pamqp import commands
 
-from codec import (
+from ojs_codec import (
     AMQPError,
     BasicProperties,
     ChannelClosed,

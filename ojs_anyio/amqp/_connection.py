@@ -1,7 +1,7 @@
 """The AnyIO connection: one task group, one reader task, one heartbeat task, one writer at a time.
 
 Reading a publish from ``Channel.publish()`` to the socket: ``_channel.py`` (encode via
-``codec.AMQPConnection.publish``) → this file's :meth:`Connection._flush` (drains the
+``ojs_codec.AMQPConnection.publish``) → this file's :meth:`Connection._flush` (drains the
 codec's outbound buffer to the stream).  Reading a delivery: :meth:`Connection._reader`
 feeds bytes to the codec and hands each event to :meth:`Connection._dispatch`, which
 calls the owning channel synchronously; user code never runs in the reader task.
@@ -27,7 +27,7 @@ import anyio
 import anyio.abc
 from anyio.streams.tls import TLSStream
 
-from codec import (
+from ojs_codec import (
     AMQPConnection,
     AMQPError,
     ChannelClosed,

@@ -1,7 +1,7 @@
 """Errors raised by the AnyIO AMQP runtime.
 
-They extend :mod:`codec`'s hierarchy (every one is an :class:`codec.AMQPError`), so one
-``except codec.AMQPError`` catches everything this library raises, and the
+They extend :mod:`ojs_codec`'s hierarchy (every one is an :class:`ojs_codec.AMQPError`), so one
+``except ojs_codec.AMQPError`` catches everything this library raises, and the
 reply-code classes (``NotFound``, ``PreconditionFailed``…) come straight from the codec.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from codec import AMQPError, UsageError
+from ojs_codec import AMQPError, UsageError
 
 if TYPE_CHECKING:
-    from codec import BasicProperties
+    from ojs_codec import BasicProperties
 
 __all__ = [
     "ChannelClosedError",

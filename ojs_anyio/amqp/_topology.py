@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from codec import AMQPError, ChannelLevelError, NotFound
+from ojs_codec import AMQPError, ChannelLevelError, NotFound
 
 from ._events import TopologyRecoveryFailed
 

@@ -17,7 +17,7 @@ import ssl
 from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qsl, unquote
 
-from codec import UsageError
+from ojs_codec import UsageError
 
 __all__ = ["AMQPURL", "InvalidURL", "parse_url"]
 

@@ -2,7 +2,7 @@
 
 Reading a push from ``Client.push()`` to the socket: this file builds the job and its
 properties (``_wire.job_properties``), publishes with ``amqp.Channel.publish``
-(``ojs_anyio/amqp/_channel.py``), which encodes through ``codec`` and writes in
+(``ojs_anyio/amqp/_channel.py``), which encodes through ``ojs_codec`` and writes in
 ``ojs_anyio/amqp/_connection.py``.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from codec import Int32
+from ojs_codec import Int32
 
 from .. import amqp
 from . import _tracing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codec import AMQPError
+from ojs_codec import AMQPError
 
 __all__ = [
     "DeadLetter",
@@ -21,7 +21,7 @@ __all__ = [
 
 
 class JobError(AMQPError):
-    """Base of the job layer's errors (also an :class:`codec.AMQPError`)."""
+    """Base of the job layer's errors (also an :class:`ojs_codec.AMQPError`)."""
 
 
 class PushError(JobError):

@@ -44,7 +44,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from codec import Int32
+from ojs_codec import Int32
 
 from .. import amqp
 from . import _tracing

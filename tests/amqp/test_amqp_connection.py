@@ -10,8 +10,8 @@ import pytest
 from amqp_helpers import broker_connection_names, closed_port, wait_broker_forgets, wait_until
 from harness import FaultProxy, close_connections, list_connections
 
-from codec import ConnectionState, NotAllowed
 from ojs_anyio import amqp
+from ojs_codec import ConnectionState, NotAllowed
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from pamqp import commands
 
-import codec
+import ojs_codec
 
 OUT = Path(__file__).with_name("data") / "rabbitmq_trace.json"
 
@@ -29,7 +29,7 @@ OUT = Path(__file__).with_name("data") / "rabbitmq_trace.json"
 def main() -> None:
     host = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1"
     port = int(sys.argv[2]) if len(sys.argv) > 2 else 5672
-    proto = codec.AMQPConnection(codec.ConnectionParameters(heartbeat=0, frame_max=4096))
+    proto = ojs_codec.AMQPConnection(ojs_codec.ConnectionParameters(heartbeat=0, frame_max=4096))
     steps: list[dict[str, Any]] = []
     sock = socket.create_connection((host, port), timeout=10)
 
@@ -39,11 +39,11 @@ def main() -> None:
         sock.sendall(proto.data_to_send())
         return result
 
-    proto_events: list[codec.Event] = []
+    proto_events: list[ojs_codec.Event] = []
 
-    def until(predicate: Any) -> list[codec.Event]:
+    def until(predicate: Any) -> list[ojs_codec.Event]:
         received = b""
-        seen: list[codec.Event] = []
+        seen: list[ojs_codec.Event] = []
         proto_events.clear()
         while not any(predicate(e) for e in seen):
             chunk = sock.recv(65536)
@@ -63,32 +63,32 @@ def main() -> None:
         sock.sendall(proto.data_to_send())
 
     act("initiate")
-    until(lambda e: isinstance(e, codec.ConnectionOpened))
+    until(lambda e: isinstance(e, ojs_codec.ConnectionOpened))
     cid = act("open_channel")
-    until(lambda e: isinstance(e, codec.ChannelOpened))
+    until(lambda e: isinstance(e, ojs_codec.ChannelOpened))
     send(cid, "Confirm.Select")
-    until(lambda e: isinstance(e, codec.MethodReply))
+    until(lambda e: isinstance(e, ojs_codec.MethodReply))
     send(cid, "Queue.Declare", exclusive=True)
-    events = until(lambda e: isinstance(e, codec.MethodReply))
-    queue = next(e for e in events if isinstance(e, codec.MethodReply)).method.queue
+    events = until(lambda e: isinstance(e, ojs_codec.MethodReply))
+    queue = next(e for e in events if isinstance(e, ojs_codec.MethodReply)).method.queue
     props = TRACE_PROPERTIES
     for body in (b'{"type":"email.send"}', b"x" * 10_000, b""):
         act("publish", cid, "", queue, body, props)
-    until(lambda e: isinstance(e, codec.Confirmed) and 3 in e.tags)
+    until(lambda e: isinstance(e, ojs_codec.Confirmed) and 3 in e.tags)
     act("publish", cid, "", "no-such-queue-for-trace", b"lost", None, mandatory=True)
-    until(lambda e: isinstance(e, codec.Confirmed) and 4 in e.tags)
+    until(lambda e: isinstance(e, ojs_codec.Confirmed) and 4 in e.tags)
     send(cid, "Basic.Qos", prefetch_count=10)
-    until(lambda e: isinstance(e, codec.MethodReply))
+    until(lambda e: isinstance(e, ojs_codec.MethodReply))
     send(cid, "Basic.Consume", queue=queue, consumer_tag="trace")
-    events = until(lambda e: sum(isinstance(x, codec.Delivery) for x in proto_events) >= 3)
-    for d in [e for e in events if isinstance(e, codec.Delivery)]:
+    events = until(lambda e: sum(isinstance(x, ojs_codec.Delivery) for x in proto_events) >= 3)
+    for d in [e for e in events if isinstance(e, ojs_codec.Delivery)]:
         act("ack", cid, d.delivery_tag)
     send(cid, "Basic.Cancel", consumer_tag="trace")
-    until(lambda e: isinstance(e, codec.MethodReply))
+    until(lambda e: isinstance(e, ojs_codec.MethodReply))
     act("close_channel", cid)
-    until(lambda e: isinstance(e, codec.ChannelCloseOk))
+    until(lambda e: isinstance(e, ojs_codec.ChannelCloseOk))
     act("close")
-    until(lambda e: isinstance(e, codec.ConnectionCloseOk))
+    until(lambda e: isinstance(e, ojs_codec.ConnectionCloseOk))
     sock.close()
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps({"broker": f"{host}:{port}", "queue": queue, "steps": steps}, indent=1))
@@ -101,7 +101,7 @@ def pamqp_method(name: str, fields: dict[str, Any]) -> Any:
     return getattr(getattr(commands, class_name), method_name)(**fields)
 
 
-TRACE_PROPERTIES = codec.BasicProperties(
+TRACE_PROPERTIES = ojs_codec.BasicProperties(
     content_type="application/openjobspec+json",
     delivery_mode=2,
     message_id="019414d4-8b2e-7c3a-b5d1-f0e2a3b4c5d6",
@@ -112,7 +112,7 @@ TRACE_PROPERTIES = codec.BasicProperties(
 def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"bytes": value.hex()}
-    if isinstance(value, codec.BasicProperties):
+    if isinstance(value, ojs_codec.BasicProperties):
         return {"properties": True}
     if isinstance(value, tuple | list):
         return [_jsonable(v) for v in value]

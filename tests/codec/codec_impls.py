@@ -1,6 +1,6 @@
 """The two implementations of the codec's hot path, for tests that must pass on both.
 
-``PURE`` is the pure-Python code.  ``C`` is the C extension ``codec._speedups``, wrapped
+``PURE`` is the pure-Python code.  ``C`` is the C extension ``ojs_codec._speedups``, wrapped
 so that every call is also made on the pure-Python function and must come out the same:
 deeply equal values of the same types, or an exception of the same type and message.
 So a test written against ``impl`` checks the C code against pamqp (its own assertions)
@@ -24,12 +24,12 @@ from typing import Any
 import msgspec
 import pytest
 
-import codec
-from codec import _fast, _frames, _properties, _table
+import ojs_codec
+from ojs_codec import _fast, _frames, _properties, _table
 
 speedups: ModuleType | None
 try:
-    from codec import _speedups as speedups
+    from ojs_codec import _speedups as speedups
 except ImportError:  # not built: the C variant is skipped
     speedups = None
 
@@ -58,8 +58,8 @@ class Impl:
     name: str
     encode_publish: Callable[..., bytes]
     encode_properties: Callable[..., bytes]
-    decode_properties: Callable[..., codec.BasicProperties]
-    decode_content_header: Callable[..., tuple[int, int, codec.BasicProperties]]
+    decode_properties: Callable[..., ojs_codec.BasicProperties]
+    decode_content_header: Callable[..., tuple[int, int, ojs_codec.BasicProperties]]
     decode_deliver: Callable[..., tuple[str, int, bool, str, str]]
     decode_return: Callable[..., tuple[int, str, str, str]]
     decode_get_ok: Callable[..., tuple[int, bool, str, str, int]]
@@ -72,9 +72,9 @@ class Impl:
     decode_array: Callable[..., tuple[list[Any], int]]
     split_frames: Callable[[list[tuple[int, int, bytes]], bytes, int], int]
 
-    def reader(self, frame_max: int = codec.FRAME_MAX_DEFAULT) -> codec.FrameReader:
+    def reader(self, frame_max: int = ojs_codec.FRAME_MAX_DEFAULT) -> ojs_codec.FrameReader:
         """A FrameReader whose frame-splitting loop is this implementation's."""
-        reader = codec.FrameReader(frame_max)
+        reader = ojs_codec.FrameReader(frame_max)
         reader._split = self.split_frames
         return reader
 
@@ -180,6 +180,6 @@ if speedups is not None:
 
 IMPLS = [
     pytest.param(PURE, id="pure"),
-    pytest.param(C, id="c", marks=pytest.mark.skipif(C is None, reason="codec._speedups is not built")),
+    pytest.param(C, id="c", marks=pytest.mark.skipif(C is None, reason="ojs_codec._speedups is not built")),
 ]
 """Parametrize with ``@pytest.mark.parametrize("impl", IMPLS)``."""

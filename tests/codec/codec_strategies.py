@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-import codec
+import ojs_codec as codec
 
 UTC = datetime.UTC
 

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from pamqp import body as pbody
 from pamqp import commands, frame, header
 
-import codec
-from codec import BasicProperties, ProtocolSyntaxError, UsageError
+import ojs_codec as codec
+from ojs_codec import BasicProperties, ProtocolSyntaxError, UsageError
 
 delivery_tags = st.integers(0, 2**63 - 1)  # pamqp packs longlong signed
 frame_maxes = st.one_of(st.integers(4096, 70000), st.sampled_from([4096, 4097, 131072]))

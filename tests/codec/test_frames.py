@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import commands, frame, header, heartbeat
 
-import codec
-from codec import FrameError, FrameReader, ProtocolVersionMismatch, UsageError
+import ojs_codec
+from ojs_codec import FrameError, FrameReader, ProtocolVersionMismatch, UsageError
 
 
 def raw_frame(frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:
@@ -25,7 +25,7 @@ TRACE_FRAMES: list[tuple[int, int, bytes]] = [
     (1, 0, frame.marshal(commands.Connection.Start(server_properties={"product": "RabbitMQ"}), 0)[7:-1]),
     (8, 0, b""),
     (1, 1, frame.marshal(commands.Basic.Deliver("c1", 1, False, "ex", "rk"), 1)[7:-1]),
-    (2, 1, frame.marshal(header.ContentHeader(0, 5000, codec.to_pamqp(OJS_PROPERTIES)), 1)[7:-1]),
+    (2, 1, frame.marshal(header.ContentHeader(0, 5000, ojs_codec.to_pamqp(OJS_PROPERTIES)), 1)[7:-1]),
     (1, 2, frame.marshal(commands.Basic.Deliver("c2", 1, True, "", "q"), 2)[7:-1]),
     (3, 1, bytes(range(256)) * 16),
     (2, 2, frame.marshal(header.ContentHeader(0, 0), 2)[7:-1]),
@@ -95,11 +95,11 @@ def test_buffer_is_released_after_draining(impl: Impl) -> None:
     big = raw_frame(3, 1, b"x" * 100_000)
     assert reader.frames(big[:50_000]) == []
     assert reader.buffer_size == 50_000
-    assert reader.frames(big[50_000:] + codec.HEARTBEAT_FRAME[:3]) == [(3, 1, b"x" * 100_000)]
+    assert reader.frames(big[50_000:] + ojs_codec.HEARTBEAT_FRAME[:3]) == [(3, 1, b"x" * 100_000)]
     assert reader.buffer_size == reader.buffered == 3
-    assert reader.frames(codec.HEARTBEAT_FRAME[3:]) == [(8, 0, b"")]
+    assert reader.frames(ojs_codec.HEARTBEAT_FRAME[3:]) == [(8, 0, b"")]
     assert reader.buffer_size == 0
-    reader.feed(codec.HEARTBEAT_FRAME)
+    reader.feed(ojs_codec.HEARTBEAT_FRAME)
     assert reader.next_frame() == (8, 0, b"")
     assert reader.buffer_size == 8  # consumed; released when next_frame() runs dry
     assert reader.next_frame() is None
@@ -236,7 +236,7 @@ def test_protocol_header_reply(impl: Impl, offered: bytes) -> None:
             for piece in pieces:
                 reader.frames(piece)
         assert info.value.header == offered
-        assert isinstance(info.value, codec.ProtocolError)
+        assert isinstance(info.value, ojs_codec.ProtocolError)
         with pytest.raises(ProtocolVersionMismatch):
             reader.next_frame()
 
@@ -251,7 +251,7 @@ def test_partial_protocol_header_waits(impl: Impl) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 def test_protocol_header_only_at_the_start(impl: Impl) -> None:
     reader = impl.reader()
-    reader.frames(codec.HEARTBEAT_FRAME)
+    reader.frames(ojs_codec.HEARTBEAT_FRAME)
     with pytest.raises(FrameError):
         reader.frames(b"AMQP\x00\x00\x09\x01")
 
@@ -259,9 +259,9 @@ def test_protocol_header_only_at_the_start(impl: Impl) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 def test_heartbeats(impl: Impl) -> None:
     reader = impl.reader()
-    assert reader.frames(codec.HEARTBEAT_FRAME * 3) == [(8, 0, b"")] * 3
-    assert heartbeat.Heartbeat.marshal() == codec.HEARTBEAT_FRAME
-    assert header.ProtocolHeader().marshal() == codec.PROTOCOL_HEADER
+    assert reader.frames(ojs_codec.HEARTBEAT_FRAME * 3) == [(8, 0, b"")] * 3
+    assert heartbeat.Heartbeat.marshal() == ojs_codec.HEARTBEAT_FRAME
+    assert header.ProtocolHeader().marshal() == ojs_codec.PROTOCOL_HEADER
     with pytest.raises(FrameError, match="heartbeat"):
         impl.reader().frames(raw_frame(8, 1, b""))
     with pytest.raises(FrameError, match="heartbeat"):
@@ -272,18 +272,18 @@ def test_heartbeats(impl: Impl) -> None:
 
 
 def test_encode_frame() -> None:
-    assert codec.encode_frame(1, 5, b"abc") == b"\x01\x00\x05\x00\x00\x00\x03abc\xce"
-    assert codec.encode_frame(8, 0, b"") == codec.HEARTBEAT_FRAME
+    assert ojs_codec.encode_frame(1, 5, b"abc") == b"\x01\x00\x05\x00\x00\x00\x03abc\xce"
+    assert ojs_codec.encode_frame(8, 0, b"") == ojs_codec.HEARTBEAT_FRAME
     with pytest.raises(UsageError):
-        codec.encode_frame(1, 65536, b"")
+        ojs_codec.encode_frame(1, 65536, b"")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_encode_content_empty_body_has_no_body_frame(impl: Impl) -> None:
-    data = codec.encode_content(1, 60, None, b"", 4096)
+    data = ojs_codec.encode_content(1, 60, None, b"", 4096)
     frames = impl.reader().frames(data)
     assert [f[0] for f in frames] == [2]
-    assert codec.decode_content_header(frames[0][2]) == (60, 0, codec.BasicProperties())
+    assert ojs_codec.decode_content_header(frames[0][2]) == (60, 0, ojs_codec.BasicProperties())
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -303,13 +303,13 @@ def test_encode_content_splits_at_frame_max_minus_8(
     impl: Impl, size: int, frame_max: int, expected: list[int]
 ) -> None:
     body = bytes(i % 256 for i in range(size))
-    data = codec.encode_content(7, 60, OJS_PROPERTIES, body, frame_max)
+    data = ojs_codec.encode_content(7, 60, OJS_PROPERTIES, body, frame_max)
     frames = impl.reader(frame_max).frames(data)
     assert frames[0][0] == 2
     assert [len(p) for t, ch, p in frames[1:] if t == 3 and ch == 7] == expected
     assert len(frames) == len(expected) + 1
     assert b"".join(p for _, _, p in frames[1:]) == body
-    assert codec.decode_content_header(frames[0][2]) == (60, size, OJS_PROPERTIES)
+    assert ojs_codec.decode_content_header(frames[0][2]) == (60, size, OJS_PROPERTIES)
 
 
 @SETTINGS
@@ -319,16 +319,16 @@ def test_encode_content_matches_pamqp(size: int, frame_max: int) -> None:
 
     body = bytes(i % 251 for i in range(size))
     chunk = frame_max - 8
-    theirs = frame.marshal(header.ContentHeader(0, size, codec.to_pamqp(OJS_PROPERTIES)), 3) + b"".join(
+    theirs = frame.marshal(header.ContentHeader(0, size, ojs_codec.to_pamqp(OJS_PROPERTIES)), 3) + b"".join(
         frame.marshal(pbody.ContentBody(body[i : i + chunk]), 3) for i in range(0, size, chunk)
     )
-    assert codec.encode_content(3, 60, OJS_PROPERTIES, body, frame_max) == theirs
+    assert ojs_codec.encode_content(3, 60, OJS_PROPERTIES, body, frame_max) == theirs
 
 
 def test_encode_content_errors() -> None:
     with pytest.raises(UsageError, match="frame_max"):
-        codec.encode_content(1, 60, None, b"x", 100)
+        ojs_codec.encode_content(1, 60, None, b"x", 100)
     with pytest.raises(UsageError, match="content header"):
-        codec.encode_content(1, 60, codec.BasicProperties(headers={"k": "v" * 4100}), b"", 4096)
+        ojs_codec.encode_content(1, 60, ojs_codec.BasicProperties(headers={"k": "v" * 4100}), b"", 4096)
     with pytest.raises(UsageError):
-        codec.encode_content(70000, 60, None, b"", 4096)
+        ojs_codec.encode_content(70000, 60, None, b"", 4096)

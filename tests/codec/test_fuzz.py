@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands, frame, header
 
-import codec
-from codec import ProtocolError
+import ojs_codec
+from ojs_codec import ProtocolError
 
 EXAMPLES = int(os.environ.get("OJS_FUZZ_EXAMPLES", "500"))
 FUZZ = settings(SETTINGS, max_examples=EXAMPLES)
@@ -48,23 +48,23 @@ SEED_METHODS = [
     _payload(commands.Basic.ConsumeOk("ctag")),
 ]  # fmt: skip
 SEED_HEADERS = [
-    frame.marshal(header.ContentHeader(0, 300, codec.to_pamqp(OJS_PROPERTIES)), 1)[7:-1],
+    frame.marshal(header.ContentHeader(0, 300, ojs_codec.to_pamqp(OJS_PROPERTIES)), 1)[7:-1],
     frame.marshal(header.ContentHeader(0, 0), 1)[7:-1],
 ]
 SEED_STREAM = b"".join(
-    [frame.marshal(commands.Connection.Start(), 0), codec.HEARTBEAT_FRAME]
-    + [codec.encode_frame(1, 1, p) for p in SEED_METHODS]
-    + [codec.encode_frame(2, 1, p) for p in SEED_HEADERS]
-    + [codec.encode_frame(3, 1, b"body" * 50), codec.HEARTBEAT_FRAME]
+    [frame.marshal(commands.Connection.Start(), 0), ojs_codec.HEARTBEAT_FRAME]
+    + [ojs_codec.encode_frame(1, 1, p) for p in SEED_METHODS]
+    + [ojs_codec.encode_frame(2, 1, p) for p in SEED_HEADERS]
+    + [ojs_codec.encode_frame(3, 1, b"body" * 50), ojs_codec.HEARTBEAT_FRAME]
 )
 
 FAST_DECODERS = {
-    codec.BASIC_DELIVER: "decode_deliver",
-    codec.BASIC_RETURN: "decode_return",
-    codec.BASIC_GET_OK: "decode_get_ok",
-    codec.BASIC_ACK: "decode_ack",
-    codec.BASIC_NACK: "decode_nack",
-    codec.BASIC_REJECT: "decode_reject",
+    ojs_codec.BASIC_DELIVER: "decode_deliver",
+    ojs_codec.BASIC_RETURN: "decode_return",
+    ojs_codec.BASIC_GET_OK: "decode_get_ok",
+    ojs_codec.BASIC_ACK: "decode_ack",
+    ojs_codec.BASIC_NACK: "decode_nack",
+    ojs_codec.BASIC_REJECT: "decode_reject",
 }
 
 
@@ -103,9 +103,9 @@ def mutate(data: bytes, ops: list[tuple[str, int, Any]]) -> bytes:
 
 def decode_payload(impl: Impl, frame_type: int, payload: bytes) -> None:
     """Run the decoders a connection would run on this frame."""
-    if frame_type == codec.FRAME_METHOD:
+    if frame_type == ojs_codec.FRAME_METHOD:
         try:
-            key = codec.method_key(payload)
+            key = ojs_codec.method_key(payload)
         except ProtocolError:
             return
         fast = FAST_DECODERS.get(key)
@@ -115,13 +115,13 @@ def decode_payload(impl: Impl, frame_type: int, payload: bytes) -> None:
             except ProtocolError:
                 pass
         try:
-            codec.decode_method(payload)
+            ojs_codec.decode_method(payload)
         except ProtocolError:
             pass
-    elif frame_type == codec.FRAME_HEADER:
+    elif frame_type == ojs_codec.FRAME_HEADER:
         try:
             class_id, size, props = impl.decode_content_header(payload)
-            assert isinstance(props, codec.BasicProperties) and size >= 0 and class_id >= 0
+            assert isinstance(props, ojs_codec.BasicProperties) and size >= 0 and class_id >= 0
         except ProtocolError:
             pass
 
@@ -202,7 +202,7 @@ def test_fuzz_reader_frame_like(impl: Impl, frames: list[bytes], cuts: list[int]
 @given(seed=st.sampled_from(SEED_METHODS), ops=st.lists(mutation, min_size=1, max_size=5))
 def test_fuzz_method_decoders(impl: Impl, seed: bytes, ops: list[tuple[str, int, Any]]) -> None:
     payload = mutate(seed, ops)
-    decode_payload(impl, codec.FRAME_METHOD, payload)
+    decode_payload(impl, ojs_codec.FRAME_METHOD, payload)
     for decoder in FAST_DECODERS.values():  # even when the id does not match
         try:
             getattr(impl, decoder)(payload)
@@ -214,15 +214,15 @@ def test_fuzz_method_decoders(impl: Impl, seed: bytes, ops: list[tuple[str, int,
 @FUZZ
 @given(seed=st.sampled_from(SEED_HEADERS), ops=st.lists(mutation, min_size=1, max_size=5))
 def test_fuzz_header_decoder(impl: Impl, seed: bytes, ops: list[tuple[str, int, Any]]) -> None:
-    decode_payload(impl, codec.FRAME_HEADER, mutate(seed, ops))
+    decode_payload(impl, ojs_codec.FRAME_HEADER, mutate(seed, ops))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @FUZZ
 @given(data=st.binary(max_size=200), offset=st.integers(0, 8))
 def test_fuzz_decoders_random_bytes(impl: Impl, data: bytes, offset: int) -> None:
-    decode_payload(impl, codec.FRAME_METHOD, data)
-    decode_payload(impl, codec.FRAME_HEADER, data)
+    decode_payload(impl, ojs_codec.FRAME_METHOD, data)
+    decode_payload(impl, ojs_codec.FRAME_HEADER, data)
     for decoder in (impl.decode_table, impl.decode_array, impl.decode_properties):
         try:
             decoder(data, offset)

@@ -20,8 +20,8 @@ from codec_strategies import (
 from hypothesis import given
 from pamqp import commands
 
-import codec
-from codec import BasicProperties, ProtocolSyntaxError, UsageError
+import ojs_codec as codec
+from ojs_codec import BasicProperties, ProtocolSyntaxError, UsageError
 
 
 def pamqp_decode(data: bytes) -> commands.Basic.Properties:

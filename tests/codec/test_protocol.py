@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-import codec
-from codec import BasicProperties
+import ojs_codec as codec
+from ojs_codec import BasicProperties
 
 
 class Peer:

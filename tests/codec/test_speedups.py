@@ -1,4 +1,4 @@
-"""The C extension ``codec._speedups``: it is loaded, and on edge cases, malformed input
+"""The C extension ``ojs_codec._speedups``: it is loaded, and on edge cases, malformed input
 and unusual arguments it gives exactly what the pure-Python code gives.
 
 Calls go through ``codec_impls.C``, whose functions also run the pure-Python function
@@ -30,10 +30,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import commands, frame
 
-import codec
-from codec import _fast, _frames, _hot
+import ojs_codec
+from ojs_codec import _fast, _frames, _hot
 
-needs_c = pytest.mark.skipif(C is None, reason="codec._speedups is not built")
+needs_c = pytest.mark.skipif(C is None, reason="ojs_codec._speedups is not built")
 UTC = datetime.UTC
 HOT_NAMES = sorted(_hot.__all__)
 
@@ -58,29 +58,30 @@ def run(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 def test_extension_is_loaded_unless_pure_python_is_asked_for() -> None:
     if os.environ.get("OJS_CODEC_PURE") == "1":
-        assert codec.SPEEDUPS is False
-        assert codec.encode_publish is _fast.encode_publish
-        assert codec.FrameReader()._split is _frames._split_frames_py
+        assert ojs_codec.SPEEDUPS is False
+        assert ojs_codec.encode_publish is _fast.encode_publish
+        assert ojs_codec.FrameReader()._split is _frames._split_frames_py
         return
     assert speedups is not None, (
-        "codec._speedups is not built: install with `pip install -e .` where a C compiler is "
+        "ojs_codec._speedups is not built: install with `pip install -e .` where a C compiler is "
         "available, or set OJS_CODEC_PURE=1 to test the pure-Python code only"
     )
-    assert codec.SPEEDUPS is True
+    assert ojs_codec.SPEEDUPS is True
     for name in HOT_NAMES:
-        assert getattr(codec, name) is getattr(speedups, name), name
+        assert getattr(ojs_codec, name) is getattr(speedups, name), name
         assert getattr(_hot, name) is getattr(speedups, name), name  # what AMQPConnection calls
-    assert codec.FrameReader()._split is speedups.split_frames
+    assert ojs_codec.FrameReader()._split is speedups.split_frames
 
 
 def test_environment_variable_selects_pure_python() -> None:
     code = (
-        "import codec; "
-        "print(codec.SPEEDUPS, codec.encode_publish.__module__, codec.FrameReader()._split.__name__)"
+        "import ojs_codec; "
+        "print(ojs_codec.SPEEDUPS, ojs_codec.encode_publish.__module__, "
+        "ojs_codec.FrameReader()._split.__name__)"
     )
     env = {**os.environ, "OJS_CODEC_PURE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "codec._fast", "_split_frames_py"]
+    assert out.stdout.split() == ["False", "ojs_codec._fast", "_split_frames_py"]
 
 
 # --- every wire type, then every truncation and byte change -----------------------------------
@@ -94,7 +95,7 @@ RICH_HEADERS: dict[str, Any] = {
     "uint32": 3_000_000_000,
     "int64": -(2**40),
     "float": 0.1,
-    "float32": codec.Float32(0.5),
+    "float32": ojs_codec.Float32(0.5),
     "decimal": Decimal("-12.345"),
     "text": "héllo wörld",
     "long text": "x" * 300,
@@ -103,11 +104,11 @@ RICH_HEADERS: dict[str, Any] = {
     "array": [True, 1.5, "s", [], {}],
     "void": None,
     "bytes": b"\x01\x02\x03",
-    "wrapped": [codec.Int8(1), codec.UInt8(2), codec.Int16(3), codec.UInt16(4), codec.Int32(5),
-                codec.UInt32(6), codec.Int64(7), codec.LongString(b"\xfe")],
+    "wrapped": [ojs_codec.Int8(1), ojs_codec.UInt8(2), ojs_codec.Int16(3), ojs_codec.UInt16(4),
+                ojs_codec.Int32(5), ojs_codec.UInt32(6), ojs_codec.Int64(7), ojs_codec.LongString(b"\xfe")],
     "ключ": "значение",
 }  # fmt: skip
-RICH_PROPERTIES = codec.BasicProperties(
+RICH_PROPERTIES = ojs_codec.BasicProperties(
     content_type="application/json",
     content_encoding="gzip",
     headers=RICH_HEADERS,
@@ -161,13 +162,13 @@ METHOD_PAYLOADS = [
     # our slow-path encoder: pamqp packs delivery tags signed
     (
         "decode_deliver",
-        codec.encode_method_frame(1, commands.Basic.Deliver("ctag-é", 2**64 - 1, True, "ex", "rk"))[7:-1],
+        ojs_codec.encode_method_frame(1, commands.Basic.Deliver("ctag-é", 2**64 - 1, True, "ex", "rk"))[7:-1],
     ),
     ("decode_return", frame.marshal(commands.Basic.Return(312, "NO_ROUTE", "ex", "rk"), 1)[7:-1]),
     ("decode_get_ok", frame.marshal(commands.Basic.GetOk(7, True, "ex", "rk", 2**32 - 1), 1)[7:-1]),
-    ("decode_ack", codec.encode_ack(1, 2**64 - 1, True)[7:-1]),
-    ("decode_nack", codec.encode_nack(1, 5, True, False)[7:-1]),
-    ("decode_reject", codec.encode_reject(1, 5, False)[7:-1]),
+    ("decode_ack", ojs_codec.encode_ack(1, 2**64 - 1, True)[7:-1]),
+    ("decode_nack", ojs_codec.encode_nack(1, 5, True, False)[7:-1]),
+    ("decode_reject", ojs_codec.encode_reject(1, 5, False)[7:-1]),
 ]
 
 
@@ -185,15 +186,15 @@ def test_method_payload_every_truncation_and_byte_value(decoder: str, payload: b
 @needs_c
 def test_non_utf8_everywhere() -> None:
     impl = c_impl()
-    for i, name in enumerate(codec.BasicProperties.__struct_fields__):
+    for i, name in enumerate(ojs_codec.BasicProperties.__struct_fields__):
         if name in ("headers", "delivery_mode", "priority", "timestamp"):
             continue
         for bad in (b"\xff", b"a\xc3", b"\xed\xa0\x80"):  # invalid, cut short, a surrogate
             data = struct.pack(">H", 0x8000 >> i) + bytes([len(bad)]) + bad
-            assert isinstance(run(impl.decode_properties, data), codec.ProtocolSyntaxError)
-    assert isinstance(run(impl.decode_table, b"\x00\x00\x00\x03\x01\xffV"), codec.ProtocolSyntaxError)
+            assert isinstance(run(impl.decode_properties, data), ojs_codec.ProtocolSyntaxError)
+    assert isinstance(run(impl.decode_table, b"\x00\x00\x00\x03\x01\xffV"), ojs_codec.ProtocolSyntaxError)
     assert isinstance(
-        run(impl.decode_array, b"\x00\x00\x00\x07F\x00\x00\x00\x02\x01\xff"), codec.ProtocolError
+        run(impl.decode_array, b"\x00\x00\x00\x07F\x00\x00\x00\x02\x01\xff"), ojs_codec.ProtocolError
     )
     value = impl.decode_table(b"\x00\x00\x00\x0a\x01sS\x00\x00\x00\x03a\xc3\xff")[0]
     assert value == {"s": b"a\xc3\xff"}  # a long string that is not UTF-8 is bytes
@@ -218,7 +219,7 @@ class Table(dict[str, Any]):
     pass
 
 
-class Props(codec.BasicProperties):
+class Props(ojs_codec.BasicProperties):
     pass
 
 
@@ -263,13 +264,13 @@ def test_unusual_header_values(value: Any) -> None:
     impl = c_impl()
     run(impl.encode_table, {"k": value, "a": 1, "z": "last"})
     run(impl.encode_array, [1, value, "x"])
-    props = codec.BasicProperties(headers={"k": value})
+    props = ojs_codec.BasicProperties(headers={"k": value})
     run(impl.encode_properties, props)
     run(impl.encode_publish, 1, "ex", "rk", props, b"body", 4096)
 
 
 @needs_c
-@pytest.mark.parametrize("field", codec.BasicProperties.__struct_fields__)
+@pytest.mark.parametrize("field", ojs_codec.BasicProperties.__struct_fields__)
 @pytest.mark.parametrize(
     "value",
     [None, "", "x", "é" * 200, "x" * 256, "\ud800", Text("t"), Text(""), 0, 1, 255, 256, -1, True, 2**70,
@@ -279,7 +280,7 @@ def test_unusual_header_values(value: Any) -> None:
 )  # fmt: skip
 def test_unusual_property_values(field: str, value: Any) -> None:
     impl = c_impl()
-    props = codec.BasicProperties(**{field: value})
+    props = ojs_codec.BasicProperties(**{field: value})
     run(impl.encode_properties, props)
     run(impl.encode_publish, 1, "", "", props, b"", 4096)
 
@@ -293,10 +294,10 @@ junk = st.one_of(
 
 @needs_c
 @SETTINGS
-@given(st.fixed_dictionaries({name: junk for name in codec.BasicProperties.__struct_fields__}))
+@given(st.fixed_dictionaries({name: junk for name in ojs_codec.BasicProperties.__struct_fields__}))
 def test_junk_properties(values: dict[str, Any]) -> None:
     impl = c_impl()
-    props = codec.BasicProperties(**values)
+    props = ojs_codec.BasicProperties(**values)
     run(impl.encode_properties, props)
     run(impl.encode_publish, 3, "ex", "rk", props, b"abc", 4096)
 
@@ -351,11 +352,11 @@ def test_table_with_many_keys_is_sorted() -> None:
         ((1, "ex", "rk", None, b"", 4096, 1, 0), {}),
         ((1, "ex", "rk", None, b"", 4096, "yes", None), {}),
         ((1, "ex", "rk", None, b"", 4096, Raises()), {}),
-        ((1, "ex", "rk", codec.BasicProperties(headers={"k": "v" * 5000}), b"", 4096), {}),
-        ((1, "ex", "rk", codec.BasicProperties(headers={"k": "v" * 4072}), b"x" * 9000, 4096), {}),
-        ((1, "ex", "rk", codec.BasicProperties(headers={"k": "v" * 4073}), b"", 4096), {}),
-        ((1, "ex", "rk", codec.BasicProperties(content_type=["x"]), b"", 4096), {}),
-        ((70000, "ex", "rk", codec.BasicProperties(delivery_mode=300), b"", 4096), {}),
+        ((1, "ex", "rk", ojs_codec.BasicProperties(headers={"k": "v" * 5000}), b"", 4096), {}),
+        ((1, "ex", "rk", ojs_codec.BasicProperties(headers={"k": "v" * 4072}), b"x" * 9000, 4096), {}),
+        ((1, "ex", "rk", ojs_codec.BasicProperties(headers={"k": "v" * 4073}), b"", 4096), {}),
+        ((1, "ex", "rk", ojs_codec.BasicProperties(content_type=["x"]), b"", 4096), {}),
+        ((70000, "ex", "rk", ojs_codec.BasicProperties(delivery_mode=300), b"", 4096), {}),
         ((70000, "ex", "rk", None, b"", 4095), {}),
     ],
 )  # fmt: skip
@@ -411,7 +412,7 @@ def test_unusual_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, A
 @needs_c
 def test_depth_limits() -> None:
     impl = c_impl()
-    for depth in (codec.MAX_DEPTH - 1, codec.MAX_DEPTH, codec.MAX_DEPTH + 1):
+    for depth in (ojs_codec.MAX_DEPTH - 1, ojs_codec.MAX_DEPTH, ojs_codec.MAX_DEPTH + 1):
         table: Any = {}
         array: Any = []
         for i in range(depth):
@@ -419,7 +420,7 @@ def test_depth_limits() -> None:
             array = [array]
         run(impl.encode_table, table)
         run(impl.encode_array, array)
-        run(impl.encode_properties, codec.BasicProperties(headers=table))
+        run(impl.encode_properties, ojs_codec.BasicProperties(headers=table))
         nested = b"\x00\x00\x00\x00"
         for i in range(depth):
             nested = (
@@ -507,15 +508,15 @@ def test_errors_mid_table_keep_reference_counts() -> None:
     impl = c_impl()
     bad, ok, key = object(), ["kept"], "key-" + "x" * 10
     table = {key: ok, "b": bad, "c": "after"}
-    props = codec.BasicProperties(headers=table, app_id="x")
-    assert isinstance(run(impl.encode_table, table), codec.UsageError)  # the same error as Python
-    assert isinstance(run(impl.encode_publish, 1, "", "", props, b"", 4096), codec.UsageError)
+    props = ojs_codec.BasicProperties(headers=table, app_id="x")
+    assert isinstance(run(impl.encode_table, table), ojs_codec.UsageError)  # the same error as Python
+    assert isinstance(run(impl.encode_publish, 1, "", "", props, b"", 4096), ojs_codec.UsageError)
     assert speedups is not None
     before = [sys.getrefcount(x) for x in (bad, ok, key, table, props)]
     for _ in range(1000):
-        with pytest.raises(codec.UsageError):
+        with pytest.raises(ojs_codec.UsageError):
             speedups.encode_table(table)
-        with pytest.raises(codec.UsageError):
+        with pytest.raises(ojs_codec.UsageError):
             speedups.encode_publish(1, "", "", props, b"", 4096)
     assert [sys.getrefcount(x) for x in (bad, ok, key, table, props)] == before
 
@@ -527,7 +528,7 @@ def _leak_workload() -> list[Callable[[], Any]]:
     delivery = b"".join(
         raw_frame(t, 1, p) for t, p in [(1, METHOD_PAYLOADS[0][1]), (2, header), (3, b"x" * 300)]
     )
-    bad_props = codec.BasicProperties(headers={"a": 1, "b": [object()]})
+    bad_props = ojs_codec.BasicProperties(headers={"a": 1, "b": [object()]})
     return [
         lambda: s.encode_publish(1, "ex", "rk", RICH_PROPERTIES, b"x" * 9000, 4096),
         lambda: s.encode_publish(1, "ex", "rk", OJS_PROPERTIES, b"x" * 10, 131072, mandatory=True),
@@ -551,7 +552,7 @@ def _leak_workload() -> list[Callable[[], Any]]:
 def _swallow(func: Callable[[], Any]) -> None:
     try:
         func()
-    except (codec.AMQPError, UnicodeError):
+    except (ojs_codec.AMQPError, UnicodeError):
         pass
 
 
@@ -575,9 +576,9 @@ def test_no_memory_leaks() -> None:
 def test_properties_struct_is_built_like_python() -> None:
     impl = c_impl()
     props = impl.decode_properties(impl.encode_properties(RICH_PROPERTIES))
-    assert type(props) is codec.BasicProperties
+    assert type(props) is ojs_codec.BasicProperties
     assert msgspec.structs.asdict(props).keys() == msgspec.structs.asdict(RICH_PROPERTIES).keys()
-    assert impl.decode_properties(b"\x00\x00") is codec._properties.EMPTY_PROPERTIES
+    assert impl.decode_properties(b"\x00\x00") is ojs_codec._properties.EMPTY_PROPERTIES
     assert gc.is_tracked(props)  # it holds a dict
     with pytest.raises(AttributeError):
         props.app_id = "y"  # type: ignore[misc]

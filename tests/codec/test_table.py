@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from pamqp import decode as pdecode
 from pamqp import encode as pencode
 
-import codec
-from codec import ProtocolSyntaxError, UsageError
+import ojs_codec
+from ojs_codec import ProtocolSyntaxError, UsageError
 
 
 def entry(key: bytes, kind: bytes, value: bytes) -> bytes:
@@ -134,7 +134,7 @@ WIRE_CASES: list[tuple[Any, bytes]] = [
     (Decimal("-5"), b"D\x00\xff\xff\xff\xfb"),
     (Decimal("1E+2"), b"D\x00\x00\x00\x00\x64"),
     (1.5, b"d" + struct.pack(">d", 1.5)),
-    (codec.Float32(1.5), b"f" + struct.pack(">f", 1.5)),
+    (ojs_codec.Float32(1.5), b"f" + struct.pack(">f", 1.5)),
     ("héllo", b"S\x00\x00\x00\x06h\xc3\xa9llo"),
     (datetime.datetime(2024, 1, 1, tzinfo=UTC), b"T" + struct.pack(">Q", 1704067200)),
     (datetime.datetime(2024, 1, 1), b"T" + struct.pack(">Q", 1704067200)),  # naive = UTC
@@ -145,14 +145,14 @@ WIRE_CASES: list[tuple[Any, bytes]] = [
     (bytearray(b"\x00\xff"), b"x\x00\x00\x00\x02\x00\xff"),
     (b"\x00\xff", b"x\x00\x00\x00\x02\x00\xff"),
     (None, b"V"),
-    (codec.Int8(1), b"b\x01"),
-    (codec.UInt8(200), b"B\xc8"),
-    (codec.Int16(1), b"s\x00\x01"),
-    (codec.UInt16(1), b"u\x00\x01"),
-    (codec.Int32(1), b"I\x00\x00\x00\x01"),
-    (codec.UInt32(1), b"i\x00\x00\x00\x01"),
-    (codec.Int64(1), b"l" + b"\x00" * 7 + b"\x01"),
-    (codec.LongString(b"\xff"), b"S\x00\x00\x00\x01\xff"),
+    (ojs_codec.Int8(1), b"b\x01"),
+    (ojs_codec.UInt8(200), b"B\xc8"),
+    (ojs_codec.Int16(1), b"s\x00\x01"),
+    (ojs_codec.UInt16(1), b"u\x00\x01"),
+    (ojs_codec.Int32(1), b"I\x00\x00\x00\x01"),
+    (ojs_codec.UInt32(1), b"i\x00\x00\x00\x01"),
+    (ojs_codec.Int64(1), b"l" + b"\x00" * 7 + b"\x01"),
+    (ojs_codec.LongString(b"\xff"), b"S\x00\x00\x00\x01\xff"),
 ]
 
 
@@ -251,13 +251,13 @@ def test_quirk_float_is_64_bit_and_lossless(impl: Impl) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 def test_quirk_float32_wrapper_writes_f_like_pamqp(impl: Impl) -> None:
     value = 1.25
-    assert impl.encode_table({"f": codec.Float32(value)}) == pencode.field_table({"f": value})
+    assert impl.encode_table({"f": ojs_codec.Float32(value)}) == pencode.field_table({"f": value})
     assert (
-        impl.decode_table(impl.encode_table({"f": codec.Float32(0.1)}))[0]["f"]
+        impl.decode_table(impl.encode_table({"f": ojs_codec.Float32(0.1)}))[0]["f"]
         == struct.unpack(">f", struct.pack(">f", 0.1))[0]
     )
     with pytest.raises(UsageError):
-        codec.Float32(1e300)
+        ojs_codec.Float32(1e300)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -294,7 +294,7 @@ def test_quirk_non_utf8_long_string_and_long_string_wrapper(impl: Impl) -> None:
     data = table(entry(b"s", b"S", b"\x00\x00\x00\x02\xff\xfe"))
     value = impl.decode_table(data)[0]["s"]
     assert value == b"\xff\xfe" == pdecode.field_table(data)[1]["s"]
-    assert impl.encode_table({"s": codec.LongString(value)}) == data  # written back as 'S'
+    assert impl.encode_table({"s": ojs_codec.LongString(value)}) == data  # written back as 'S'
     assert impl.encode_table({"s": value})[6:7] == b"x"  # plain bytes would be 'x'
 
 
@@ -308,23 +308,23 @@ def test_quirk_long_keys(impl: Impl) -> None:
 
 def test_typed_wrappers_validate_and_compare() -> None:
     with pytest.raises(UsageError):
-        codec.Int8(128)
+        ojs_codec.Int8(128)
     with pytest.raises(UsageError):
-        codec.UInt8(-1)
+        ojs_codec.UInt8(-1)
     with pytest.raises(UsageError):
-        codec.UInt32(2**32)
+        ojs_codec.UInt32(2**32)
     with pytest.raises(UsageError):
-        codec.Int64(2**63)
+        ojs_codec.Int64(2**63)
     with pytest.raises(UsageError):
-        codec.Int16(True)  # type: ignore[arg-type]
+        ojs_codec.Int16(True)  # type: ignore[arg-type]
     with pytest.raises(UsageError):
-        codec.LongString(1)  # type: ignore[arg-type]
-    assert codec.Int8(1) == codec.Int8(1)
-    assert codec.Int8(1) != codec.UInt8(1)
-    assert hash(codec.Int32(5)) == hash(codec.Int32(5))
-    assert repr(codec.UInt16(7)) == "UInt16(7)"
+        ojs_codec.LongString(1)  # type: ignore[arg-type]
+    assert ojs_codec.Int8(1) == ojs_codec.Int8(1)
+    assert ojs_codec.Int8(1) != ojs_codec.UInt8(1)
+    assert hash(ojs_codec.Int32(5)) == hash(ojs_codec.Int32(5))
+    assert repr(ojs_codec.UInt16(7)) == "UInt16(7)"
     with pytest.raises(AttributeError):
-        codec.Int8(1).value = 2  # type: ignore[misc]
+        ojs_codec.Int8(1).value = 2  # type: ignore[misc]
 
 
 # --- encoding errors -------------------------------------------------------------------------
@@ -366,7 +366,7 @@ def test_bad_tables_raise_usage_error(impl: Impl) -> None:
 def test_encode_depth_limit_and_cycles(impl: Impl) -> None:
     nested: dict[str, Any] = {}
     inner = nested
-    for _ in range(codec.MAX_DEPTH - 1):
+    for _ in range(ojs_codec.MAX_DEPTH - 1):
         inner["n"] = {}
         inner = inner["n"]
     assert impl.decode_table(impl.encode_table(nested))[0] == nested
@@ -428,14 +428,14 @@ def test_value_cannot_overrun_its_table(impl: Impl) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 def test_decode_depth_limit(impl: Impl) -> None:
     data = b"\x00\x00\x00\x00"
-    for _ in range(codec.MAX_DEPTH - 1):
+    for _ in range(ojs_codec.MAX_DEPTH - 1):
         data = table(entry(b"n", b"F", data))
     impl.decode_table(data)
     deeper = table(entry(b"n", b"F", data))
     with pytest.raises(ProtocolSyntaxError, match="deeper"):
         impl.decode_table(deeper)
     arrays = b"\x00\x00\x00\x00"
-    for _ in range(codec.MAX_DEPTH):
+    for _ in range(ojs_codec.MAX_DEPTH):
         arrays = struct.pack(">I", len(arrays) + 1) + b"A" + arrays
     with pytest.raises(ProtocolSyntaxError, match="deeper"):
         impl.decode_array(arrays)
@@ -457,6 +457,6 @@ def test_random_bytes_never_escape(impl: Impl, data: bytes, offset: int) -> None
 @pytest.mark.parametrize("impl", IMPLS)
 def test_nan_and_infinity_round_trip(impl: Impl) -> None:
     decoded = impl.decode_table(
-        impl.encode_table({"n": math.nan, "i": math.inf, "f": codec.Float32(-math.inf)})
+        impl.encode_table({"n": math.nan, "i": math.inf, "f": ojs_codec.Float32(-math.inf)})
     )[0]
     assert math.isnan(decoded["n"]) and decoded["i"] == math.inf and decoded["f"] == -math.inf

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from capture_trace import TRACE_PROPERTIES, pamqp_method
 
-import codec
+import ojs_codec
 
 TRACE = json.loads((Path(__file__).with_name("data") / "rabbitmq_trace.json").read_text())
 
 
-def _issue(proto: codec.AMQPConnection, step: dict[str, Any]) -> bytes:
+def _issue(proto: ojs_codec.AMQPConnection, step: dict[str, Any]) -> bytes:
     name = step["client"]
     args = step["args"]
     kwargs = dict(step["kwargs"])
@@ -41,24 +41,24 @@ def _issue(proto: codec.AMQPConnection, step: dict[str, Any]) -> bytes:
     return proto.data_to_send()
 
 
-def _summary(events: list[codec.Event]) -> list[Any]:
+def _summary(events: list[ojs_codec.Event]) -> list[Any]:
     out: list[Any] = []
     for e in events:
-        if isinstance(e, codec.Delivery):
+        if isinstance(e, ojs_codec.Delivery):
             out.append(("Delivery", e.delivery_tag, e.routing_key, e.properties, e.body))
-        elif isinstance(e, codec.Confirmed):
+        elif isinstance(e, ojs_codec.Confirmed):
             returned = {t: (r.reply_code, r.routing_key, r.body) for t, r in (e.returned or {}).items()}
             out.append(("Confirmed", tuple(e.tags), e.ack, returned))
-        elif isinstance(e, codec.MethodReply):
+        elif isinstance(e, ojs_codec.MethodReply):
             out.append(("MethodReply", e.method.name))
         else:
             out.append(type(e).__name__)
     return out
 
 
-def _segments() -> list[tuple[codec.AMQPConnection, bytes, list[Any], bytes]]:
+def _segments() -> list[tuple[ojs_codec.AMQPConnection, bytes, list[Any], bytes]]:
     """(protocol state before the segment, segment bytes, expected events, expected reply bytes)."""
-    proto = codec.AMQPConnection(codec.ConnectionParameters(heartbeat=0, frame_max=4096))
+    proto = ojs_codec.AMQPConnection(ojs_codec.ConnectionParameters(heartbeat=0, frame_max=4096))
     out = []
     for step in TRACE["steps"]:
         if "client" in step:
@@ -100,7 +100,7 @@ def test_trace_split_at_every_offset(index: int) -> None:
 def test_trace_byte_by_byte() -> None:
     for before, data, expected_events, expected_out in SEGMENTS:
         proto = copy.deepcopy(before)
-        events: list[codec.Event] = []
+        events: list[ojs_codec.Event] = []
         for i in range(len(data)):
             events += proto.receive_data(data[i : i + 1])
         assert _summary(events) == expected_events

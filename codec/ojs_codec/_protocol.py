@@ -4,7 +4,7 @@
 
 1. calls :meth:`~AMQPConnection.initiate` and writes :meth:`~AMQPConnection.data_to_send`;
 2. feeds every chunk it reads to :meth:`~AMQPConnection.receive_data`, which returns a
-   list of :mod:`codec._events` values and may queue automatic replies (Start-Ok,
+   list of :mod:`ojs_codec._events` values and may queue automatic replies (Start-Ok,
    Tune-Ok, Close-Ok…) for ``data_to_send()``;
 3. issues commands (:meth:`open_channel`, :meth:`send_method`, :meth:`publish`,
    :meth:`ack`…) that queue bytes for ``data_to_send()``;
@@ -12,7 +12,7 @@
 
 State machines are tables (``_CONNECTION_TRANSITIONS``, ``_CHANNEL_TRANSITIONS``): an
 input the table does not list for the current state moves the machine to ``ERROR`` and
-raises a :class:`~codec.ProtocolError` carrying the reply code to close with.
+raises a :class:`~ojs_codec.ProtocolError` carrying the reply code to close with.
 """
 
 from __future__ import annotations
@@ -360,9 +360,9 @@ class AMQPConnection:
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes read from the socket; return the events they complete.
 
-        Raises a :class:`~codec.ProtocolError` on a protocol violation (or another
-        :class:`~codec.ConnectionLevelError` it detects, such as
-        :class:`~codec.AuthenticationError`), after which the machine is in ``ERROR`` and a
+        Raises a :class:`~ojs_codec.ProtocolError` on a protocol violation (or another
+        :class:`~ojs_codec.ConnectionLevelError` it detects, such as
+        :class:`~ojs_codec.AuthenticationError`), after which the machine is in ``ERROR`` and a
         Connection.Close with the error's reply code is queued for the peer.
         """
         if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
@@ -394,7 +394,7 @@ class AMQPConnection:
         """Run heartbeat bookkeeping at time ``now`` (seconds, any monotonic clock).
 
         Queues a heartbeat frame when nothing was sent for half the interval.  Raises
-        :class:`~codec.ConnectionLevelError` (501-style "missed heartbeats") when
+        :class:`~ojs_codec.ConnectionLevelError` (501-style "missed heartbeats") when
         nothing arrived for two intervals.  Returns the time of the next tick, or
         ``None`` when heartbeats are off.
         """
@@ -477,7 +477,7 @@ class AMQPConnection:
         """Queue any method (a pamqp command) on an open channel.
 
         Returns ``True`` when a reply is expected (a synchronous method without
-        ``nowait``).  Raises :class:`~codec.UsageError` if another synchronous method is
+        ``nowait``).  Raises :class:`~ojs_codec.UsageError` if another synchronous method is
         still outstanding on the channel: AMQP allows only one at a time.
         """
         self._require(ConnectionState.OPEN, "send a method")

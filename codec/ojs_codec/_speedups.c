@@ -1,4 +1,4 @@
-/* codec._speedups: the codec's hot path in C.
+/* ojs_codec._speedups: the codec's hot path in C.
  *
  * Every public function here mirrors a pure-Python function (named in its comment) and
  * must give the same bytes, the same values and the same exceptions (type and message);
@@ -30,24 +30,24 @@
 
 /* --- the Python side, looked up at import -------------------------------------------- */
 
-static PyObject *UsageError;             /* codec._errors.UsageError */
-static PyObject *py_syntax;              /* codec._table._syntax(message) -> ProtocolSyntaxError */
-static PyObject *BasicProperties;        /* codec._properties.BasicProperties */
-static PyObject *EMPTY_PROPERTIES;       /* codec._properties.EMPTY_PROPERTIES */
-static PyObject *py_octet;               /* codec._properties._octet(value, what) */
-static PyObject *py_short_cache_get;     /* codec._properties._short_cache_get(value) */
-static PyObject *py_cached_short_string; /* codec._properties.cached_short_string(value, what) */
-static PyObject *py_encode_short_string; /* codec._properties.encode_short_string(value, what) */
-static PyObject *py_encode_value;        /* codec._table._encode_value(out, value, depth) */
-static PyObject *py_encode_table_into;   /* codec._table.encode_table_into(out, table, depth) */
-static PyObject *py_timestamp_seconds;   /* codec._table.timestamp_seconds(value) */
-static PyObject *py_decode_timestamp;    /* codec._table.decode_timestamp(seconds) */
-static PyObject *py_t_len_pack;          /* codec._table._T_LEN.pack(code, size) */
+static PyObject *UsageError;             /* ojs_codec._errors.UsageError */
+static PyObject *py_syntax;              /* ojs_codec._table._syntax(message) -> ProtocolSyntaxError */
+static PyObject *BasicProperties;        /* ojs_codec._properties.BasicProperties */
+static PyObject *EMPTY_PROPERTIES;       /* ojs_codec._properties.EMPTY_PROPERTIES */
+static PyObject *py_octet;               /* ojs_codec._properties._octet(value, what) */
+static PyObject *py_short_cache_get;     /* ojs_codec._properties._short_cache_get(value) */
+static PyObject *py_cached_short_string; /* ojs_codec._properties.cached_short_string(value, what) */
+static PyObject *py_encode_short_string; /* ojs_codec._properties.encode_short_string(value, what) */
+static PyObject *py_encode_value;        /* ojs_codec._table._encode_value(out, value, depth) */
+static PyObject *py_encode_table_into;   /* ojs_codec._table.encode_table_into(out, table, depth) */
+static PyObject *py_timestamp_seconds;   /* ojs_codec._table.timestamp_seconds(value) */
+static PyObject *py_decode_timestamp;    /* ojs_codec._table.decode_timestamp(seconds) */
+static PyObject *py_t_len_pack;          /* ojs_codec._table._T_LEN.pack(code, size) */
 static PyObject *Mapping;                /* collections.abc.Mapping */
 static PyObject *Decimal;                /* decimal.Decimal */
-static PyObject *dec_context;            /* codec._table._DEC_CONTEXT */
+static PyObject *dec_context;            /* ojs_codec._table._DEC_CONTEXT */
 static PyObject *str_scaleb;             /* "scaleb" */
-static long MAX_DEPTH;                   /* codec._table.MAX_DEPTH */
+static long MAX_DEPTH;                   /* ojs_codec._table.MAX_DEPTH */
 
 /* BasicProperties: its 14 fields in wire (flag) order; field i has flag 0x8000 >> i. */
 #define N_FIELDS 14
@@ -71,23 +71,23 @@ static PyObject *kwnames_by_flags[1 << N_FIELDS];
 typedef struct {
     const char *module;
     const char *name;
-    PyObject *func; /* looked up on first use: codec._fast imports this module */
+    PyObject *func; /* looked up on first use: ojs_codec._fast imports this module */
 } Pure;
 
-static Pure PURE_ENCODE_PUBLISH = {"codec._fast", "encode_publish", NULL};
-static Pure PURE_DECODE_DELIVER = {"codec._fast", "decode_deliver", NULL};
-static Pure PURE_DECODE_RETURN = {"codec._fast", "decode_return", NULL};
-static Pure PURE_DECODE_GET_OK = {"codec._fast", "decode_get_ok", NULL};
-static Pure PURE_DECODE_ACK = {"codec._fast", "decode_ack", NULL};
-static Pure PURE_DECODE_NACK = {"codec._fast", "decode_nack", NULL};
-static Pure PURE_DECODE_REJECT = {"codec._fast", "decode_reject", NULL};
-static Pure PURE_DECODE_CONTENT_HEADER = {"codec._fast", "decode_content_header", NULL};
-static Pure PURE_ENCODE_PROPERTIES = {"codec._properties", "encode_properties", NULL};
-static Pure PURE_DECODE_PROPERTIES = {"codec._properties", "decode_properties", NULL};
-static Pure PURE_ENCODE_TABLE = {"codec._table", "encode_table", NULL};
-static Pure PURE_ENCODE_ARRAY = {"codec._table", "encode_array", NULL};
-static Pure PURE_DECODE_TABLE = {"codec._table", "decode_table", NULL};
-static Pure PURE_DECODE_ARRAY = {"codec._table", "decode_array", NULL};
+static Pure PURE_ENCODE_PUBLISH = {"ojs_codec._fast", "encode_publish", NULL};
+static Pure PURE_DECODE_DELIVER = {"ojs_codec._fast", "decode_deliver", NULL};
+static Pure PURE_DECODE_RETURN = {"ojs_codec._fast", "decode_return", NULL};
+static Pure PURE_DECODE_GET_OK = {"ojs_codec._fast", "decode_get_ok", NULL};
+static Pure PURE_DECODE_ACK = {"ojs_codec._fast", "decode_ack", NULL};
+static Pure PURE_DECODE_NACK = {"ojs_codec._fast", "decode_nack", NULL};
+static Pure PURE_DECODE_REJECT = {"ojs_codec._fast", "decode_reject", NULL};
+static Pure PURE_DECODE_CONTENT_HEADER = {"ojs_codec._fast", "decode_content_header", NULL};
+static Pure PURE_ENCODE_PROPERTIES = {"ojs_codec._properties", "encode_properties", NULL};
+static Pure PURE_DECODE_PROPERTIES = {"ojs_codec._properties", "decode_properties", NULL};
+static Pure PURE_ENCODE_TABLE = {"ojs_codec._table", "encode_table", NULL};
+static Pure PURE_ENCODE_ARRAY = {"ojs_codec._table", "encode_array", NULL};
+static Pure PURE_DECODE_TABLE = {"ojs_codec._table", "decode_table", NULL};
+static Pure PURE_DECODE_ARRAY = {"ojs_codec._table", "decode_array", NULL};
 
 /* Hand the call to the pure-Python function. */
 static PyObject *
@@ -2255,8 +2255,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    "codec._speedups",
-    "C versions of the codec's hot path; see codec/_accel.py.  Each function gives exactly\n"
+    "ojs_codec._speedups",
+    "C versions of the codec's hot path; see codec/ojs_codec/_accel.py.  Each function gives exactly\n"
     "the bytes, values and exceptions of its pure-Python counterpart.",
     -1,
     methods,
@@ -2307,7 +2307,7 @@ load_fields(void)
     goto done;
 mismatch:
     if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ImportError, "codec._speedups does not match codec._properties.BasicProperties");
+        PyErr_SetString(PyExc_ImportError, "ojs_codec._speedups does not match ojs_codec._properties.BasicProperties");
     }
 done:
     Py_DECREF(fields);
@@ -2323,9 +2323,9 @@ PyInit__speedups(void)
     }
     PyObject *errors = NULL, *table = NULL, *properties = NULL, *abc = NULL, *decimal = NULL;
     PyObject *t_len = NULL, *depth = NULL, *module = NULL;
-    if ((errors = PyImport_ImportModule("codec._errors")) == NULL ||
-        (table = PyImport_ImportModule("codec._table")) == NULL ||
-        (properties = PyImport_ImportModule("codec._properties")) == NULL ||
+    if ((errors = PyImport_ImportModule("ojs_codec._errors")) == NULL ||
+        (table = PyImport_ImportModule("ojs_codec._table")) == NULL ||
+        (properties = PyImport_ImportModule("ojs_codec._properties")) == NULL ||
         (abc = PyImport_ImportModule("collections.abc")) == NULL ||
         (decimal = PyImport_ImportModule("decimal")) == NULL) {
         goto done;

@@ -1,4 +1,4 @@
-"""Whether the optional C extension :mod:`codec._speedups` is in use.
+"""Whether the optional C extension :mod:`ojs_codec._speedups` is in use.
 
 It is used when it was built (``setup.py`` builds it when a C compiler is available)
 and the environment variable ``OJS_CODEC_PURE`` is not ``1``.  Otherwise the

@@ -1,4 +1,4 @@
-"""Events: what :meth:`codec.AMQPConnection.receive_data` returns.
+"""Events: what :meth:`ojs_codec.AMQPConnection.receive_data` returns.
 
 Events are small, slotted, keyword-only values.  Most are frozen dataclasses; the
 three content-carrying events (:class:`Delivery`, :class:`GetOk`, :class:`Returned`)

@@ -7,7 +7,7 @@ takes bytes of any split and yields ``(frame_type, channel, payload)`` tuples; t
 The slow path for methods (:func:`encode_method_frame`, :func:`decode_method`) works
 for every method pamqp knows: it takes pamqp's generated command classes for the
 field list, and encodes and decodes the fields with this package's strict codec
-(field tables as in :mod:`codec._table`).  For values pamqp can encode the bytes are
+(field tables as in :mod:`ojs_codec._table`).  For values pamqp can encode the bytes are
 pamqp's.  Differences: ``longlong`` fields (delivery tags) are unsigned, as the spec
 says (pamqp packs them signed); a ``None`` string field is sent as ``""``; long-string
 fields also take ``bytes``; and decoding rejects truncated fields, non-UTF-8 short
@@ -110,7 +110,7 @@ class FrameReader:
 
     def __init__(self, frame_max: int = FRAME_MAX_DEFAULT) -> None:
         # the loop of frames() that slices whole frames out of new data: C when
-        # codec._speedups is loaded (codec/_accel.py)
+        # ojs_codec._speedups is loaded (codec/ojs_codec/_accel.py)
         self._split = _split_frames
         self._buf = bytearray()
         self._pos = 0
@@ -253,7 +253,7 @@ def _split_frames_py(result: list[Frame], data: bytes, max_payload: int) -> int:
 
     Stops at an incomplete frame or at anything wrong (too large, unknown type, bad end
     octet, bad heartbeat), which :meth:`FrameReader.next_frame` then handles.
-    ``codec._speedups.split_frames`` is the same loop in C.
+    ``ojs_codec._speedups.split_frames`` is the same loop in C.
     """
     pos = 0
     total = len(data)

@@ -21,8 +21,8 @@ from ._table import *  # noqa: F403
 from ._table import __all__ as _table_all
 
 # isort: split
-# The C versions of the hot path when codec._speedups is loaded (they replace the
-# pure-Python names imported above); see codec/_accel.py.
+# The C versions of the hot path when ojs_codec._speedups is loaded (they replace the
+# pure-Python names imported above); see codec/ojs_codec/_accel.py.
 from ._accel import SPEEDUPS
 from ._hot import *  # noqa: F403
 

@@ -5,7 +5,7 @@ the present fields in flag order.  :func:`encode_properties` produces exactly th
 bytes of pamqp 4.0.1's ``commands.Basic.Properties.marshal()``, including its rule
 that a property is *absent* when it is ``None`` **or the empty string** (so ``""``
 decodes back as ``None``), while an empty ``headers`` table is present and decodes as
-``{}``.  Header tables follow :mod:`codec._table` (its documented quirks apply).
+``{}``.  Header tables follow :mod:`ojs_codec._table` (its documented quirks apply).
 
 Other differences from pamqp:
 

@@ -1,4 +1,4 @@
-"""Type stub of the optional C extension (codec/_speedups.c).  Each function has the
+"""Type stub of the optional C extension (codec/ojs_codec/_speedups.c).  Each function has the
 signature of its pure-Python counterpart, which it replaces when loaded."""
 
 from collections.abc import Mapping, Sequence

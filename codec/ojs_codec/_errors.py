@@ -52,7 +52,7 @@ __all__ = [
 
 
 class AMQPError(Exception):
-    """Base class of every error raised by ``codec`` and ``ojs_anyio``."""
+    """Base class of every error raised by ``ojs_codec`` and ``ojs_anyio``."""
 
 
 class UsageError(AMQPError):

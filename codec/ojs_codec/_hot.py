@@ -1,5 +1,5 @@
-"""The hot-path functions in use: those of the C extension :mod:`codec._speedups` when
-it is loaded (:data:`codec.SPEEDUPS`), else the pure-Python ones.  Both give the same
+"""The hot-path functions in use: those of the C extension :mod:`ojs_codec._speedups` when
+it is loaded (:data:`ojs_codec.SPEEDUPS`), else the pure-Python ones.  Both give the same
 bytes, values and exceptions; ``tests/codec`` checks that.
 """
 
