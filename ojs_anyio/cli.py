@@ -4,11 +4,16 @@
 
     ojs-anyio worker myapp.jobs:worker --url amqp://guest:guest@localhost/ --backend trio
     ojs-anyio demo
+    ojs-anyio prune-dead-letters email billing --max-age-days 180 --max-jobs 10000
 
 ``worker`` imports ``module:attribute`` (an :class:`ojs_anyio.Worker`) and runs it until
 SIGTERM or SIGINT, which stop it gracefully: no new jobs are taken, running jobs get the
 worker's grace period to finish, and jobs still running after that are cancelled and left
 unacked for the broker to redeliver.  A second signal cancels at once.
+
+``prune-dead-letters`` enforces dead-letter retention on ``ojs.queue.dlx.{q}`` of each queue
+named (the queues carry no broker-side limits): jobs that died longer ago than
+``--max-age-days`` go first, then the oldest beyond ``--max-jobs``.  Run it from cron.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import importlib
 import logging
 import signal
 import sys
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -64,6 +70,15 @@ async def run_worker(worker: Worker, url: str | None, prefix: str) -> None:
         tg.cancel_scope.cancel()
 
 
+async def prune_dead_letters(
+    url: str | None, prefix: str, queues: list[str], max_age_days: float, max_jobs: int
+) -> None:
+    async with connect(url, prefix=prefix) as client:
+        for queue in queues:
+            dropped = await client.dead_letters(queue).prune(timedelta(days=max_age_days), max_jobs=max_jobs)
+            print(f"{client.names.dlx_queue(queue)}: {dropped} dropped")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ojs-anyio", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -77,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     w.add_argument("--prefix", default="", help="tenant prefix for every entity name, e.g. 'tenant1.'")
     w.add_argument("--log-level", default="INFO")
+    p = sub.add_parser("prune-dead-letters", help="enforce dead-letter retention (age, count)")
+    p.add_argument("queues", nargs="+", help="OJS queue names whose dead-letter queues to prune")
+    p.add_argument("--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL)")
+    p.add_argument("--prefix", default="")
+    p.add_argument("--max-age-days", type=float, default=180.0)
+    p.add_argument("--max-jobs", type=int, default=10_000)
     d = sub.add_parser("demo", help="push and process a few hundred demo jobs")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -84,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import main as demo_main
 
         return demo_main(args.rest)
+    if args.command == "prune-dead-letters":
+        anyio.run(prune_dead_letters, args.url, args.prefix, args.queues, args.max_age_days, args.max_jobs)
+        return 0
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

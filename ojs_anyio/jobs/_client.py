@@ -13,7 +13,7 @@ import math
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,6 +38,8 @@ from ._exceptions import (
 from ._retry import DEFAULT_RETRY_POLICY, RetryPolicy, merge, resolve_retry
 from ._topology import (
     DELAY_LEVELS,
+    DLQ_MAX_AGE_MS,
+    DLQ_MAX_LENGTH,
     MAX_DELAY_MS,
     Binding,
     Names,
@@ -63,6 +65,7 @@ from ._topology import (
 from ._wire import (
     H_ATTEMPT,
     H_DEAD_LETTER,
+    H_DEAD_LETTERED_AT,
     H_ENQUEUED_AT,
     H_ERROR_CODE,
     H_ERROR_MESSAGE,
@@ -90,7 +93,6 @@ log = logging.getLogger("ojs_anyio.jobs")
 CONTROL_CANCEL = "ojs.control.cancel"
 CONTROL_HEARTBEAT = "ojs.control.heartbeat"
 CONTROL_INFO = "ojs.control.info"
-_DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 _json = msgspec.json.Encoder()
 _json_decode = msgspec.json.Decoder()
 
@@ -166,6 +168,9 @@ class Client:
         self._delay_declared = False
         self._declare_lock = anyio.Lock()
         self._channel_lock = anyio.Lock()
+        self._info_lock = anyio.Lock()
+        #: INFO's reply queue: (its channel, the queue, its consumer, what closes them).
+        self._reply: tuple[amqp.Channel, amqp.QueueInfo, amqp.Consumer, AsyncExitStack] | None = None
 
     # ------------------------------------------------------------ plumbing
 
@@ -182,6 +187,7 @@ class Client:
             return self._channel
 
     async def aclose(self) -> None:
+        await self._close_reply_queue()
         ch, self._channel = self._channel, None
         if ch is not None:
             await ch.aclose()
@@ -239,6 +245,22 @@ class Client:
             await ch.exchange_bind(binding.destination, binding.source, binding.routing_key)
         else:
             await ch.queue_bind(binding.destination, binding.source, binding.routing_key)
+
+    async def declare_eagerly(self, queues: Iterable[str]) -> None:
+        """Eager declaration (001 §7.3): everything a queue needs, before the first job.
+
+        The direct, dead-letter and retry exchanges; for each queue its job queue, dead-letter
+        queue and control queue with their bindings; and, with the default scheduler, the
+        binary delay levels and each queue's landing queue.  Retry delay queues are declared
+        on a job's first retry (each needs its delay).  Idempotent.
+        """
+        ch = await self.channel()
+        await self._declare_base(ch)
+        for queue in queues:
+            await self.declare_queue(queue)
+            await self.declare_control_queue(queue)
+            if self.scheduler == "levels":
+                await self._declare_landing(queue)
 
     async def declare_retry_queue(self, queue: str, delay_ms: int) -> None:
         """Declare ``ojs.queue.retry.{q}.{delay_ms}`` exactly as 001 §8.2, bound to the retry exchange."""
@@ -563,15 +585,17 @@ class Client:
     async def info(self, job_id: str, *, queue: str = "default", timeout: float = 5.0) -> JobInfo:
         """INFO over RPC (001 §5.8): the state of ``job_id`` from the worker that knows it.
 
-        Uses RabbitMQ's direct reply-to and a unique ``correlation_id``.  No answer within
+        The request goes to the control queue with ``reply_to`` = this client's exclusive,
+        auto-delete reply queue (declared on first use, then reused) and a unique
+        ``correlation_id``; replies with another id (late answers to earlier requests) are
+        skipped.  Requests from one client are answered one at a time.  No answer within
         ``timeout`` gives ``JobInfo(state="unknown")``, not an exception.
         """
         await self.declare_control_queue(queue)
         correlation_id = uuid.uuid4().hex
-        async with (
-            self.conn.channel(confirms=False) as ch,
-            ch.consume(_DIRECT_REPLY_TO, no_ack=True, max_buffer=64) as replies,
-        ):
+        async with self._info_lock:
+            reply_queue, replies = await self._reply_queue()
+            ch = await self.channel()
             await ch.publish(
                 _json.encode({"job_id": job_id}),
                 exchange=self.names.direct_exchange,
@@ -579,30 +603,58 @@ class Client:
                 properties=amqp.BasicProperties(
                     type=CONTROL_INFO,
                     content_type="application/json",
-                    reply_to=_DIRECT_REPLY_TO,
+                    reply_to=reply_queue.name,
                     correlation_id=correlation_id,
                     app_id="ojs",
                 ),
+                mandatory=True,
             )
             with anyio.move_on_after(timeout):
-                async for reply in replies:
-                    if reply.properties.correlation_id != correlation_id:
-                        continue
-                    try:
-                        data = _json_decode.decode(reply.body)
-                    except msgspec.DecodeError:
-                        log.warning("malformed INFO reply for job %s: %r", job_id, reply.body[:200])
-                        continue
-                    if isinstance(data, dict) and data.get("job_id") == job_id:
-                        return JobInfo(
-                            job_id=job_id,
-                            state=str(data.get("state", "unknown")),
-                            attempt=data.get("attempt"),
-                            worker_id=data.get("worker_id"),
-                            started_at=data.get("started_at"),
-                            finished_at=data.get("finished_at"),
-                        )
+                try:
+                    async for reply in replies:
+                        if reply.properties.correlation_id != correlation_id:
+                            continue
+                        try:
+                            data = _json_decode.decode(reply.body)
+                        except msgspec.DecodeError:
+                            log.warning("malformed INFO reply for job %s: %r", job_id, reply.body[:200])
+                            continue
+                        if isinstance(data, dict) and data.get("job_id") == job_id:
+                            return JobInfo(
+                                job_id=job_id,
+                                state=str(data.get("state", "unknown")),
+                                attempt=data.get("attempt"),
+                                worker_id=data.get("worker_id"),
+                                started_at=data.get("started_at"),
+                                finished_at=data.get("finished_at"),
+                            )
+                except amqp.AMQPError:
+                    await self._close_reply_queue()  # declared afresh by the next request
+                    raise
         return JobInfo(job_id=job_id, state="unknown")
+
+    async def _reply_queue(self) -> tuple[amqp.QueueInfo, amqp.Consumer]:
+        """This client's INFO reply queue (exclusive, auto-delete) and its consumer."""
+        if self._reply is not None and not self._reply[0]._closed:
+            return self._reply[1], self._reply[2]
+        await self._close_reply_queue()
+        stack = AsyncExitStack()
+        try:
+            ch = await stack.enter_async_context(self.conn.channel(confirms=False))
+            info = await ch.queue_declare("", exclusive=True, auto_delete=True)
+            replies = await stack.enter_async_context(ch.consume(info.name, no_ack=True, max_buffer=256))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        self._reply = (ch, info, replies, stack)
+        return info, replies
+
+    async def _close_reply_queue(self) -> None:
+        reply, self._reply = self._reply, None
+        if reply is not None:
+            with anyio.CancelScope(shield=True):
+                await reply[3].aclose()
 
     # -------------------------------------------------------------- misc
 
@@ -703,11 +755,11 @@ class DeadLetters:
                     {H_ATTEMPT: Int32(1), H_ENQUEUED_AT: format_timestamp(datetime.now(UTC))},
                     drop=(
                         H_DEAD_LETTER, H_ERROR_CODE, H_ERROR_MESSAGE, H_SCHEDULED_AT,
-                        H_ORIGINAL_PRIORITY, "x-ojs-dead-lettered-at",
+                        H_ORIGINAL_PRIORITY, H_DEAD_LETTERED_AT,
                     ),
                     base=strip_dead_letter_headers(msg.properties.headers),
                 )  # fmt: skip
-                # The worker's dead-letter copy ran at priority 9; give the job its own back.
+                # Copies dead-lettered by earlier versions ran at priority 9: restore theirs.
                 original = (msg.properties.headers or {}).get(H_ORIGINAL_PRIORITY)
                 if isinstance(original, int) and not isinstance(original, bool) and 0 <= original <= 255:
                     props = msgspec.structs.replace(props, priority=original)
@@ -731,33 +783,61 @@ class DeadLetters:
         ch = await self.client.channel()
         return await ch.queue_purge(self.name)
 
-    async def prune(self, older_than: timedelta = timedelta(days=180), *, limit: int = 100_000) -> int:
-        """Drop dead jobs that died more than ``older_than`` ago (DECISIONS 3's age bound).
+    async def prune(
+        self,
+        older_than: timedelta | None = timedelta(milliseconds=DLQ_MAX_AGE_MS),
+        *,
+        max_jobs: int | None = DLQ_MAX_LENGTH,
+        limit: int = 100_000,
+    ) -> int:
+        """Enforce dead-letter retention: drop jobs that died more than ``older_than`` ago,
+        then the oldest beyond ``max_jobs``.  Defaults: the OJS 180 days and 10,000 jobs.
 
-        RabbitMQ caps ``x-message-ttl`` at 2**32-1 ms (49.7 days), so the OJS default of
-        180 days can't be a queue TTL; run this periodically instead.  The queue is FIFO,
-        so it stops at the first job young enough to keep (returned to the head).
+        The dead-letter queue is declared without arguments, as the spec declares it, so
+        the broker bounds nothing: run this periodically (``ojs-anyio prune-dead-letters``
+        or a task of your own).  The queue is FIFO by death, so it stops at the first job
+        young enough to keep while the count is within bounds; at most ``limit`` are
+        dropped per call.  A job's death time is RabbitMQ's ``x-death`` time, or
+        ``x-ojs-dead-lettered-at`` (annotated mode), or its ``timestamp``.  Returns how
+        many were dropped.
         """
-        cutoff = datetime.now(UTC) - older_than
+        cutoff = None if older_than is None else datetime.now(UTC) - older_than
         dropped = 0
         async with self.client.conn.channel(confirms=False) as ch:
+            excess = 0
+            if max_jobs is not None:
+                info = await ch.queue_declare(self.name, passive=True)
+                excess = max(0, info.message_count - max_jobs)
             while dropped < limit:
                 msg = await ch.get(self.name)
                 if msg is None:
                     break
-                died = (msg.properties.headers or {}).get("x-ojs-dead-lettered-at")
-                try:
-                    when = parse_timestamp(died) if isinstance(died, str) else None
-                except ValueError:
-                    when = None
-                if when is None and msg.properties.timestamp is not None:
-                    when = msg.properties.timestamp
-                if when is None or when >= cutoff:
-                    await msg.reject(requeue=True)
-                    break
+                if dropped >= excess:
+                    when = _died_at(msg)
+                    if cutoff is None or when is None or when >= cutoff:
+                        await msg.reject(requeue=True)
+                        break
                 await msg.ack()
                 dropped += 1
         return dropped
+
+
+def _died_at(msg: amqp.IncomingMessage) -> datetime | None:
+    headers = msg.properties.headers or {}
+    deaths = headers.get("x-death")
+    if isinstance(deaths, list):
+        for death in deaths:
+            if isinstance(death, dict) and death.get("reason") in ("rejected", "maxlen", "expired"):
+                when = death.get("time")
+                if isinstance(when, datetime):
+                    return when
+    died = headers.get(H_DEAD_LETTERED_AT)
+    if isinstance(died, str):
+        try:
+            return parse_timestamp(died)
+        except ValueError:
+            pass
+    return msg.properties.timestamp
 
 
 def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
@@ -785,6 +865,7 @@ async def connect(
     retry: RetryPolicy | None = None,
     recovery: amqp.RecoveryPolicy | None = None,
     scheduler: str = "levels",
+    queues: Iterable[str] = ("default",),
     **amqp_options: Any,
 ) -> AsyncIterator[Client]:
     """``async with ojs_anyio.connect("amqp://guest:guest@localhost/") as client:``
@@ -798,6 +879,10 @@ async def connect(
     delayed-message-exchange plugin; :class:`SchedulerUnavailableError` here if the broker
     lacks it) or ``"auto"`` (the plugin when the broker has it, else the levels).  The two
     last ones ask the broker on a separate short-lived connection while connecting.
+
+    ``declare="eager"`` declares, before this returns, the exchanges and every entity of
+    each queue in ``queues`` (see :meth:`Client.declare_eagerly`); ``"lazy"`` (default)
+    declares each queue's entities on first use.  Both are idempotent.
     """
     url = url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
     policy = recovery if recovery is not None else amqp.RecoveryPolicy()
@@ -814,6 +899,8 @@ async def connect(
         try:
             if scheduler != "levels":
                 await client.resolve_scheduler()
+            if declare == "eager":
+                await client.declare_eagerly(queues)
             yield client
         finally:
             with anyio.CancelScope(shield=True):

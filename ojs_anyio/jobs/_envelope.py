@@ -27,7 +27,7 @@ Errors
 Beyond the schemas we also check: timestamps are real calendar instants; durations are
 usable (see :func:`parse_duration_ms`); the effective retry policy has
 ``max_interval >= initial_interval`` after merging with the defaults (OJS retry §11.1);
-``priority`` is within the OJS range -100..100 (DECISIONS 9).
+``priority`` may be any integer, as the schema allows (the AMQP mapping clamps it to 0..9).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
     queue: QueueName
     args: list[Any]
     meta: dict[str, Any] | UnsetType = UNSET
-    priority: Annotated[int, Meta(ge=-100, le=100)] | UnsetType = UNSET
+    priority: int | UnsetType = UNSET
     timeout: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
     scheduled_at: Timestamp | UnsetType = UNSET
     expires_at: Timestamp | UnsetType = UNSET
@@ -485,7 +485,7 @@ def new_job(
         and unique is None
         and schema is None
         and not extensions
-        and (priority is None or (priority.__class__ is int and -100 <= priority <= 100))
+        and (priority is None or priority.__class__ is int)
         and (timeout is None or (timeout.__class__ is int and timeout >= 0))
         and (meta is None or (meta.__class__ is dict and all(key.__class__ is str for key in meta)))
         and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)

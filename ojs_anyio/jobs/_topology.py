@@ -14,11 +14,13 @@ Queue arguments
     Job queues get exactly ``x-dead-letter-exchange``, ``x-dead-letter-routing-key`` and
     ``x-max-priority: 10`` by default (DECISIONS 12, 001 §15.1); length limits, overflow,
     TTL and the queue type are opt-in through :class:`QueueOptions`.  Retry queues get
-    exactly the three arguments of 001 §8.2 (DECISIONS 4).  Dead-letter queues get the
-    retention bound of DECISIONS 3 (see :func:`dlx_queue_arguments`).
+    exactly the three arguments of 001 §8.2 (DECISIONS 4).  Dead-letter and control queues
+    are plain durable queues with no arguments (DECISIONS 13), so another OJS
+    implementation can declare them first or second without a 406; their limits are
+    opt-in too.  Dead-letter retention is enforced by ``DeadLetters.prune``.
 
 Priority (DECISIONS 9)
-    :func:`priority_to_amqp` maps OJS -100..100 onto AMQP 0..9.
+    :func:`priority_to_amqp` keeps 0..9 and clamps anything else into it.
 
 Scheduled jobs without the plugin: binary delay levels (DECISIONS 5)
     A TTL queue delays correctly only if all its messages have the same TTL (001 §8.2), so
@@ -73,7 +75,6 @@ Scheduled jobs without the plugin: binary delay levels (DECISIONS 5)
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any, Final, Literal, NamedTuple
 
@@ -122,10 +123,12 @@ MAX_TTL_MS: Final = 2**32 - 1
 DELAY_LEVELS: Final = 32
 #: Longest delay the levels express: all 32 bits set, 2**32 - 1 ms (49.7 days).
 MAX_DELAY_MS: Final = 2**DELAY_LEVELS - 1
-#: Dead-letter retention defaults (OJS dead-letter §5.2, DECISIONS 3): 180 days, 10,000 jobs.
+#: Dead-letter retention defaults (OJS dead-letter §5.2): 180 days, 10,000 jobs.  Enforced by
+#: ``DeadLetters.prune``, not by queue arguments (the spec declares the DLQ without any).
 DLQ_MAX_AGE_MS: Final = 180 * 86_400_000
 DLQ_MAX_LENGTH: Final = 10_000
-#: Bounds of the durable control queue, which no worker drains (DECISIONS 6): 1 h, 10,000.
+#: Suggested bounds for the durable control queue when an operator opts into limits
+#: (``control_queue_arguments(message_ttl_ms=..., max_length=...)``): 1 h, 10,000.
 CONTROL_MESSAGE_TTL_MS: Final = 3_600_000
 CONTROL_MAX_LENGTH: Final = 10_000
 #: First segments an OJS queue name may not have (they would collide with other entities).
@@ -143,6 +146,12 @@ DEAD_LETTER_HEADERS: Final = frozenset(
     }
 )
 
+_RESERVED_OWNER: Final = {
+    "dlx": "the dead-letter queue of queue {q!r}",
+    "retry": "a retry delay queue of another queue (ojs.queue.retry.{{queue}}.{{delay_ms}})",
+    "control": "the control queue of queue {q!r}",
+    "delay": "one of the scheduling delay queues (ojs.queue.delay.*)",
+}
 _QUEUE_RE: Final = re.compile(r"[a-z0-9][a-z0-9\-.]*")
 _MAX_NAME_BYTES: Final = 255  # AMQP shortstr
 
@@ -150,10 +159,14 @@ _MAX_NAME_BYTES: Final = 255  # AMQP shortstr
 def _check_queue(queue: str) -> str:
     if not isinstance(queue, str) or _QUEUE_RE.fullmatch(queue) is None or len(queue) > 128:
         raise TopologyError(f"{queue!r} is not an OJS queue name ([a-z0-9][a-z0-9.-]*, at most 128 chars)")
-    if queue.split(".", 1)[0] in RESERVED_QUEUE_SEGMENTS and "." in queue:
+    head, dot, rest = queue.partition(".")
+    if dot and head in RESERVED_QUEUE_SEGMENTS:
+        owner = _RESERVED_OWNER.get(head, "one of the binding's or this library's own entities")
+        words = ", ".join(s + "." for s in sorted(RESERVED_QUEUE_SEGMENTS))
         raise TopologyError(
-            f"queue {queue!r} starts with a reserved segment ({', '.join(sorted(RESERVED_QUEUE_SEGMENTS))}): "
-            f"its AMQP entities would collide with another queue's (e.g. 'dlx.email' vs the DLQ of 'email')"
+            f"queue name {queue!r} is refused: its AMQP queue 'ojs.queue.{queue}' would be "
+            f"{owner.format(q=rest)}. OJS queue names may not begin with {words} "
+            "(a narrowing of the OJS schema, which allows them); pick another name"
         )
     return queue
 
@@ -201,6 +214,15 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def retry_exchange(self) -> str:
         return self._name("ojs.exchange.retry")
+
+    @property
+    def control_exchange(self) -> str:
+        """This library's own broadcast exchange for control messages (direct; key = OJS queue).
+
+        Workers consume ``ojs.queue.control.{q}`` competitively and relay each message here;
+        every worker's exclusive queue is bound with key ``q``, so all of them see it.
+        Nothing binds the durable control queue here, so a relayed copy never loops back."""
+        return self._name("ojs.exchange.control")
 
     @property
     def delayed_exchange(self) -> str:
@@ -305,7 +327,11 @@ class QueueOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Options of a job queue and its dead-letter queue; ``None`` means "not set".
 
     ``max_priority`` defaults to 10 (001 §15.1); quorum queues need ``max_priority=None``.
-    ``dlq_max_age_ms`` and ``dlq_max_length`` bound the dead-letter queue (DECISIONS 3).
+    ``dlq_max_age_ms`` and ``dlq_max_length`` are opt-in broker-side bounds on the
+    dead-letter queue (``x-message-ttl``, ``x-max-length``); by default the DLQ is declared
+    exactly as the spec declares it, with no arguments, and retention is the job of
+    ``DeadLetters.prune``.  Setting them makes the DLQ incompatible with another OJS
+    implementation that declares it plainly.
     """
 
     max_length: int | None = None
@@ -314,8 +340,8 @@ class QueueOptions(msgspec.Struct, frozen=True, kw_only=True):
     message_ttl_ms: int | None = None
     queue_type: Literal["classic", "quorum"] | None = None
     max_priority: int | None = 10
-    dlq_max_age_ms: int | None = DLQ_MAX_AGE_MS
-    dlq_max_length: int | None = DLQ_MAX_LENGTH
+    dlq_max_age_ms: int | None = None
+    dlq_max_length: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_length", "max_length_bytes", "message_ttl_ms", "dlq_max_age_ms", "dlq_max_length"):
@@ -378,16 +404,14 @@ def job_queue_binding(names: Names, queue: str) -> Binding:
 
 
 def dlx_queue_arguments(names: Names, queue: str, options: QueueOptions | None = None) -> dict[str, Any]:
-    """Arguments of ``ojs.queue.dlx.{q}``: the retention bound of DECISIONS 3.
+    """Arguments of ``ojs.queue.dlx.{q}``: none by default (durable, as 001 §4.2 declares it).
 
-    ``x-max-length`` = ``dlq_max_length`` (default 10,000); the default overflow,
-    drop-head, prunes the oldest first (OJS dead-letter §5.1).  ``x-message-ttl`` =
-    ``dlq_max_age_ms``, but only when it fits RabbitMQ's TTL limit (:data:`MAX_TTL_MS`,
-    49.7 days): the OJS default of 180 days does not, so by default the age bound is left
-    to an application-side pruner and only the count bound is enforced by the broker.
-    Omitting the TTL keeps jobs longer than asked rather than dropping them early.
-    ``x-queue-type`` follows the job queue's, when set (dead letters deserve the same
-    durability).
+    Opt-in only: ``x-max-length`` = ``dlq_max_length`` (the default overflow, drop-head,
+    drops the oldest first) and ``x-message-ttl`` = ``dlq_max_age_ms`` when it fits
+    RabbitMQ's TTL limit (:data:`MAX_TTL_MS`, 49.7 days).  ``x-queue-type`` follows the
+    job queue's when the user opted into one (dead letters deserve the same durability).
+    The OJS retention defaults (180 days, 10,000 jobs) are enforced by
+    ``DeadLetters.prune``.
     """
     options = QueueOptions() if options is None else options
     _check_queue(queue)
@@ -421,14 +445,14 @@ def retry_queue_binding(names: Names, queue: str, delay_ms: int) -> Binding:
 
 
 def control_queue_arguments(
-    *, message_ttl_ms: int | None = CONTROL_MESSAGE_TTL_MS, max_length: int | None = CONTROL_MAX_LENGTH
+    *, message_ttl_ms: int | None = None, max_length: int | None = None
 ) -> dict[str, Any]:
-    """Arguments of the durable ``ojs.queue.control.{q}``.
+    """Arguments of the durable ``ojs.queue.control.{q}``: none by default, as 001 gives none.
 
-    001 gives none.  Workers read control messages from their own exclusive queues
-    (DECISIONS 6), so nothing need drain the durable one; without a bound it would keep
-    every BEAT forever.  Defaults: messages expire after an hour, at most 10,000 kept
-    (oldest dropped).  Pass ``None`` to leave a bound out.
+    Running workers drain it (they consume it competitively and relay each message to
+    every worker of the queue), so it only fills while no worker runs.  Bounds are
+    opt-in (:data:`CONTROL_MESSAGE_TTL_MS`, :data:`CONTROL_MAX_LENGTH` are suggestions)
+    and make the queue incompatible with an implementation that declares it plainly.
     """
     args: dict[str, Any] = {}
     if message_ttl_ms is not None:
@@ -441,7 +465,7 @@ def control_queue_arguments(
 
 
 def control_queue_binding(names: Names, queue: str) -> Binding:
-    """The durable control queue's binding; per-worker queues bind the same key (DECISIONS 6)."""
+    """The durable control queue on the direct exchange, key = its own name (001 §5.6)."""
     return Binding(names.control_queue(queue), names.direct_exchange, names.control_routing_key(queue))
 
 
@@ -452,41 +476,19 @@ def delayed_queue_binding(names: Names, queue: str) -> Binding:
 
 # Priority ------------------------------------------------------------------------------
 
-# Upper bounds (inclusive) of the OJS priorities mapped to AMQP 0, 1, ... 9.
-_PRIORITY_BOUNDS: Final = (-50, -20, -10, -1, 0, 9, 19, 49, 99, 100)
-
 
 def priority_to_amqp(ojs_priority: int) -> int:
-    """Map an OJS priority (-100..100, higher runs first) onto AMQP priority 0..9.
+    """The AMQP priority of an OJS priority: 0..9 kept as is, anything else clamped into it.
 
-    Monotone (a higher OJS priority never gets a lower AMQP priority), finest near 0 where
-    the named levels are, and giving LOW (-10), NORMAL (0) and HIGH (10) distinct values:
-
-    ====  ===========  ==========
-    AMQP  OJS          note
-    ====  ===========  ==========
-    0     -100 .. -50
-    1     -49 .. -20
-    2     -19 .. -10   LOW = -10
-    3     -9 .. -1
-    4     0            NORMAL, the default
-    5     1 .. 9
-    6     10 .. 19     HIGH = 10
-    7     20 .. 49
-    8     50 .. 99
-    9     100
-    ====  ===========  ==========
-
-    RabbitMQ treats a message without a priority property as priority 0, below every
-    negative OJS priority but -50..-100, so the producer should always set the property,
-    using ``job.effective_priority()`` (0 when the job gives none).  Values outside
-    -100..100 raise ``ValueError`` (non-integers ``TypeError``).
+    001 §6.1 maps the job's priority to the AMQP ``priority`` property "(0-9), if
+    specified": a job without a priority carries no property (RabbitMQ reads that as 0, so
+    such jobs stay FIFO with other unprioritised jobs, ours or another client's).  Any
+    integer is accepted; values above 9 become 9 and below 0 become 0.  Non-integers
+    raise ``TypeError``.
     """
     if isinstance(ojs_priority, bool) or not isinstance(ojs_priority, int):
         raise TypeError(f"OJS priority must be an int, got {ojs_priority!r}")
-    if not -100 <= ojs_priority <= 100:
-        raise ValueError(f"OJS priority {ojs_priority} is outside -100..100")
-    return bisect_left(_PRIORITY_BOUNDS, ojs_priority)
+    return 0 if ojs_priority < 0 else 9 if ojs_priority > 9 else ojs_priority
 
 
 # Binary delay levels ---------------------------------------------------------------------

@@ -3,11 +3,15 @@
 Properties: ``message_id`` = id, ``type`` = job type, ``content_type``
 ``application/openjobspec+json``, ``content_encoding`` ``utf-8``, ``timestamp`` =
 ``created_at`` (whole seconds), ``delivery_mode`` 2, ``app_id`` ``ojs``, ``priority``
-mapped onto 0..9 (OJS default 0 -> 4).
+only when the job has one (0..9 kept, others clamped), ``correlation_id`` from
+``meta.correlation_id`` when present.
 
 Headers (``x-ojs-*``): queue, attempt and max-attempts (int32), created-at, enqueued-at,
 scheduled-at, tags, idempotency-key, and the trace context.  ``x-ojs-attempt`` is the
-1-based number of the attempt the message will run as.
+1-based number of the attempt the message will run as.  Every message the library writes
+carries the two attempt headers as int32 (type ``I``): a decoded header is a plain
+``int``, which the codec would re-encode in the smallest type, so republishing goes
+through :func:`with_headers`, which re-types them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
+from msgspec import UnsetType
 
 from ojs_codec import BasicProperties, Int32
 
@@ -27,6 +32,7 @@ __all__ = [
     "H_ATTEMPT",
     "H_CREATED_AT",
     "H_DEAD_LETTER",
+    "H_DEAD_LETTERED_AT",
     "H_ENQUEUED_AT",
     "H_ERROR_CODE",
     "H_ERROR_MESSAGE",
@@ -58,11 +64,12 @@ H_TRACE_STATE: Final = "x-ojs-trace-state"
 H_IDEMPOTENCY_KEY: Final = "x-ojs-idempotency-key"
 H_ERROR_CODE: Final = "x-ojs-error-code"
 H_ERROR_MESSAGE: Final = "x-ojs-error-message"
-#: Our own marker: "this copy carries its death reason; reject it to the DLQ" (see _worker).
+#: Written by earlier versions on a dead job's copy put back on the job queue (no longer
+#: done); still stripped by ``DeadLetters.requeue`` and rejected unrun by the worker.
 H_DEAD_LETTER: Final = "x-ojs-dead-letter"
-#: On that copy: the AMQP priority the job had before the copy was raised to 9 (absent
-#: priority recorded as 0, which is how RabbitMQ reads it); requeue restores it.
 H_ORIGINAL_PRIORITY: Final = "x-ojs-original-priority"
+#: When the worker dead-lettered a job in the opt-in annotated mode (ISO 8601).
+H_DEAD_LETTERED_AT: Final = "x-ojs-dead-lettered-at"
 
 
 def _tags(job: Job) -> str | None:
@@ -102,6 +109,8 @@ def job_properties(
         headers[H_IDEMPOTENCY_KEY] = idempotency_key
     if trace_headers:
         headers.update(trace_headers)
+    meta = job.meta
+    correlation_id = meta.get("correlation_id") if isinstance(meta, dict) else None
     return BasicProperties(
         message_id=job.id,
         type=job.type,
@@ -110,8 +119,10 @@ def job_properties(
         timestamp=_whole_seconds(created),
         delivery_mode=2,
         app_id="ojs",
-        # Always set: RabbitMQ reads a missing priority as 0, below OJS LOW (-10 -> 2).
-        priority=priority_to_amqp(job.effective_priority()),
+        # Only when the job has one (001 §6.1 "if specified"): unprioritised jobs stay FIFO
+        # with each other, whoever published them.
+        priority=None if isinstance(job.priority, UnsetType) else priority_to_amqp(job.priority),
+        correlation_id=correlation_id if isinstance(correlation_id, str) and correlation_id else None,
         headers=headers,
     )
 
@@ -159,12 +170,20 @@ def with_headers(
     """A copy of ``props`` with headers updated; every other property kept (001 §8.3).
 
     ``base`` replaces the original headers as the starting point (before ``drop`` and
-    ``updates`` apply)."""
+    ``updates`` apply).  ``x-ojs-attempt`` and ``x-ojs-max-attempts`` come out as int32
+    whatever type they had (OJS AMQP binding §6.2), when they hold an integer."""
     headers = dict(base if base is not None else (props.headers or {}))
     for key in drop:
         headers.pop(key, None)
     headers.update(updates)
+    for key in _INT32_HEADERS:
+        value = headers.get(key)
+        if value.__class__ is int and -(2**31) <= value < 2**31:
+            headers[key] = _int32(value)
     return msgspec.structs.replace(props, headers=headers)
+
+
+_INT32_HEADERS: Final = (H_ATTEMPT, H_MAX_ATTEMPTS)
 
 
 def header_int(headers: dict[str, Any] | None, key: str, default: int) -> int:

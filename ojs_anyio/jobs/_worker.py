@@ -16,14 +16,11 @@ Outcomes:
 * the worker is stopping and the grace period ran out → the job is left unacked; the
   broker redelivers it when the channel closes.  Nothing is acked that did not complete.
 
-Dead letters and their reason.  AMQP-009 requires the discard to be a
-``Basic.Nack(requeue=false)``, and DECISIONS 3 requires the reason to travel in
-``x-ojs-error-code`` / ``x-ojs-error-message``.  A Nack cannot add headers, so a dead job
-makes one extra hop: the worker republishes the message, with the reason headers and
-our marker ``x-ojs-dead-letter``, to the head of its own queue (priority 9, confirmed),
-acks the original, and the worker that receives the marked copy Nacks it without
-running it.  The broker's own dead-lettering then puts it in ``ojs.queue.dlx.{q}`` with
-our headers and RabbitMQ's ``x-death``.  A marked copy is never executed by us.
+Dead letters (see ``_dead_letter.py``): ``Basic.Nack(requeue=false)`` on the original
+delivery (AMQP-009); the broker moves it into ``ojs.queue.dlx.{q}``.  No copy ever goes
+back to the job queue.  The final reason goes to the log, a metric and a span; the opt-in
+``annotate_dead_letters=True`` instead publishes an annotated copy to the DLX (confirmed)
+and acks the original, a documented departure from AMQP-009.
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ from ojs_codec import Int32
 from .. import amqp
 from . import _tracing
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, Client
+from ._dead_letter import dead_letter
 from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._exceptions import DeadLetter, Discard, Retry
@@ -68,7 +66,6 @@ from ._wire import (
     H_ERROR_CODE,
     H_ERROR_MESSAGE,
     H_MAX_ATTEMPTS,
-    H_ORIGINAL_PRIORITY,
     header_int,
     with_headers,
 )
@@ -165,6 +162,7 @@ class Worker:
         broker_consumer_timeout: float = BROKER_CONSUMER_TIMEOUT,
         heartbeat_interval: float = 5.0,
         cancel_memory: float = 3600.0,
+        annotate_dead_letters: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -190,6 +188,8 @@ class Worker:
         self.counts: dict[str, int] = {}
         self.heartbeat_interval = heartbeat_interval
         self.cancel_memory = cancel_memory
+        #: Opt-in departure from AMQP-009: dead letters are annotated copies (see _dead_letter).
+        self.annotate_dead_letters = annotate_dead_letters
         #: Jobs cancelled before they reached this worker: job id -> when (monotonic); bounded.
         self._cancelled: OrderedDict[str, float] = OrderedDict()
         #: Liveness seen through BEAT messages: job id -> (worker id, monotonic time); bounded.
@@ -270,23 +270,51 @@ class Worker:
     # ------------------------------------------------------ control plane
 
     async def _serve_control(self, client: Client, started: anyio.Event) -> None:
-        """DECISIONS 6: an exclusive queue per worker bound to each control routing key, so
-        every worker sees every CANCEL, BEAT and INFO; the durable control queue is declared too."""
+        """Control messages reach every worker of a queue, whoever sent them.
+
+        Clients following the OJS AMQP binding publish CANCEL, BEAT and INFO to the durable
+        ``ojs.queue.control.{q}`` (through the default exchange or ``ojs.exchange.direct``),
+        where each message reaches one consumer only.  So every worker consumes that queue
+        as a competing consumer and relays each message, unchanged, to the broadcast
+        exchange ``ojs.exchange.control`` with key ``q`` (confirmed, then acked), and reads
+        its own exclusive queue bound there.  The durable queue is not bound to the
+        broadcast exchange, so a relayed copy never comes back to it (no loop), and each
+        message is relayed once (no duplicates, but for a relay interrupted between its
+        publish and its ack)."""
         names = client.names
         self._control_scope = anyio.CancelScope()
         with self._control_scope:
             async with client.conn.channel(confirms=True) as ch:
                 self._control_ch = ch
-                info = await ch.queue_declare("", exclusive=True, auto_delete=True)
+                await ch.exchange_declare(names.control_exchange, "direct", durable=True)
+                own = await ch.queue_declare("", exclusive=True, auto_delete=True)
                 for queue in self.queues:
                     await client.declare_control_queue(queue)
-                    await ch.queue_bind(info.name, names.direct_exchange, names.control_routing_key(queue))
-                async with ch.consume(info.name, prefetch=64) as messages:
-                    started.set()
-                    async for msg in messages:
-                        await self._on_control(ch, msg)
-                        await msg.ack()
+                    await ch.queue_bind(own.name, names.control_exchange, queue)
+                async with anyio.create_task_group() as tg:
+                    for queue in self.queues:
+                        await tg.start(self._relay_control, client, queue)
+                    async with ch.consume(own.name, prefetch=64) as messages:
+                        started.set()
+                        async for msg in messages:
+                            await self._on_control(ch, msg)
+                            await msg.ack()
         self._control_ch = None
+
+    async def _relay_control(
+        self, client: Client, queue: str, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        names = client.names
+        async with (
+            client.conn.channel(confirms=True) as ch,
+            ch.consume(names.control_queue(queue), prefetch=64) as messages,
+        ):
+            task_status.started()
+            async for msg in messages:
+                await ch.publish(
+                    msg.body, exchange=names.control_exchange, routing_key=queue, properties=msg.properties
+                )
+                await msg.ack()
 
     async def _on_control(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
         kind = msg.properties.type
@@ -450,7 +478,7 @@ class Worker:
         headers = msg.properties.headers or {}
         started = time.monotonic()
         if headers.get(H_DEAD_LETTER):
-            # A copy carrying its death reason: reject it into ojs.queue.dlx.{q} (AMQP-009).
+            # A dead-letter copy written by an earlier version: reject it into the DLQ unrun.
             await msg.nack(requeue=False)
             return
         attempt = header_int(headers, H_ATTEMPT, 1)
@@ -687,41 +715,12 @@ class Worker:
         message: str,
         started: float,
     ) -> None:
-        props = with_headers(
-            msg.properties,
-            {
-                H_ERROR_CODE: str(code),
-                H_ERROR_MESSAGE: message[:1000],
-                H_DEAD_LETTER: True,
-                "x-ojs-dead-lettered-at": format_timestamp(datetime.now(UTC)),
-                H_ORIGINAL_PRIORITY: Int32(msg.properties.priority or 0),
-            },
-        )
-        props = _with_priority(props, 9)
-        # First choice: the marked copy back through the job queue, to be Nacked into the
-        # DLQ (AMQP-009).  If the job queue refuses it (full with reject-publish, or
-        # unbound), keep the reason anyway: the copy, unmarked, straight to the DLX.  Each
-        # publish is confirmed before the original is acked.
-        copies = (
-            (client.names.direct_exchange, props),
-            (client.names.dlx_exchange, with_headers(props, {}, drop=(H_DEAD_LETTER,))),
-        )
-        for exchange, copy in copies:
-            try:
-                await ch.publish(
-                    msg.body, exchange=exchange, routing_key=queue, properties=copy, mandatory=True
-                )
-            except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
-                log.warning("dead-letter copy of a job on %s refused via %r: %s", queue, exchange, exc)
-                continue
-            await msg.ack()
-            break
-        else:
-            # Only x-death will say where it came from.
-            log.error("dead-lettering a job on %s without its reason headers", queue)
-            await msg.nack(requeue=False)
         job_id = job.id if job is not None else msg.properties.message_id
         job_type = job.type if job is not None else msg.properties.type
+        await dead_letter(
+            ch, msg, dlx_exchange=client.names.dlx_exchange, queue=queue, job_id=job_id,
+            code=str(code), message=message, annotate=self.annotate_dead_letters,
+        )  # fmt: skip
         log.info(
             "job %s type=%s queue=%s attempt=%d outcome=dead_lettered code=%s: %s",
             job_id, job_type, queue, attempt, code, message,
@@ -842,7 +841,3 @@ def _error_type(exc: BaseException) -> str:
     cls = type(exc)
     module = cls.__module__
     return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
-
-
-def _with_priority(props: amqp.BasicProperties, priority: int) -> amqp.BasicProperties:
-    return msgspec.structs.replace(props, priority=priority)

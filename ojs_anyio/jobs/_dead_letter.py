@@ -1,0 +1,96 @@
+"""FAIL (discard): how the worker dead-letters a job (OJS AMQP binding §5.5, AMQP-009).
+
+Default: ``Basic.Nack(requeue=false)`` on the original delivery.  The broker dead-letters
+the message through the job queue's ``x-dead-letter-exchange`` into ``ojs.queue.dlx.{q}``,
+unchanged but for RabbitMQ's ``x-death`` headers (reason ``rejected``) and the
+``x-first-death-*`` / ``x-last-death-*`` ones.  No copy is ever put back on the job queue,
+so a consumer that shares the queue (any client following the binding) never sees the job
+again.  A Nack cannot add headers, so the reason of the *final* failure is not on the
+message: it goes to the log line (``outcome=dead_lettered code=... : message``), to the
+``ojs_jobs_dead_lettered_total`` counter (attributes ``queue``, ``error_code``) and to a
+``{queue} dead_letter`` span (``ojs.error.code``, ``ojs.error.message``, status ERROR).  The
+``x-ojs-error-code`` / ``x-ojs-error-message`` headers an earlier retry wrote stay on it.
+
+Opt-in ``annotate=True`` (``Worker(annotate_dead_letters=True)``), a departure from
+AMQP-009: publish a copy carrying ``x-ojs-error-code``, ``x-ojs-error-message`` and
+``x-ojs-dead-lettered-at`` straight to ``ojs.exchange.dlx`` (routing key = the queue,
+mandatory, confirmed), then ``Basic.Ack`` the original.  A crash in between leaves a
+duplicate in the DLQ and the job redelivered, never a loss.  If the DLX refuses the copy
+(unroutable, nacked), the worker falls back to the Nack.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Final
+
+from opentelemetry import metrics
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from .. import amqp
+from ._envelope import format_timestamp
+from ._tracing import _recording, extract_context, tracer
+from ._wire import H_DEAD_LETTERED_AT, H_ERROR_CODE, H_ERROR_MESSAGE, with_headers
+
+__all__ = ["dead_letter"]
+
+log = logging.getLogger("ojs_anyio.worker")
+
+_meter: Final = metrics.get_meter("ojs_anyio.jobs", "0.1.0")
+_dead_lettered: Final = _meter.create_counter(
+    "ojs_jobs_dead_lettered_total",
+    unit="{job}",
+    description="Jobs the worker dead-lettered (discarded or retries exhausted), by final error code.",
+)
+
+
+async def dead_letter(
+    ch: amqp.Channel,
+    msg: amqp.IncomingMessage,
+    *,
+    dlx_exchange: str,
+    queue: str,
+    job_id: str | None,
+    code: str,
+    message: str,
+    annotate: bool,
+) -> None:
+    """Settle ``msg`` as dead (see the module docstring); record the final reason."""
+    _dead_lettered.add(1, {"queue": queue, "error_code": code})
+    if _recording():
+        with tracer.start_as_current_span(
+            f"{queue} dead_letter",
+            context=extract_context(msg.properties.headers),
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "ojs.job.queue": queue,
+                "messaging.message.id": job_id or "",
+                "ojs.error.code": code,
+                "ojs.error.message": message[:1000],
+            },
+        ) as span:
+            span.set_status(Status(StatusCode.ERROR, f"{code}: {message[:200]}"))
+    if annotate:
+        copy = with_headers(
+            msg.properties,
+            {
+                H_ERROR_CODE: code,
+                H_ERROR_MESSAGE: message[:1000],
+                H_DEAD_LETTERED_AT: format_timestamp(datetime.now(UTC)),
+            },
+        )
+        try:
+            await ch.publish(
+                msg.body, exchange=dlx_exchange, routing_key=queue, properties=copy, mandatory=True
+            )
+        except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
+            log.warning(
+                "job %s: annotated dead-letter copy refused by %r (%s); rejecting the original instead",
+                job_id, dlx_exchange, exc,
+            )  # fmt: skip
+        else:
+            await msg.ack()
+            return
+    await msg.nack(requeue=False)
