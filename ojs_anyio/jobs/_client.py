@@ -690,7 +690,13 @@ def _push_error(exc: BaseException, job: Job) -> PushError:
 
 @dataclass(frozen=True, slots=True)
 class DeadJob:
-    """A job in a dead-letter queue, with why it died."""
+    """A job in a dead-letter queue, with why it died.
+
+    ``error_code`` / ``error_message`` are the ``x-ojs-error-*`` headers: the last retry's
+    reason, or the final reason in the opt-in annotated mode (a Nack cannot add headers;
+    the worker logs the final reason).  ``death_reason`` is RabbitMQ's (``rejected`` for a
+    discard, ``expired``, ``maxlen``) and ``died_at`` when it died.
+    """
 
     job_id: str | None
     type: str | None
@@ -699,6 +705,8 @@ class DeadJob:
     attempt: int
     body: bytes
     headers: dict[str, Any]
+    death_reason: str | None = None
+    died_at: datetime | None = None
 
 
 class DeadLetters:
@@ -825,12 +833,10 @@ class DeadLetters:
 def _died_at(msg: amqp.IncomingMessage) -> datetime | None:
     headers = msg.properties.headers or {}
     deaths = headers.get("x-death")
-    if isinstance(deaths, list):
-        for death in deaths:
-            if isinstance(death, dict) and death.get("reason") in ("rejected", "maxlen", "expired"):
-                when = death.get("time")
-                if isinstance(when, datetime):
-                    return when
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        when = deaths[0].get("time")  # the most recent death comes first
+        if isinstance(when, datetime):
+            return when
     died = headers.get(H_DEAD_LETTERED_AT)
     if isinstance(died, str):
         try:
@@ -844,6 +850,13 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
     headers = dict(msg.properties.headers or {})
     code = headers.get(H_ERROR_CODE)
     message = headers.get(H_ERROR_MESSAGE)
+    # The broker's latest dead-lettering of it (x-death is most recent first); none for an
+    # annotated copy, which was published, not dead-lettered.
+    deaths = headers.get("x-death")
+    reason = None
+    if H_DEAD_LETTERED_AT not in headers and isinstance(deaths, list) and deaths:
+        if isinstance(deaths[0], dict):
+            reason = deaths[0].get("reason")
     return DeadJob(
         job_id=msg.properties.message_id,
         type=msg.properties.type,
@@ -852,6 +865,8 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
         attempt=header_int(headers, H_ATTEMPT, 1),
         body=msg.body,
         headers=headers,
+        death_reason=reason if isinstance(reason, str) else None,
+        died_at=_died_at(msg),
     )
 
 

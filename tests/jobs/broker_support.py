@@ -34,6 +34,8 @@ __all__ = [
     "bindings_to",
     "both",
     "consumer_facts",
+    "header_type",
+    "peek_raw",
     "queue_facts",
     "running",
     "wait_message_count",
@@ -139,6 +141,41 @@ async def wait_message_count(
         async with conn.channel(confirms=False) as ch:
             while (await ch.queue_declare(queue, passive=True)).message_count != count:  # noqa: ASYNC110
                 await anyio.sleep(0.02)  # polling broker state: there is no event for it
+
+
+async def peek_raw(queue: str, *, url: str = URL) -> tuple[amqp.IncomingMessage, bytes]:
+    """The head message of ``queue`` (left in place) and the raw bytes the broker sent for it.
+
+    A Basic.Get on a fresh connection whose socket reads are recorded while the message
+    comes in; :func:`header_type` reads a header's wire type code from those bytes.
+    """
+    with anyio.fail_after(WAIT):
+        async with amqp.connect(url) as conn:
+            received: list[bytes] = []
+            feed = conn._feed
+
+            def recording(data: bytes) -> None:
+                received.append(bytes(data))
+                feed(data)
+
+            conn._feed = recording  # type: ignore[method-assign]
+            async with conn.channel(confirms=False) as ch:
+                received.clear()
+                msg = await ch.get(queue)
+                assert msg is not None, f"{queue} is empty"
+                await msg.reject(requeue=True)
+            return msg, b"".join(received)
+
+
+def header_type(raw: bytes, key: str) -> str:
+    """The field type code (``"I"`` for int32, ``"b"`` for int8…) of header ``key`` in
+    ``raw``, the bytes of exactly one message (a field table entry is: key length, key,
+    type code, value)."""
+    entry = bytes([len(key)]) + key.encode()
+    at = raw.find(entry)
+    assert at >= 0, f"header {key!r} not in the message"
+    assert raw.find(entry, at + 1) < 0, f"header {key!r} appears twice"
+    return chr(raw[at + len(entry)])
 
 
 async def _ctl_json(*args: str) -> list[dict[str, Any]]:

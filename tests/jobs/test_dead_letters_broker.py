@@ -8,17 +8,20 @@ import pytest
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
-from .broker_support import WAIT, Outcomes, running, wait_message_count
+from .broker_support import WAIT, Outcomes, header_type, peek_raw, running, wait_message_count
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: str) -> None:
+@pytest.mark.parametrize("annotate", [False, True], ids=["nack", "annotated"])
+async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: str, annotate: bool) -> None:
     """peek leaves the jobs where they are; requeue moves them back to ojs.queue.{q} with
-    attempt 1, the same message id and no death headers, and they then complete; purge
-    empties the DLQ and says how many it removed."""
+    attempt 1 (int32), the same message id and no death headers, and they then complete;
+    purge empties the DLQ and says how many it removed.  By default (Nack) the DLQ copy is
+    the original message plus RabbitMQ's x-death (reason ``rejected``); in the opt-in
+    annotated mode it also carries the final error code and message."""
     healthy = False
-    worker = ojs.Worker(queues=[q])
+    worker = ojs.Worker(queues=[q], annotate_dead_letters=annotate)
     outcomes = Outcomes(worker)
 
     @worker.handler("fragile.job")
@@ -29,10 +32,8 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
     dead_letters = client.dead_letters(q)
     names = client.names
     async with running(worker, client):
-        # Distinct priorities (OJS -10, 0, 10 → AMQP 2, 4, 6): requeue must restore them.
-        jobs = [
-            await client.push("fragile.job", [n], queue=q, priority=p) for n, p in enumerate((-10, 0, 10))
-        ]
+        # Distinct priorities (AMQP 1, 5, 9): the dead letter and its requeue keep them.
+        jobs = [await client.push("fragile.job", [n], queue=q, priority=p) for n, p in enumerate((1, 5, 9))]
         for job in jobs:
             assert (await outcomes.wait_final(job.id)).outcome == "dead_lettered"
         await wait_message_count(raw, names.dlx_queue(q), 3)
@@ -42,8 +43,16 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
         peeked = await dead_letters.peek(limit=10)
         # (The three died concurrently: their order in the DLQ is not the push order.)
         assert sorted(d.job_id or "" for d in peeked) == sorted(j.id for j in jobs)
-        assert sorted(d.error_message or "" for d in peeked) == [f"dependency down ({n})" for n in range(3)]
-        assert all(d.error_code == "DISCARDED" and d.attempt == 1 for d in peeked)
+        if annotate:
+            reasons = sorted(d.error_message or "" for d in peeked)
+            assert reasons == [f"dependency down ({n})" for n in range(3)]
+            assert all(d.error_code == "DISCARDED" for d in peeked)
+            assert all(d.death_reason is None for d in peeked)  # published, not dead-lettered
+        else:
+            # Nack(requeue=false): the broker's own dead-lettering, the reason in the worker's log.
+            assert all(d.error_code is None and d.error_message is None for d in peeked)
+            assert all(d.death_reason == "rejected" for d in peeked)
+        assert all(d.attempt == 1 and d.died_at is not None for d in peeked)
         assert await dead_letters.count() == 3
         assert len(await dead_letters.peek(limit=2)) == 2
         assert await dead_letters.count() == 3
@@ -51,16 +60,14 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
         # requeue one: back in the job queue, attempt 1, same id, clean headers.
         assert await dead_letters.requeue(limit=1) == 1
         assert await dead_letters.count() == 2
-        async with raw.channel(confirms=False) as ch:
-            msg = await ch.get(names.job_queue(q))
-            assert msg is not None
-            await msg.reject(requeue=True)
+        msg, wire = await peek_raw(names.job_queue(q))
         h = msg.properties.headers or {}
         by_id = {j.id: j for j in jobs}
         assert msg.properties.message_id == peeked[0].job_id  # the head of the DLQ
         requeued = by_id[msg.properties.message_id]
         assert msg.exchange == names.direct_exchange and msg.routing_key == q
         assert h["x-ojs-attempt"] == 1
+        assert header_type(wire, "x-ojs-attempt") == header_type(wire, "x-ojs-max-attempts") == "I"
         assert not {
             "x-death",
             "x-first-death-reason",
@@ -69,8 +76,7 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
             "x-ojs-dead-letter",
             "x-ojs-dead-lettered-at",
         } & set(h)
-        # Its own priority, not the dead-letter hop's 9.
-        assert msg.properties.priority == {jobs[0].id: 2, jobs[1].id: 4, jobs[2].id: 6}[requeued.id]
+        assert msg.properties.priority == {jobs[0].id: 1, jobs[1].id: 5, jobs[2].id: 9}[requeued.id]
         assert ojs.decode_job(msg.body) == requeued
 
         # requeue the rest.
@@ -89,7 +95,7 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
 
     # purge: dead-letter two more, purge them.
     healthy = False
-    worker3 = ojs.Worker(queues=[q])
+    worker3 = ojs.Worker(queues=[q], annotate_dead_letters=annotate)
     outcomes3 = Outcomes(worker3)
     worker3.register("fragile.job", handler)
     async with running(worker3, client):

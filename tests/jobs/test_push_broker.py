@@ -20,7 +20,7 @@ import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.jobs._envelope import parse_timestamp
 
-from .broker_support import URL, WAIT, wait_message_count
+from .broker_support import URL, WAIT, header_type, peek_raw, wait_message_count
 
 pytestmark = pytest.mark.anyio
 
@@ -51,9 +51,9 @@ async def test_amqp_005_010_011_012_013_015_018_message_as_delivered(
             "email.send",
             ["user@example.com", "welcome"],
             queue=q,
-            priority=10,
+            priority=7,
             retry=retry,
-            meta={"tags": ["billing", "vip"], "tenant": "acme"},
+            meta={"tags": ["billing", "vip"], "tenant": "acme", "correlation_id": "order-42-flow"},
             idempotency_key="order-42",
         )
     before_consume = datetime.now(UTC)
@@ -68,7 +68,8 @@ async def test_amqp_005_010_011_012_013_015_018_message_as_delivered(
     assert p.content_encoding == "utf-8"
     assert p.delivery_mode == 2  # AMQP-011
     assert p.app_id == "ojs"
-    assert p.priority == 6  # OJS 10 (HIGH) → AMQP 6 (DECISIONS 9)
+    assert p.priority == 7  # 0..9 kept as is
+    assert p.correlation_id == "order-42-flow"  # from meta.correlation_id (001 §6.1)
     assert isinstance(job.created_at, str)
     created = parse_timestamp(job.created_at)
     assert p.timestamp == created.replace(microsecond=0)
@@ -190,3 +191,27 @@ async def test_push_batch_reports_failure_per_job(
             assert isinstance(r.error, ojs.UnroutableJobError)
             assert r.error.queue == bad and r.error.job_id == r.job.id
     await wait_message_count(raw, client.names.job_queue(good), 200)
+
+
+async def test_priority_only_when_given_clamped_never_refused_attempt_headers_int32(
+    client: ojs.Client, q: str
+) -> None:
+    """No priority: no AMQP priority property (001 §6.1 "if specified") and no
+    correlation_id.  0..9 kept; 150 becomes 9 and -5 becomes 0, both accepted.  The attempt
+    headers are int32 (type code ``I``) in the bytes on the wire."""
+    with anyio.fail_after(WAIT):
+        plain = await client.push("p.job", [], queue=q)
+        msg, wire = await peek_raw(client.names.job_queue(q))
+        assert msg.properties.message_id == plain.id
+        assert msg.properties.priority is None and msg.properties.correlation_id is None
+        assert header_type(wire, "x-ojs-attempt") == header_type(wire, "x-ojs-max-attempts") == "I"
+    async with client.conn.channel(confirms=False) as ch:
+        await ch.queue_purge(client.names.job_queue(q))
+    for given, expected in ((150, 9), (-5, 0), (3, 3)):
+        with anyio.fail_after(WAIT):
+            job = await client.push("p.job", [], queue=q, priority=given)
+            assert job.priority == given
+            msg, _ = await peek_raw(client.names.job_queue(q))
+            assert (msg.properties.message_id, msg.properties.priority) == (job.id, expected)
+        async with client.conn.channel(confirms=False) as ch:
+            await ch.queue_purge(client.names.job_queue(q))

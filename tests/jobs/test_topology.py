@@ -191,23 +191,25 @@ def test_retry_queue_arguments_are_exactly_8_2_and_match_15_3() -> None:
             retry_queue_arguments(NAMES, "email", bad)
 
 
-def test_dead_letter_queue_retention() -> None:
-    # 180 days exceeds RabbitMQ's TTL limit (2**32-1 ms), so only the count bound is declared.
-    assert dlx_queue_arguments(NAMES, "email") == {"x-max-length": 10_000}
+def test_dead_letter_queue_is_plain_unless_limits_are_opted_into() -> None:
+    # Declared exactly as the spec declares it: durable, no arguments; retention is prune's job.
+    assert dlx_queue_arguments(NAMES, "email") == {}
     week = 7 * 86_400_000
     assert dlx_queue_arguments(NAMES, "email", QueueOptions(dlq_max_age_ms=week, dlq_max_length=50)) == {
         "x-message-ttl": week,
         "x-max-length": 50,
     }
-    assert dlx_queue_arguments(NAMES, "email", QueueOptions(dlq_max_age_ms=None, dlq_max_length=None)) == {}
     quorum = QueueOptions(queue_type="quorum", max_priority=None)
     assert dlx_queue_arguments(NAMES, "email", quorum)["x-queue-type"] == "quorum"
     assert dlx_queue_binding(NAMES, "email") == Binding("ojs.queue.dlx.email", "ojs.exchange.dlx", "email")
 
 
-def test_control_queue() -> None:
-    assert control_queue_arguments() == {"x-message-ttl": 3_600_000, "x-max-length": 10_000}
-    assert control_queue_arguments(message_ttl_ms=None, max_length=None) == {}
+def test_control_queue_is_plain_unless_limits_are_opted_into() -> None:
+    assert control_queue_arguments() == {}
+    assert control_queue_arguments(message_ttl_ms=3_600_000, max_length=10_000) == {
+        "x-message-ttl": 3_600_000,
+        "x-max-length": 10_000,
+    }
     assert control_queue_binding(NAMES, "email") == Binding(
         "ojs.queue.control.email", "ojs.exchange.direct", "ojs.queue.control.email"
     )
@@ -240,49 +242,31 @@ def test_strip_dead_letter_headers() -> None:
     assert strip_dead_letter_headers(None) == {}
 
 
-# ------------------------------------------------------------------ priority
-
-
 @pytest.mark.parametrize(
     ("ojs", "amqp"),
-    [
-        (-100, 0),
-        (-50, 0),
-        (-49, 1),
-        (-20, 1),
-        (-19, 2),
-        (-10, 2),
-        (-9, 3),
-        (-1, 3),
-        (0, 4),
-        (1, 5),
-        (9, 5),
-        (10, 6),
-        (19, 6),
-        (20, 7),
-        (49, 7),
-        (50, 8),
-        (99, 8),
-        (100, 9),
-    ],
+    [(0, 0), (1, 1), (5, 5), (9, 9), (10, 9), (150, 9), (10**12, 9), (-1, 0), (-100, 0), (-(10**12), 0)],
 )
-def test_priority_table(ojs: int, amqp: int) -> None:
+def test_priority_0_to_9_kept_others_clamped(ojs: int, amqp: int) -> None:
     assert priority_to_amqp(ojs) == amqp
 
 
-def test_priority_is_monotone_onto_0_to_9() -> None:
-    mapped = [priority_to_amqp(p) for p in range(-100, 101)]
-    assert mapped == sorted(mapped)
-    assert set(mapped) == set(range(10))
-    assert len({priority_to_amqp(p) for p in (-10, 0, 10)}) == 3  # LOW, NORMAL, HIGH stay apart
-
-
-@pytest.mark.parametrize("bad", [-101, 101, 10**6])
-def test_priority_out_of_range(bad: int) -> None:
-    with pytest.raises(ValueError, match="outside"):
-        priority_to_amqp(bad)
+def test_priority_must_be_an_int() -> None:
     with pytest.raises(TypeError):
         priority_to_amqp(1.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("queue", "why"),
+    [
+        ("dlx.email", "dead-letter queue of queue 'email'"),
+        ("retry.email.5", "retry delay queue"),
+        ("control.x", "control queue of queue 'x'"),
+        ("delay.03", "scheduling delay queues"),
+    ],
+)
+def test_colliding_queue_names_say_why(queue: str, why: str) -> None:
+    with pytest.raises(TopologyError, match=why):
+        NAMES.job_queue(queue)
 
 
 # ------------------------------------------------------------------ delay levels
