@@ -8,6 +8,7 @@ the DLQ's message count), bounded by ``anyio.fail_after``.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from typing import Any
@@ -26,6 +27,8 @@ from .broker_support import (
     bindings_to,
     both,
     consumer_facts,
+    header_type,
+    peek_raw,
     queue_facts,
     running,
     wait_message_count,
@@ -104,10 +107,13 @@ async def test_amqp_006_007_008_prefetch_manual_ack(client: ojs.Client, raw: amq
 
 
 async def test_amqp_009_discard_lands_in_dlq_with_reason(
-    client: ojs.Client, raw: amqp.Connection, q: str
+    client: ojs.Client, raw: amqp.Connection, q: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """AMQP-009: a discarded job is Basic.Nack(requeue=false)-ed into ojs.queue.dlx.{q}:
-    x-death says "rejected" from ojs.queue.{q}, and our reason headers ride along."""
+    exactly one copy, x-death says "rejected" from ojs.queue.{q}, the message is the one
+    pushed (attempt headers still int32 on the wire), nothing went back to the job queue,
+    and the reason is in the worker's log line and outcome."""
+    caplog.set_level(logging.INFO, logger="ojs_anyio.worker")
     worker = ojs.Worker(queues=[q])
     outcomes = Outcomes(worker)
 
@@ -124,12 +130,11 @@ async def test_amqp_009_discard_lands_in_dlq_with_reason(
             "looks like spam",
         )
         await wait_message_count(raw, client.names.dlx_queue(q), 1)
+    msg, wire = await peek_raw(client.names.dlx_queue(q))
     with anyio.fail_after(WAIT):
         async with raw.channel(confirms=False) as ch:
-            msg = await ch.get(client.names.dlx_queue(q))
-            assert msg is not None
-            await msg.reject(requeue=True)
             assert (await ch.queue_declare(client.names.job_queue(q), passive=True)).message_count == 0
+            assert (await ch.queue_declare(client.names.dlx_queue(q), passive=True)).message_count == 1
     h = msg.properties.headers or {}
     assert msg.properties.message_id == job.id
     assert msg.exchange == "ojs.exchange.dlx" and msg.routing_key == q
@@ -137,9 +142,13 @@ async def test_amqp_009_discard_lands_in_dlq_with_reason(
     assert len(deaths) == 1
     assert deaths[0]["reason"] == "rejected"
     assert deaths[0]["queue"] == client.names.job_queue(q)
-    assert h["x-ojs-error-code"] == "DISCARDED"
-    assert h["x-ojs-error-message"] == "looks like spam"
+    assert "x-ojs-error-code" not in h and "x-ojs-dead-letter" not in h  # the message as pushed
+    assert header_type(wire, "x-ojs-attempt") == header_type(wire, "x-ojs-max-attempts") == "I"
     assert ojs.decode_job(msg.body) == job
+    assert any(
+        f"job {job.id}" in r.getMessage() and "code=DISCARDED: looks like spam" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 # ---------------------------------------------------------------- AMQP-017 / 018
@@ -230,8 +239,9 @@ async def test_amqp_017_018_retry_via_ttl_queue_and_timing(
 async def test_exhausted_job_ends_in_dlq_with_error_headers(
     client: ojs.Client, raw: amqp.Connection, q: str
 ) -> None:
-    """A job that always fails runs max_attempts times, then dead-letters; DeadLetters.peek
-    shows why."""
+    """A job that always fails runs max_attempts times, then is Nacked into the DLQ, where
+    DeadLetters.peek shows the error of the last retry (the headers of 001 §6.2) and the
+    attempt headers are int32 on the wire; the final reason is in the outcome."""
     policy = ojs.RetryPolicy(max_attempts=3, initial_interval="PT0.1S", jitter=False)
     worker = ojs.Worker(queues=[q])
     outcomes = Outcomes(worker)
@@ -248,11 +258,16 @@ async def test_exhausted_job_ends_in_dlq_with_error_headers(
         dead = await dead_jobs(client, raw, q, 1)
     assert attempts == [1, 2, 3]
     assert (final.outcome, final.attempt, final.error_code) == ("dead_lettered", 3, "HANDLER_ERROR")
+    assert "retries exhausted" in (final.error_message or "")
     d = dead[job.id]
-    assert d.error_code == "HANDLER_ERROR"
-    assert d.error_message is not None
-    assert "RuntimeError: always" in d.error_message and "retries exhausted" in d.error_message
+    assert (d.error_code, d.error_message, d.death_reason) == (
+        "HANDLER_ERROR",
+        "RuntimeError: always",
+        "rejected",
+    )
     assert d.attempt == 3
+    _, wire = await peek_raw(client.names.dlx_queue(q))
+    assert header_type(wire, "x-ojs-attempt") == header_type(wire, "x-ojs-max-attempts") == "I"
     assert d.type == "doomed.job"
     assert ojs.decode_job(d.body) == job
 
@@ -261,14 +276,15 @@ async def test_non_retryable_errors_exact_and_prefix(
     client: ojs.Client, raw: amqp.Connection, q: str
 ) -> None:
     """non_retryable_errors: an exact error type and a "prefix.*" entry send the job to the
-    DLQ on its first failure with NON_RETRYABLE_ERROR; an unlisted error is retried."""
+    DLQ on its first failure with NON_RETRYABLE_ERROR; an unlisted error is retried.  (With
+    the opt-in annotated dead letters, so the DLQ copies carry the final reason.)"""
     policy = ojs.RetryPolicy(
         max_attempts=2,
         initial_interval="PT0.1S",
         jitter=False,
         non_retryable_errors=("ValueError", "billing.*"),
     )
-    worker = ojs.Worker(queues=[q])
+    worker = ojs.Worker(queues=[q], annotate_dead_letters=True)
     outcomes = Outcomes(worker)
     errors: dict[str, type[Exception]] = {"exact": ValueError, "prefix": PaymentDeclined, "other": KeyError}
     calls: dict[str, int] = {}
@@ -294,8 +310,8 @@ async def test_non_retryable_errors_exact_and_prefix(
 
 async def test_handler_verdicts(client: ojs.Client, raw: amqp.Connection, q: str) -> None:
     """ojs.Retry (with a delay, on the ladder), ojs.Discard, ojs.DeadLetter, and Retry when
-    no attempt is left."""
-    worker = ojs.Worker(queues=[q])
+    no attempt is left (annotated dead letters, which carry the final reason)."""
+    worker = ojs.Worker(queues=[q], annotate_dead_letters=True)
     outcomes = Outcomes(worker)
 
     @worker.handler("verdict.job")
@@ -391,12 +407,12 @@ async def test_bad_input_is_dead_lettered_and_worker_survives(
         code = label.split("/")[0]
         assert finals[label].outcome == "dead_lettered", label
         assert finals[label].error_code == code, (label, finals[label])
-        assert dlq[message_id].error_code == code, label
-        assert dlq[message_id].error_message, label
+        assert finals[label].error_message, label
+        assert dlq[message_id].death_reason == "rejected", label
         assert dlq[message_id].body == body, label  # never altered
-    assert "Boom" in (dlq[bad["HANDLER_PANIC"][0]].error_message or "")
-    assert "timeout" in (dlq[bad["HANDLER_TIMEOUT"][0]].error_message or "")
-    assert "no.such.type" in (dlq[bad["INVALID_JOB_TYPE"][0]].error_message or "")
+    assert "Boom" in (finals["HANDLER_PANIC"].error_message or "")
+    assert "timeout" in (finals["HANDLER_TIMEOUT"].error_message or "")
+    assert "no.such.type" in (finals["INVALID_JOB_TYPE"].error_message or "")
 
 
 # ------------------------------------------------------------- unknown attributes
@@ -541,9 +557,8 @@ async def test_stop_before_the_worker_is_ready_is_not_lost(client: ojs.Client, q
 
 
 async def test_dead_letter_of_a_full_queue_still_reaches_the_dlq(raw: amqp.Connection, q: str) -> None:
-    """When the job queue is full (x-max-length=1, reject-publish), the worker cannot put
-    the annotated copy back into it; the copy then goes straight to the dead-letter
-    exchange with its reason, the original is acked, and the worker carries on."""
+    """A job discarded while its queue is full (x-max-length=1, reject-publish) still
+    reaches the DLQ: the Nack needs no room in the job queue.  The worker carries on."""
     worker = ojs.Worker(queues=[q], concurrency=1)
     outcomes = Outcomes(worker)
     release = anyio.Event()
@@ -577,6 +592,5 @@ async def test_dead_letter_of_a_full_queue_still_reaches_the_dlq(raw: amqp.Conne
             await msg.ack()
     assert msg.properties.message_id == a.id
     h = msg.properties.headers or {}
-    assert h["x-ojs-error-code"] == "DISCARDED"
-    assert "no longer wanted" in h["x-ojs-error-message"]
-    assert "x-ojs-dead-letter" not in h  # a copy in the DLQ must never be mistaken for a job to reject
+    assert h["x-death"][0]["reason"] == "rejected"
+    assert "x-ojs-dead-letter" not in h
