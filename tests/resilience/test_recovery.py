@@ -5,6 +5,7 @@ Every wait is bounded; the only sleeps are where time itself is the behaviour.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 
@@ -40,6 +41,52 @@ def test_backoff_delays_follow_the_policy() -> None:
         delays = [jittered.delay(n, rng) for _ in range(200)]
         assert all(base * 0.75 <= d <= base * 1.25 for d in delays)
         assert max(delays) - min(delays) > base * 0.2  # really randomised
+
+
+def test_default_policy_is_the_spec_schedule() -> None:
+    """AMQP-025 (OJS AMQP binding §11.3): attempt N waits min(2**(N-1), 60) s, ±25% jitter.
+
+    The default policy (what ``ojs_anyio.connect`` uses) without jitter gives exactly
+    1, 2, 4, 8, 16, 32, 60, 60 s; with its jitter every delay stays within ±25% of that and
+    spreads over (nearly) the whole band."""
+    default = amqp.RecoveryPolicy()
+    exact = amqp.RecoveryPolicy(jitter=0.0)
+    rng = random.Random(25)
+    assert [exact.delay(n, rng) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert exact.delay(50, rng) == 60
+    for n in range(1, 9):
+        base = min(2 ** (n - 1), 60)
+        ratios = [default.delay(n, rng) / base for _ in range(2000)]
+        assert 0.75 <= min(ratios) < 0.77 and 1.23 < max(ratios) <= 1.25
+
+
+async def test_reconnect_loop_waits_the_policy_delays(amqp_url: str) -> None:
+    """The delays the reconnect loop announces (and then sleeps) are the policy's, attempt
+    after attempt, jitter included: recorded from the Reconnecting events while the broker
+    stays unreachable, against the same random sequence, and the time between attempts is
+    never shorter than the announced delay.  (Scaled-down policy: the schedule's shape, not
+    its minutes, is what the loop must follow.)"""
+    policy = amqp.RecoveryPolicy(initial_delay=0.02, multiplier=2.0, max_delay=0.16, jitter=0.25)
+    attempts = 7
+    async with FaultProxy() as proxy:
+        with anyio.fail_after(30):
+            async with amqp.connect(proxy.url(), recovery=policy) as conn:
+                conn._rng = random.Random(11)
+                log = EventLog(conn)
+                proxy.refuse_new()
+                proxy.cut_all()
+                await log.wait_for(amqp.Reconnecting, attempts + 1)
+                proxy.refuse_new(False)
+                await log.wait_for(amqp.ConnectionRecovered)
+    expected_rng = random.Random(11)
+    expected = [policy.delay(n, expected_rng) for n in range(1, attempts + 2)]
+    announced = log.of(amqp.Reconnecting)[: attempts + 1]
+    assert [ev.attempt for ev in announced] == list(range(1, attempts + 2))
+    assert [ev.delay for ev in announced] == pytest.approx(expected)
+    times = log.times_of(amqp.Reconnecting)[: attempts + 1]
+    for (before, after), delay in zip(itertools.pairwise(times), expected, strict=False):
+        assert after - before >= delay * 0.99
+    assert max(expected) <= 0.16 * 1.25 and expected[-1] >= 0.16 * 0.75  # capped, then jittered
 
 
 # ---------------------------------------------------------------------- consumer continues
