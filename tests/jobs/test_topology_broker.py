@@ -274,3 +274,28 @@ def test_amqp_032_quorum_with_priority_is_refused() -> None:
         ojs.QueueOptions(queue_type="quorum")
     with pytest.raises(ojs.TopologyError, match=r"max_priority=None"):
         ojs.QueueOptions(queue_type="quorum", max_priority=5)
+
+
+async def test_eager_declaration_declares_everything_at_connect_and_dlq_control_are_plain(
+    new_queue: Callable[..., str],
+) -> None:
+    """``connect(declare="eager", queues=[...])`` declares, before it returns and before any
+    push, each queue's job queue, dead-letter queue and control queue with their bindings.
+    The dead-letter and control queues are durable with no arguments, as the OJS AMQP
+    binding declares them (another implementation may declare them first or second)."""
+    a, b = new_queue(), new_queue()
+    names = ojs.Names()
+    async with ojs.connect(URL, declare="eager", queues=[a, b]):
+        with anyio.fail_after(WAIT):
+            wanted = [
+                n for q in (a, b) for n in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q))
+            ]
+            facts, bindings = await both(queue_facts(*wanted), bindings_to(*wanted))
+    assert set(facts) == set(wanted)
+    for q in (a, b):
+        assert facts[names.job_queue(q)]["arguments"] == default_args(q)
+        for plain in (names.dlx_queue(q), names.control_queue(q)):
+            assert facts[plain]["durable"] is True and facts[plain]["auto_delete"] is False
+            assert facts[plain]["arguments"] == {}, plain
+        assert bindings[names.dlx_queue(q)] == {(DLX, q)}
+        assert bindings[names.control_queue(q)] == {(DIRECT, names.control_queue(q))}
