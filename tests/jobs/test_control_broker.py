@@ -280,3 +280,35 @@ async def test_job_timeout_beyond_consumer_timeout_is_capped(
     assert any(job.id in r.getMessage() and "consumer timeout" in r.getMessage() for r in warnings), [
         r.getMessage() for r in warnings
     ]
+
+
+async def test_control_messages_are_relayed_once_each_and_never_loop(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
+    """With three workers on the queue, 20 BEATs published to the durable control queue
+    are relayed to the broadcast exchange exactly once each (a tap bound there sees 20
+    distinct messages, then a marker, and nothing twice), every worker records every one,
+    and the durable control queue ends empty: a relayed copy never returns to it."""
+    names = client.names
+    async with raw.channel(confirms=False) as ch:
+        tap = await ch.queue_declare("", exclusive=True, auto_delete=True)
+        await ch.exchange_declare(names.control_exchange, "direct", durable=True)
+        await ch.queue_bind(tap.name, names.control_exchange, q)
+        async with (
+            ch.consume(tap.name, no_ack=True) as tapped,
+            three_workers(client, q, lambda worker: None) as workers,
+        ):
+            for n in range(20):
+                await client.heartbeat(f"job-{n}", "w-foreign", queue=q)
+            seen: list[str] = []
+            with anyio.fail_after(WAIT):
+                async for msg in tapped:
+                    seen.append(json.loads(msg.body)["job_id"])
+                    if len(seen) == 20:
+                        await client.heartbeat("marker", "w-foreign", queue=q)
+                    if seen[-1] == "marker":
+                        break
+            assert sorted(seen) == sorted([f"job-{n}" for n in range(20)] + ["marker"])
+            await wait_until(lambda: all("marker" in w.liveness for w, _ in workers))
+            assert all({f"job-{n}" for n in range(20)} <= set(w.liveness) for w, _ in workers)
+            await wait_message_count(raw, names.control_queue(q), 0)
