@@ -853,10 +853,10 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
     # The broker's latest dead-lettering of it (x-death is most recent first); none for an
     # annotated copy, which was published, not dead-lettered.
     deaths = headers.get("x-death")
+    latest = deaths[0] if isinstance(deaths, list) and deaths else None
     reason = None
-    if H_DEAD_LETTERED_AT not in headers and isinstance(deaths, list) and deaths:
-        if isinstance(deaths[0], dict):
-            reason = deaths[0].get("reason")
+    if H_DEAD_LETTERED_AT not in headers and isinstance(latest, dict):
+        reason = latest.get("reason")
     return DeadJob(
         job_id=msg.properties.message_id,
         type=msg.properties.type,
