@@ -29,8 +29,8 @@ from opentelemetry import metrics
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import amqp
+from . import _tracing
 from ._envelope import format_timestamp
-from ._tracing import _recording, extract_context, tracer
 from ._wire import H_DEAD_LETTERED_AT, H_ERROR_CODE, H_ERROR_MESSAGE, with_headers
 
 __all__ = ["dead_letter"]
@@ -58,10 +58,10 @@ async def dead_letter(
 ) -> None:
     """Settle ``msg`` as dead (see the module docstring); record the final reason."""
     _dead_lettered.add(1, {"queue": queue, "error_code": code})
-    if _recording():
-        with tracer.start_as_current_span(
+    if _tracing._recording():
+        with _tracing.tracer.start_as_current_span(
             f"{queue} dead_letter",
-            context=extract_context(msg.properties.headers),
+            context=_tracing.extract_context(msg.properties.headers),
             kind=SpanKind.INTERNAL,
             attributes={
                 "messaging.system": "rabbitmq",

@@ -404,3 +404,42 @@ async def test_metrics_across_a_reconnect(
     assert acked.value("ojs_amqp_messages_unacked", queue) == 0
     assert acked.value("ojs_amqp_messages_consumed_total", queue) == 10
     assert acked.value("ojs_amqp_messages_acked_total", queue) == 5
+
+
+async def test_dead_letter_reason_in_span_and_metric(
+    client: ojs.Client, q: str, spans: InMemorySpanExporter, metric_reader: InMemoryMetricReader
+) -> None:
+    """A Nack cannot carry the final reason, so the worker records it: a ``{q} dead_letter``
+    span in the job's trace (ojs.error.code / ojs.error.message, status ERROR) and the
+    counter ojs_jobs_dead_lettered_total{queue, error_code}."""
+    worker = ojs.Worker(queues=[q])
+    outcomes = Outcomes(worker)
+
+    @worker.handler("doomed.job")
+    async def handler(ctx: ojs.JobContext) -> None:
+        raise ojs.Discard("no longer wanted")
+
+    async with running(worker, client):
+        job = await client.push("doomed.job", [], queue=q)
+        assert (await outcomes.wait_final(job.id)).outcome == "dead_lettered"
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    dead = by_name[f"{q} dead_letter"]
+    assert dead.attributes is not None
+    assert dead.attributes["ojs.error.code"] == "DISCARDED"
+    assert dead.attributes["ojs.error.message"] == "no longer wanted"
+    assert dead.attributes["messaging.message.id"] == job.id
+    assert dead.status.status_code is StatusCode.ERROR
+    assert dead.context is not None and dead.context.trace_id == by_name[f"{q} publish"].context.trace_id
+    data = metric_reader.get_metrics_data()
+    assert data is not None
+    counted = [
+        point.value
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        if sm.scope.name == "ojs_anyio.jobs"
+        for metric in sm.metrics
+        if metric.name == "ojs_jobs_dead_lettered_total"
+        for point in metric.data.data_points
+        if point.attributes == {"queue": q, "error_code": "DISCARDED"}
+    ]
+    assert counted == [1]
