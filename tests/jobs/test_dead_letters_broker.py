@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
 import anyio
 import pytest
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
-from .broker_support import WAIT, Outcomes, header_type, peek_raw, running, wait_message_count
+from .broker_support import URL, WAIT, Outcomes, header_type, peek_raw, running, wait_message_count
 
 pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("annotate", [False, True], ids=["nack", "annotated"])
@@ -107,3 +114,41 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
         assert await dead_letters.purge() == 2
         assert await dead_letters.count() == 0
         assert await dead_letters.peek() == []
+
+
+async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
+    """The DLQ has no broker limits; prune() enforces retention: beyond ``max_jobs`` the
+    oldest go first; jobs younger than ``older_than`` stay; ``ojs-anyio prune-dead-letters``
+    does the same from a shell."""
+    worker = ojs.Worker(queues=[q])
+    outcomes = Outcomes(worker)
+
+    @worker.handler("fragile.job")
+    async def handler(ctx: ojs.JobContext, n: int) -> None:
+        raise ojs.Discard("unwanted")
+
+    jobs = []
+    async with running(worker, client):
+        for n in range(5):  # one at a time: their order in the DLQ is their order here
+            jobs.append(await client.push("fragile.job", [n], queue=q))
+            await outcomes.wait_final(jobs[-1].id)
+            await wait_message_count(raw, client.names.dlx_queue(q), n + 1)
+    dead_letters = client.dead_letters(q)
+    with anyio.fail_after(WAIT):
+        assert await dead_letters.prune() == 0  # defaults: 180 days, 10,000 jobs
+        assert await dead_letters.prune(max_jobs=3) == 2
+        assert [d.job_id for d in await dead_letters.peek()] == [j.id for j in jobs[2:]]
+        assert await dead_letters.prune(timedelta(days=1), max_jobs=None) == 0
+        assert await dead_letters.prune(timedelta(days=1), max_jobs=2) == 1
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'codec'}"}
+    with anyio.fail_after(60):
+        done = await anyio.run_process(
+            [sys.executable, "-m", "ojs_anyio.cli", "prune-dead-letters", q, "--url", URL, "--max-jobs", "1"],
+            env=env,
+        )
+    assert done.stdout.decode().strip() == f"{client.names.dlx_queue(q)}: 1 dropped"
+    with anyio.fail_after(WAIT):
+        assert [d.job_id for d in await dead_letters.peek()] == [jobs[4].id]
+        assert await dead_letters.prune(timedelta(0), max_jobs=None) == 1  # died before now: old
