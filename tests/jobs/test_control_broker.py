@@ -2,9 +2,10 @@
 INFO with three workers competing for one queue, and long jobs against the broker's
 consumer timeout.
 
-Three :class:`ojs_anyio.Worker` objects share the client's connection, each with its own
-exclusive control queue bound to the control routing key, so each sees every control
-message.  Every wait is bounded by ``anyio.fail_after``.
+Three :class:`ojs_anyio.Worker` objects share the client's connection.  They consume the
+durable control queue competitively and relay each message to the broadcast exchange
+``ojs.exchange.control``, where each reads its own exclusive queue, so each sees every
+control message.  Every wait is bounded by ``anyio.fail_after``.
 """
 
 from __future__ import annotations
