@@ -832,17 +832,17 @@ class DeadLetters:
 
 def _died_at(msg: amqp.IncomingMessage) -> datetime | None:
     headers = msg.properties.headers or {}
-    deaths = headers.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        when = deaths[0].get("time")  # the most recent death comes first
-        if isinstance(when, datetime):
-            return when
-    died = headers.get(H_DEAD_LETTERED_AT)
+    died = headers.get(H_DEAD_LETTERED_AT)  # an annotated copy: the worker's time
     if isinstance(died, str):
         try:
             return parse_timestamp(died)
         except ValueError:
             pass
+    deaths = headers.get("x-death")
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        when = deaths[0].get("time")  # the most recent death comes first
+        if isinstance(when, datetime):
+            return when
     return msg.properties.timestamp
 
 
