@@ -25,7 +25,9 @@ from ojs_codec import Int32
 
 from .. import amqp
 from . import _tracing
-from ._envelope import Job, encode_job, format_timestamp, new_job, parse_timestamp
+from ._args import check_json_args
+from ._durations import DurationLike, duration_seconds
+from ._envelope import ErrorInfo, Job, encode_job, format_timestamp, new_job, parse_timestamp
 from ._errors import DelayOutOfRangeError
 from ._exceptions import (
     PushError,
@@ -35,7 +37,7 @@ from ._exceptions import (
     TopologyConflictError,
     UnroutableJobError,
 )
-from ._retry import DEFAULT_RETRY_POLICY, RetryPolicy, merge, resolve_retry
+from ._retry import RetryPolicy, merge
 from ._topology import (
     DELAY_LEVELS,
     MAX_DELAY_MS,
@@ -115,6 +117,8 @@ class JobInfo:
     worker_id: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    #: The OJS error object of the job's last failed attempt (type, message, backtrace).
+    error: ErrorInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,15 @@ class Client:
             raise ValueError("declare must be 'eager' or 'lazy'")
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+        if retry is not None and retry.carries_classes():
+            raise TypeError(_CLASSES_ON_THE_WIRE.format(where="connect(retry=...)"))
+        if queue_options is not None and not isinstance(queue_options, QueueOptions | dict):
+            raise TypeError(
+                "queue_options must be a QueueOptions, a dict of queue name -> QueueOptions, or None, "
+                f"not {type(queue_options).__name__}"
+            )
         self.conn = conn
         #: "levels" or "plugin" once resolved; "auto" until the first scheduled push (or
         #: :meth:`resolve_scheduler`) has asked the broker.
@@ -158,7 +171,9 @@ class Client:
         self.names = names
         self.declare = declare
         self._queue_options = queue_options
-        self.retry = merge(retry, DEFAULT_RETRY_POLICY)
+        #: The producer's retry defaults: the fields it sets are written into every job this
+        #: client builds that does not set them itself (so they become the job's own policy).
+        self.retry = retry
         self._channel: amqp.Channel | None = None
         self._declared_queues: set[str] = set()
         self._declared_retry: set[tuple[str, int]] = set()
@@ -354,21 +369,38 @@ class Client:
         *,
         queue: str = "default",
         priority: int | None = None,
-        timeout: int | None = None,
+        timeout: DurationLike | None = None,
         retry: RetryPolicy | None = None,
         meta: dict[str, Any] | None = None,
         scheduled_at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        delay: DurationLike | None = None,
         expires_at: datetime | None = None,
         id: str | None = None,
     ) -> Job:
-        """Build (and validate) a job without pushing it."""
+        """Build (and validate) a job without pushing it.
+
+        ``args`` must be JSON values (see :func:`check_json_args`); ``timeout`` (whole
+        seconds) and ``delay`` take a number of seconds, a ``timedelta`` or an ISO 8601
+        duration.  ``retry`` is merged over the client's ``connect(retry=...)``: the result
+        is the job's own policy, carried in its envelope.
+        """
+        check_json_args(args, type)
         now = datetime.now(UTC)
         if delay is not None:
             if scheduled_at is not None:
                 raise ValueError("give scheduled_at or delay, not both")
-            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-            scheduled_at = now + timedelta(seconds=seconds)
+            scheduled_at = now + timedelta(seconds=duration_seconds(delay, "delay"))
+        if timeout is not None and not isinstance(timeout, int):
+            seconds = duration_seconds(timeout, "timeout")
+            if seconds != int(seconds):
+                raise ValueError(f"timeout is whole seconds in OJS, got {timeout!r} ({seconds} s)")
+            timeout = int(seconds)
+        if retry is not None:
+            if not isinstance(retry, RetryPolicy):
+                raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+            _check_job_policy(retry)
+        if self.retry is not None:
+            retry = self.retry if retry is None else merge(retry, self.retry)
         return new_job(
             type,
             args,
@@ -390,11 +422,11 @@ class Client:
         *,
         queue: str = "default",
         priority: int | None = None,
-        timeout: int | None = None,
+        timeout: DurationLike | None = None,
         retry: RetryPolicy | None = None,
         meta: dict[str, Any] | None = None,
         scheduled_at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        delay: DurationLike | None = None,
         expires_at: datetime | None = None,
         idempotency_key: str | None = None,
         id: str | None = None,
@@ -402,8 +434,11 @@ class Client:
         """PUSH one job; return it once the broker confirmed it (001 §5.1).
 
         Raises :class:`UnroutableJobError` (its queue doesn't exist), :class:`QueueFullError`
-        (QUEUE_FULL), :class:`PushOutcomeUnknownError` (connection lost before the confirm).
+        (QUEUE_FULL), :class:`PushOutcomeUnknownError` (connection lost before the confirm);
+        ``TypeError`` for an argument JSON cannot carry; ``NotImplementedError`` for
+        ``idempotency_key`` (not enforced by this binding).
         """
+        _refuse_idempotency_key(idempotency_key)
         job = self.build(
             type,
             args,
@@ -417,9 +452,17 @@ class Client:
             expires_at=expires_at,
             id=id,
         )
-        return await self.push_job(job, idempotency_key=idempotency_key)
+        return await self._push_job(job)
 
     async def push_job(self, job: Job, *, idempotency_key: str | None = None) -> Job:
+        """PUSH a job built with :meth:`build` (or :func:`new_job`)."""
+        _refuse_idempotency_key(idempotency_key)
+        _check_pushable(job)
+        return await self._push_job(job)
+
+    async def _push_job(self, job: Job, *, idempotency_key: str | None = None) -> Job:
+        """The push itself.  ``idempotency_key`` is only written to ``x-ojs-idempotency-key``
+        (the scheduler's label for a tick); nothing deduplicates on it."""
         if self.declare == "eager" or job.queue not in self._declared_queues:
             await self.declare_queue(job.queue)
         # The message's trace headers are written inside the PRODUCER span, so the worker's
@@ -447,6 +490,8 @@ class Client:
         Returns one :class:`PushResult` per job, in order; a failed job doesn't stop the others.
         """
         jobs = list(jobs)
+        for job in jobs:
+            _check_pushable(job)
         for queue in {j.queue for j in jobs}:
             await self.declare_queue(queue)
         ch = await self.channel()
@@ -490,10 +535,12 @@ class Client:
         self, job: Job, idempotency_key: str | None
     ) -> tuple[str, str, amqp.BasicProperties, bytes]:
         now = datetime.now(UTC)
-        eff = resolve_retry(job.retry, self.retry)
+        # Only what the job itself set: a job without its own max_attempts carries no
+        # x-ojs-max-attempts, and the worker's policy decides (see docs/jobs.md).
+        own = job.retry.max_attempts if isinstance(job.retry, RetryPolicy) else None
         props = job_properties(
             job,
-            max_attempts=eff.max_attempts,
+            max_attempts=own if isinstance(own, int) else None,
             enqueued_at=now,
             idempotency_key=idempotency_key,
             trace_headers=_tracing.inject_headers(),
@@ -560,12 +607,13 @@ class Client:
         """BEAT: tell every worker of ``queue`` that ``worker_id`` still runs ``job_id`` (001 §5.7)."""
         await self._control_publish(queue, CONTROL_HEARTBEAT, {"job_id": job_id, "worker_id": worker_id})
 
-    async def info(self, job_id: str, *, queue: str = "default", timeout: float = 5.0) -> JobInfo:
+    async def info(self, job_id: str, *, queue: str = "default", timeout: DurationLike = 5.0) -> JobInfo:
         """INFO over RPC (001 §5.8): the state of ``job_id`` from the worker that knows it.
 
         Uses RabbitMQ's direct reply-to and a unique ``correlation_id``.  No answer within
         ``timeout`` gives ``JobInfo(state="unknown")``, not an exception.
         """
+        timeout = duration_seconds(timeout, "timeout")
         await self.declare_control_queue(queue)
         correlation_id = uuid.uuid4().hex
         async with (
@@ -601,6 +649,7 @@ class Client:
                             worker_id=data.get("worker_id"),
                             started_at=data.get("started_at"),
                             finished_at=data.get("finished_at"),
+                            error=_error_info(data.get("error")),
                         )
         return JobInfo(job_id=job_id, state="unknown")
 
@@ -608,6 +657,63 @@ class Client:
 
     def dead_letters(self, queue: str) -> DeadLetters:
         return DeadLetters(self, queue)
+
+
+_CLASSES_ON_THE_WIRE = (
+    "{where}: non_retryable_errors holds exception classes, which cannot travel in a job's message; "
+    "give their OJS error types as strings ('mypkg.errors.PaymentDeclined', or 'mypkg.errors.*'), "
+    "or put the classes in the worker's policy: Worker(retry=RetryPolicy(non_retryable_errors=(...)))"
+)
+
+
+def _check_job_policy(policy: RetryPolicy) -> None:
+    if policy.carries_classes():
+        raise TypeError(_CLASSES_ON_THE_WIRE.format(where="the job's retry policy"))
+    if policy.on_exhaustion == "discard":
+        import warnings
+
+        warnings.warn(
+            "on_exhaustion='discard' is not honoured by the OJS AMQP binding: an exhausted job is "
+            "rejected (Basic.Nack, requeue=false) and the broker moves it to its dead-letter queue "
+            "ojs.queue.dlx.{queue} (OJS AMQP binding §5.5); purge that queue to drop them",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _check_pushable(job: Job) -> None:
+    """What push refuses in a job built elsewhere: unique policies, non-JSON args, classes."""
+    if not isinstance(job, Job):
+        raise TypeError(f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}")
+    if not isinstance(job.unique, msgspec.UnsetType):
+        raise NotImplementedError(
+            f"job {job.id}: unique jobs (the envelope's 'unique' policy) are not enforced by this binding: "
+            "RabbitMQ cannot look up the jobs already queued or running, so nothing would stop a duplicate. "
+            "Remove 'unique', and make the handler idempotent (e.g. record the key it acted on in your "
+            "database)"
+        )
+    check_json_args(job.args, job.type)
+    if isinstance(job.retry, RetryPolicy):
+        _check_job_policy(job.retry)
+
+
+def _refuse_idempotency_key(key: str | None) -> None:
+    if key is not None:
+        raise NotImplementedError(
+            f"idempotency_key={key!r}: idempotency keys are not enforced by this binding (RabbitMQ has no "
+            "way to look a key up across publishers and workers, so a second push with the same key "
+            "would run again). Deduplicate in the handler instead, e.g. with a unique constraint on a "
+            "key you pass in args"
+        )
+
+
+def _error_info(value: Any) -> ErrorInfo | None:
+    if not isinstance(value, dict):
+        return None
+    try:
+        return msgspec.convert(value, ErrorInfo)
+    except msgspec.ValidationError:
+        return None
 
 
 def _delay_ms(due: datetime, now: datetime) -> int:
@@ -731,14 +837,14 @@ class DeadLetters:
         ch = await self.client.channel()
         return await ch.queue_purge(self.name)
 
-    async def prune(self, older_than: timedelta = timedelta(days=180), *, limit: int = 100_000) -> int:
+    async def prune(self, older_than: DurationLike = timedelta(days=180), *, limit: int = 100_000) -> int:
         """Drop dead jobs that died more than ``older_than`` ago (DECISIONS 3's age bound).
 
         RabbitMQ caps ``x-message-ttl`` at 2**32-1 ms (49.7 days), so the OJS default of
         180 days can't be a queue TTL; run this periodically instead.  The queue is FIFO,
         so it stops at the first job young enough to keep (returned to the head).
         """
-        cutoff = datetime.now(UTC) - older_than
+        cutoff = datetime.now(UTC) - timedelta(seconds=duration_seconds(older_than, "older_than"))
         dropped = 0
         async with self.client.conn.channel(confirms=False) as ch:
             while dropped < limit:

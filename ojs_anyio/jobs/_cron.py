@@ -805,7 +805,7 @@ class Scheduler:
             with scope:
                 if self._holding() is None:
                     scope.cancel()
-                job = await client.push(
+                built = client.build(
                     schedule.job_type,
                     list(schedule.args),
                     queue=schedule.queue,
@@ -813,8 +813,10 @@ class Scheduler:
                     timeout=schedule.timeout,
                     retry=schedule.retry,
                     meta=dict(schedule.meta) if schedule.meta is not None else None,
-                    idempotency_key=key,
                 )
+                # The key is a label of the tick (x-ojs-idempotency-key); the leader lease,
+                # not the key, is what keeps a tick from firing twice.
+                job = await client._push_job(built, idempotency_key=key)
                 job_id = job.id
         except PushOutcomeUnknownError as exc:
             log.warning("scheduler %s: outcome of %s unknown (%s); not recorded", self.name, key, exc)
