@@ -691,14 +691,7 @@ class Worker:
 
         Not abandoned on cancel: a thread cannot be interrupted, so a timeout, CANCEL or
         the grace period waits for it to return (no thread outlives the worker)."""
-        result = await anyio.to_thread.run_sync(_call, spec.fn, ctx, args, limiter=self._thread_limiter)
-        if inspect.isawaitable(result):
-            if inspect.iscoroutine(result):
-                result.close()  # never awaited: don't leave a "never awaited" warning behind
-            raise TypeError(
-                f"handler {spec.name} is a plain function that returned an awaitable "
-                f"({type(result).__name__}); declare it `async def` so the worker awaits it"
-            )
+        await anyio.to_thread.run_sync(_call, spec, ctx, args, limiter=self._thread_limiter)
 
     async def _retry(
         self,
@@ -926,8 +919,16 @@ def _error_type(exc: BaseException) -> str:
     return error_type_name(type(exc))
 
 
-def _call(fn: Callable[..., Any], ctx: JobContext, args: list[Any]) -> Any:
-    return fn(ctx, *args)
+def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> None:
+    """Runs in the worker thread: the handler, and a check that it did not return an awaitable."""
+    result = spec.fn(ctx, *args)
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: don't leave a "never awaited" warning behind
+        raise TypeError(
+            f"handler {spec.name} is a plain function that returned an awaitable "
+            f"({type(result).__name__}); declare it `async def` so the worker awaits it"
+        )
 
 
 def _warn_policy(policy: RetryPolicy | None, where: str) -> None:
