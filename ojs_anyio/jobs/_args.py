@@ -93,11 +93,15 @@ def _check(value: Any, path: str, job_type: str, depth: int) -> None:
             _check(item, f"{path}[{key!r}]", job_type, depth + 1)
         return
     name = cls.__name__
+    if cls.__module__ == "builtins":
+        shown = name
+    else:
+        shown = f"{cls.__module__}.{cls.__qualname__}"
     fix = _FIXES.get(name)
     if fix is None:
         for base in cls.__mro__[1:]:
             if base in (str, int, float) or base.__name__ in _FIXES:
-                fix = _FIXES.get(base.__name__) or f"pass {base.__name__}(value) (or value.value for an enum)"
+                fix = _FIXES.get(base.__name__) or f"pass {base.__name__}(value) (value.value for an enum)"
                 break
     if fix is None:
         fix = (
@@ -106,7 +110,7 @@ def _check(value: Any, path: str, job_type: str, depth: int) -> None:
             "parameter with the type to get it back"
         )
     raise TypeError(
-        f"{_where(path, job_type)} is a {cls.__module__}.{cls.__qualname__}, which JSON cannot carry "
+        f"{_where(path, job_type)} is a {shown}, which JSON cannot carry "
         f"faithfully; {fix}"
     )
 
