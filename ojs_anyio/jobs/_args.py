@@ -93,10 +93,7 @@ def _check(value: Any, path: str, job_type: str, depth: int) -> None:
             _check(item, f"{path}[{key!r}]", job_type, depth + 1)
         return
     name = cls.__name__
-    if cls.__module__ == "builtins":
-        shown = name
-    else:
-        shown = f"{cls.__module__}.{cls.__qualname__}"
+    shown = name if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     fix = _FIXES.get(name)
     if fix is None:
         for base in cls.__mro__[1:]:

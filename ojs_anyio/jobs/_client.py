@@ -26,7 +26,8 @@ from ojs_codec import Int32
 from .. import amqp
 from . import _tracing
 from ._args import check_json_args
-from ._durations import DurationLike, duration_seconds
+from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
+from ._durations import DurationLike, duration_ms, duration_seconds
 from ._envelope import ErrorInfo, Job, encode_job, format_timestamp, new_job, parse_timestamp
 from ._errors import DelayOutOfRangeError
 from ._exceptions import (
@@ -429,16 +430,19 @@ class Client:
         delay: DurationLike | None = None,
         expires_at: datetime | None = None,
         idempotency_key: str | None = None,
+        idempotency_window: DurationLike = DEFAULT_IDEMPOTENCY_WINDOW,
         id: str | None = None,
     ) -> Job:
         """PUSH one job; return it once the broker confirmed it (001 §5.1).
 
         Raises :class:`UnroutableJobError` (its queue doesn't exist), :class:`QueueFullError`
         (QUEUE_FULL), :class:`PushOutcomeUnknownError` (connection lost before the confirm);
-        ``TypeError`` for an argument JSON cannot carry; ``NotImplementedError`` for
-        ``idempotency_key`` (not enforced by this binding).
+        ``TypeError`` for an argument JSON cannot carry.
+
+        ``idempotency_key``: a second push with the same key within ``idempotency_window``
+        (default 24 h), from any client of the broker, raises :class:`DuplicateJobError`
+        and publishes nothing (a lock queue per key; see ``docs/jobs.md`` for its cost).
         """
-        _refuse_idempotency_key(idempotency_key)
         job = self.build(
             type,
             args,
@@ -452,17 +456,53 @@ class Client:
             expires_at=expires_at,
             id=id,
         )
-        return await self._push_job(job)
+        return await self._push_job(job, idempotency_key=idempotency_key, window=idempotency_window)
 
-    async def push_job(self, job: Job, *, idempotency_key: str | None = None) -> Job:
-        """PUSH a job built with :meth:`build` (or :func:`new_job`)."""
-        _refuse_idempotency_key(idempotency_key)
+    async def push_job(
+        self,
+        job: Job,
+        *,
+        idempotency_key: str | None = None,
+        idempotency_window: DurationLike = DEFAULT_IDEMPOTENCY_WINDOW,
+    ) -> Job:
+        """PUSH a job built with :meth:`build` (or :func:`new_job`); see :meth:`push`."""
         _check_pushable(job)
-        return await self._push_job(job)
+        return await self._push_job(job, idempotency_key=idempotency_key, window=idempotency_window)
 
-    async def _push_job(self, job: Job, *, idempotency_key: str | None = None) -> Job:
-        """The push itself.  ``idempotency_key`` is only written to ``x-ojs-idempotency-key``
-        (the scheduler's label for a tick); nothing deduplicates on it."""
+    async def _push_job(
+        self, job: Job, *, idempotency_key: str | None = None, window: DurationLike | None = None
+    ) -> Job:
+        """The push itself.  With a ``window``, the ``idempotency_key`` is claimed first (a
+        duplicate raises); without one (the scheduler's label for a tick) it is only written
+        to ``x-ojs-idempotency-key``."""
+        if idempotency_key is None or window is None:
+            return await self._publish_job(job, idempotency_key)
+        if not isinstance(idempotency_key, str) or not idempotency_key:
+            raise TypeError(f"idempotency_key must be a non-empty str, got {idempotency_key!r}")
+        window_ms = duration_ms(window, "idempotency_window", allow_zero=False)
+        check_window(window_ms)
+        lock = lock_queue(self.names.prefix, idempotency_key, window_ms)
+        if self.declare == "eager" or job.queue not in self._declared_queues:
+            await self.declare_queue(job.queue)  # before the claim: a topology error keeps the key free
+        ch = await self.channel()
+        try:
+            await claim(ch, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
+        except amqp.PublishError as exc:
+            raise _push_error(exc, job) from exc
+        try:
+            return await self._publish_job(job, idempotency_key)
+        except BaseException:
+            # Free the key, so that pushing again can succeed (at least once, as everywhere).
+            with anyio.CancelScope(shield=True):
+                try:
+                    await release(await self.channel(), lock)
+                except (amqp.AMQPError, OSError) as exc:
+                    log.warning(
+                        "could not release idempotency key %r of job %s: %s", idempotency_key, job.id, exc
+                    )
+            raise
+
+    async def _publish_job(self, job: Job, idempotency_key: str | None) -> Job:
         if self.declare == "eager" or job.queue not in self._declared_queues:
             await self.declare_queue(job.queue)
         # The message's trace headers are written inside the PRODUCER span, so the worker's
@@ -695,16 +735,6 @@ def _check_pushable(job: Job) -> None:
     check_json_args(job.args, job.type)
     if isinstance(job.retry, RetryPolicy):
         _check_job_policy(job.retry)
-
-
-def _refuse_idempotency_key(key: str | None) -> None:
-    if key is not None:
-        raise NotImplementedError(
-            f"idempotency_key={key!r}: idempotency keys are not enforced by this binding (RabbitMQ has no "
-            "way to look a key up across publishers and workers, so a second push with the same key "
-            "would run again). Deduplicate in the handler instead, e.g. with a unique constraint on a "
-            "key you pass in args"
-        )
 
 
 def _error_info(value: Any) -> ErrorInfo | None:

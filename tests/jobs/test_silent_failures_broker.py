@@ -25,6 +25,7 @@ import pytest
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
+from ojs_anyio.jobs._dedup import lock_queue
 from ojs_anyio.jobs._durations import duration_seconds
 from ojs_anyio.jobs._retry import is_retryable_error
 
@@ -277,7 +278,7 @@ def test_4_on_exhaustion_discard_warns_at_construction() -> None:
 
 
 @pytest.mark.anyio
-async def test_4_discard_warns_at_push_and_unique_and_idempotency_are_refused(
+async def test_4_discard_warns_at_push_and_unique_is_refused(
     client: ojs.Client, raw: amqp.Connection, q: str
 ) -> None:
     await client.declare_queue(q)
@@ -286,9 +287,72 @@ async def test_4_discard_warns_at_push_and_unique_and_idempotency_are_refused(
     job = ojs.new_job("a.job", [], queue=q, unique=ojs.UniquePolicy(keys=("type",)))
     with pytest.raises(NotImplementedError, match="unique jobs"):
         await client.push_job(job)
-    with pytest.raises(NotImplementedError, match="idempotency keys are not enforced"):
-        await client.push("a.job", [], queue=q, idempotency_key="k-1")
     assert await job_count(raw, client.names.job_queue(q)) == 1  # only the first went out
+
+
+@pytest.mark.anyio
+async def test_4_idempotency_key_deduplicates_across_clients(
+    client: ojs.Client, raw: amqp.Connection, q: str, cleanup: Any
+) -> None:
+    """Two clients (two connections) push the same key: one job is enqueued, the other push
+    raises DuplicateJobError and publishes nothing; once the window has passed the key is free."""
+    key = f"order-{uuid.uuid4().hex}"
+    cleanup.queue(lock_queue("", key, 500))
+    cleanup.queue(lock_queue("", key, 86_400_000))
+    first = await client.push("a.job", [1], queue=q, idempotency_key=key)
+    async with ojs.connect(URL) as other:
+        with pytest.raises(
+            ojs.DuplicateJobError, match=f"idempotency key '{key}' was already used"
+        ) as caught:
+            await other.push("a.job", [2], queue=q, idempotency_key=key)
+        assert caught.value.code == "DUPLICATE" and caught.value.key == key
+        # Concurrent pushes of a fresh key (short window): exactly one wins.
+        results: list[str] = []
+
+        async def push(c: ojs.Client, n: int) -> None:
+            try:
+                await c.push("a.job", [n], queue=q, idempotency_key=key, idempotency_window=0.5)
+                results.append("ok")
+            except ojs.DuplicateJobError:
+                results.append("duplicate")
+
+        async with anyio.create_task_group() as tg:
+            for n in range(3):
+                tg.start_soon(push, client, n)
+                tg.start_soon(push, other, 10 + n)
+    assert sorted(results) == ["duplicate"] * 5 + ["ok"]
+    assert await job_count(raw, client.names.job_queue(q)) == 2
+    msg = None
+    async with raw.channel(confirms=False) as ch:
+        msg = await ch.get(client.names.job_queue(q))
+        assert msg is not None
+        assert (msg.properties.headers or {})["x-ojs-idempotency-key"] == key
+        assert msg.properties.message_id == first.id
+        await msg.ack()
+    # The window (0.5 s) passes: the marker expires and the key can be used again.
+    with anyio.fail_after(WAIT):
+        while True:
+            try:
+                await client.push("a.job", [3], queue=q, idempotency_key=key, idempotency_window=0.5)
+                break
+            except ojs.DuplicateJobError:
+                await anyio.sleep(0.1)  # waiting on the broker's TTL: there is no event for it
+
+
+@pytest.mark.anyio
+async def test_4_a_failed_push_frees_its_idempotency_key(client: ojs.Client, cleanup: Any) -> None:
+    key = f"k-{uuid.uuid4().hex}"
+    cleanup.queue(lock_queue("", key, 86_400_000))
+    missing = f"t{uuid.uuid4().hex[:10]}"
+    await client.declare_queue(missing)
+    ch = await client.channel()
+    await ch.queue_delete(client.names.job_queue(missing))  # the push will be unroutable
+    cleanup.ojs(missing)
+    with pytest.raises(ojs.UnroutableJobError):
+        await client.push("a.job", [], queue=missing, idempotency_key=key)
+    await client.declare_queue(missing)
+    client._declared_queues.discard(missing)
+    await client.push("a.job", [], queue=missing, idempotency_key=key)  # not a duplicate
 
 
 # ---------------------------------------------------------------- 5. arguments
