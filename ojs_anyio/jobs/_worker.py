@@ -28,6 +28,7 @@ our headers and RabbitMQ's ``x-death``.  A marked copy is never executed by us.
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import logging
 import random
@@ -933,6 +934,17 @@ def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> None:
 
 def _warn_policy(policy: RetryPolicy | None, where: str) -> None:
     """Warn about a retry option that this binding cannot honour as written."""
+    errors = policy.non_retryable_errors if policy is not None else ()
+    for entry in errors if isinstance(errors, tuple) else ():
+        builtin = isinstance(getattr(builtins, str(entry), None), type)
+        if isinstance(entry, str) and "." not in entry and not builtin:
+            warnings.warn(
+                f"{where}: non_retryable_errors entry {entry!r} has no module, so it matches only an "
+                f"exception class named so in builtins or __main__; write its qualified name "
+                f"('mypkg.errors.{entry}') or pass the class itself",
+                UserWarning,
+                stacklevel=3,
+            )
     if policy is not None and policy.on_exhaustion == "discard":
         warnings.warn(
             f"{where}: on_exhaustion='discard' is not honoured by the OJS AMQP binding: an exhausted job "

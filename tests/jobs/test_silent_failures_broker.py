@@ -269,6 +269,14 @@ async def test_3_classes_cannot_travel_in_a_message(client: ojs.Client, q: str) 
 # ------------------------------------------------ 4. options that cannot work
 
 
+def test_3_a_bare_class_name_is_warned_about() -> None:
+    with pytest.warns(UserWarning, match="'PaymentDeclined' has no module"):
+        ojs.Worker(queues=["x"], retry=ojs.RetryPolicy(non_retryable_errors=("PaymentDeclined",)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ojs.Worker(queues=["x"], retry=ojs.RetryPolicy(non_retryable_errors=("ValueError", "a.B")))
+
+
 def test_4_on_exhaustion_discard_warns_at_construction() -> None:
     with pytest.warns(UserWarning, match="dead-letter queue"):
         ojs.Worker(queues=["x"], retry=ojs.RetryPolicy(on_exhaustion="discard"))
