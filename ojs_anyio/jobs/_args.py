@@ -106,10 +106,7 @@ def _check(value: Any, path: str, job_type: str, depth: int) -> None:
             "msgspec.to_builtins(value) or dataclasses.asdict(value), and annotate the handler "
             "parameter with the type to get it back"
         )
-    raise TypeError(
-        f"{_where(path, job_type)} is a {shown}, which JSON cannot carry "
-        f"faithfully; {fix}"
-    )
+    raise TypeError(f"{_where(path, job_type)} is a {shown}, which JSON cannot carry faithfully; {fix}")
 
 
 def _where(path: str, job_type: str) -> str:

@@ -3,7 +3,8 @@
 Every option that takes a duration (``Worker(grace_period=…, default_timeout=…,
 heartbeat_interval=…)``, ``push(delay=…, timeout=…)``, ``Retry(delay=…)``,
 ``client.info(timeout=…)``, ``RetryPolicy(initial_interval=…, max_interval=…)``,
-``DeadLetters.prune(older_than=…)``) accepts the same three forms:
+``DeadLetters.prune(older_than=…)``, ``push(idempotency_window=…)``,
+``Scheduler(misfire_grace=…, token_refresh=…, retry_delay=…)``) accepts the same three forms:
 
 * a number of seconds (``int`` or ``float``; ``2.5`` is two and a half seconds);
 * a :class:`datetime.timedelta`;

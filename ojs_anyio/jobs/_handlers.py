@@ -57,6 +57,8 @@ class HandlerSpec:
     params: tuple[tuple[str, Any] | None, ...]
     #: (name, type) of ``*args`` when it is annotated, else None.
     var: tuple[str, Any] | None
+    #: Whether any argument is converted at all (else :meth:`convert` returns args as they are).
+    converts: bool = False
 
     @property
     def name(self) -> str:
@@ -64,9 +66,9 @@ class HandlerSpec:
 
     def convert(self, args: list[Any]) -> list[Any]:
         """``args`` converted to the annotated types; raises :class:`ArgumentsError`."""
-        params, var = self.params, self.var
-        if not args or (var is None and not any(params)):
+        if not self.converts or not args:
             return args
+        params, var = self.params, self.var
         out = list(args)
         for i, value in enumerate(args):
             slot = params[i] if i < len(params) else var
@@ -137,7 +139,8 @@ def inspect_handler(job_type: str, fn: Any) -> HandlerSpec:
     namespace = _namespace(fn)
     params = tuple(_slot(where, p, namespace) for p in positional[1:])
     var = _slot(where, var_param, namespace) if var_param is not None else None
-    return HandlerSpec(fn, signature, _positional_arity(signature), is_async, params, var)
+    converts = var is not None or any(slot is not None for slot in params)
+    return HandlerSpec(fn, signature, _positional_arity(signature), is_async, params, var, converts)
 
 
 def _namespace(fn: Any) -> dict[str, Any]:

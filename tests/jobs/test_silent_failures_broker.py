@@ -553,6 +553,8 @@ def test_10_durations_in_three_forms_everywhere() -> None:
         worker = ojs.Worker(queues=["a"], grace_period=form, heartbeat_interval=form, default_timeout=form)
         assert (worker.grace_period, worker.heartbeat_interval, worker.default_timeout) == (2.5, 2.5, 2.5)
         assert ojs.RetryPolicy(initial_interval=form).initial_interval == "PT2.5S"
+    assert ojs.Retry("busy", delay="PT1M").delay == ojs.Retry(delay=timedelta(minutes=1)).delay == 60.0
+    assert ojs.Scheduler(token_refresh="PT30S", misfire_grace=60).misfire_grace == timedelta(minutes=1)
     for bad in (True, -1, float("inf"), "2.5s", "P1M", [1]):
         with pytest.raises((TypeError, ValueError), match="x"):
             duration_seconds(bad, "x")
