@@ -243,8 +243,8 @@ class Worker:
         An ``async def`` handler runs in the worker's task.  A plain ``def`` handler runs in
         a worker thread (``anyio.to_thread.run_sync``), at most ``concurrency`` per queue at
         once; a timeout, a CANCEL or the end of the grace period cannot stop a thread: the
-        worker waits for the function to return, then reports the attempt as timed out,
-        cancelled or abandoned (a thread can look at ``ctx.cancel_requested`` /
+        worker waits for the function to return, and its return or exception decides the
+        job, with a warning (a thread can look at ``ctx.cancel_requested`` /
         ``ctx.abandoned`` to stop early).  Anything else is refused with ``TypeError``, and
         so are parameter annotations that JSON arguments cannot be converted to.
         """
@@ -603,7 +603,7 @@ class Worker:
                 if spec.is_async:
                     await spec.fn(ctx, *args)
                 else:
-                    await self._run_sync(spec, ctx, args)
+                    await self._run_sync(spec, ctx, args, scope)
             if scope.cancelled_caught and not (ctx.cancel_requested or ctx.abandoned):
                 error = (
                     ErrorCode.HANDLER_TIMEOUT,
@@ -687,12 +687,22 @@ class Worker:
             error_object(failure, etype, message), failure,
         )  # fmt: skip
 
-    async def _run_sync(self, spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> None:
+    async def _run_sync(
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+    ) -> None:
         """A plain ``def`` handler, in a worker thread bounded by the worker's concurrency.
 
         Not abandoned on cancel: a thread cannot be interrupted, so a timeout, CANCEL or
-        the grace period waits for it to return (no thread outlives the worker)."""
+        the grace period waits for it to return (no thread outlives the worker), and what
+        it returned or raised decides the job, as for a handler that finished in time."""
         await anyio.to_thread.run_sync(_call, spec, ctx, args, limiter=self._thread_limiter)
+        late = anyio.current_time() >= scope.deadline
+        if late or ctx.cancel_requested or ctx.abandoned:
+            why = "its timeout" if late else "a CANCEL" if ctx.cancel_requested else "the grace period"
+            log.warning(
+                "job %s: sync handler %s ran past %s (a thread cannot be interrupted); its outcome counts",
+                ctx.id, spec.name, why, extra=log_extra(ctx.id, ctx.job.type, ctx.queue, ctx.attempt),
+            )  # fmt: skip
 
     async def _retry(
         self,

@@ -109,6 +109,36 @@ async def test_1_sync_handler_runs_once_in_a_thread_bounded_by_concurrency(
 
 
 @pytest.mark.anyio
+async def test_1_a_sync_handler_past_its_timeout_is_waited_for_and_its_outcome_counts(
+    client: ojs.Client, q: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A thread cannot be interrupted: the worker waits for it, acks the job it finished (not
+    a timeout and a second run), and says so in a warning."""
+    worker = ojs.Worker(queues=[q], retry=ojs.RetryPolicy(max_attempts=2))
+    outcomes = Outcomes(worker)
+    runs: list[int] = []
+    past_deadline = threading.Event()
+    started = anyio.Event()
+
+    @worker.handler("slow.sync")
+    def handler(ctx: ojs.JobContext) -> None:
+        runs.append(ctx.attempt)
+        anyio.from_thread.run_sync(started.set)
+        past_deadline.wait(WAIT)
+
+    async with running(worker, client):
+        job = await client.push("slow.sync", [], queue=q, timeout=1)
+        with anyio.fail_after(WAIT):
+            await started.wait()
+            scope, _ = worker._job_scopes[job.id]
+            await anyio.sleep_until(scope.deadline + 0.05)  # the job's own deadline passes
+        past_deadline.set()
+        final = await outcomes.wait_final(job.id)
+    assert (final.outcome, runs) == ("completed", [1])
+    assert "ran past its timeout" in caplog.text
+
+
+@pytest.mark.anyio
 async def test_1_plain_function_returning_a_coroutine_says_so(client: ojs.Client, q: str) -> None:
     worker = ojs.Worker(queues=[q], retry=ojs.RetryPolicy(max_attempts=1))
     outcomes = Outcomes(worker)
