@@ -38,6 +38,7 @@ from ._exceptions import (
     TopologyConflictError,
     UnroutableJobError,
 )
+from ._failures import H_ERROR_BACKTRACE, H_ERROR_TYPE
 from ._retry import RetryPolicy, merge
 from ._topology import (
     DELAY_LEVELS,
@@ -839,7 +840,7 @@ class DeadLetters:
                     {H_ATTEMPT: Int32(1), H_ENQUEUED_AT: format_timestamp(datetime.now(UTC))},
                     drop=(
                         H_DEAD_LETTER, H_ERROR_CODE, H_ERROR_MESSAGE, H_SCHEDULED_AT,
-                        H_ORIGINAL_PRIORITY, "x-ojs-dead-lettered-at",
+                        H_ORIGINAL_PRIORITY, "x-ojs-dead-lettered-at", H_ERROR_TYPE, H_ERROR_BACKTRACE,
                     ),
                     base=strip_dead_letter_headers(msg.properties.headers),
                 )  # fmt: skip

@@ -57,7 +57,14 @@ from ._durations import DurationLike, duration_seconds
 from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._exceptions import DeadLetter, Discard, Retry
-from ._failures import error_from_headers, error_headers, error_object, log_extra
+from ._failures import (
+    H_ERROR_BACKTRACE,
+    H_ERROR_TYPE,
+    error_from_headers,
+    error_headers,
+    error_object,
+    log_extra,
+)
 from ._handlers import ArgumentsError, HandlerSpec, inspect_handler
 from ._retry import (
     DEFAULT_RETRY_POLICY,
@@ -729,6 +736,7 @@ class Worker:
                 H_ERROR_MESSAGE: message[:1000],
                 **(error_headers(error) if error else {}),
             },
+            drop=(H_ERROR_TYPE, H_ERROR_BACKTRACE),  # the previous attempt's, unless replaced
             base=strip_dead_letter_headers(msg.properties.headers),
         )
         try:
@@ -795,7 +803,9 @@ class Worker:
                 H_DEAD_LETTER: True,
                 "x-ojs-dead-lettered-at": format_timestamp(datetime.now(UTC)),
                 H_ORIGINAL_PRIORITY: Int32(msg.properties.priority or 0),
+                **(error_headers(error_object(failure, _error_type(failure), message)) if failure else {}),
             },
+            drop=(H_ERROR_TYPE, H_ERROR_BACKTRACE),  # an earlier attempt's, unless replaced
         )
         props = _with_priority(props, 9)
         # First choice: the marked copy back through the job queue, to be Nacked into the
