@@ -729,9 +729,9 @@ def _check_pushable(job: Job) -> None:
     if not isinstance(job.unique, msgspec.UnsetType):
         raise NotImplementedError(
             f"job {job.id}: unique jobs (the envelope's 'unique' policy) are not enforced by this binding: "
-            "RabbitMQ cannot look up the jobs already queued or running, so nothing would stop a duplicate. "
-            "Remove 'unique', and make the handler idempotent (e.g. record the key it acted on in your "
-            "database)"
+            "they depend on the states of the jobs already queued or running, which RabbitMQ cannot look "
+            "up, so nothing would stop a duplicate. Remove 'unique' and pass an idempotency_key (a key per "
+            "time window, enforced by the broker), or make the handler idempotent"
         )
     check_json_args(job.args, job.type)
     if isinstance(job.retry, RetryPolicy):
