@@ -257,7 +257,14 @@ class Worker:
         """
         if not isinstance(job_type, str) or not job_type:
             raise TypeError(f"job_type must be a non-empty str, got {job_type!r}")
-        self._handlers[job_type] = inspect_handler(job_type, fn)
+        spec = inspect_handler(job_type, fn)
+        existing = self._handlers.get(job_type)
+        if existing is not None:
+            raise ValueError(
+                f"a handler for {job_type!r} is already registered ({existing.name}); a job type has "
+                "one handler per worker: give the second one its own job type"
+            )
+        self._handlers[job_type] = spec
 
     def _policy(self, job: Job, client: Client) -> EffectiveRetryPolicy:
         """The job's own retry policy, over the worker's ``retry=``, over the OJS defaults.

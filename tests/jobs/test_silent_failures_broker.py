@@ -473,6 +473,10 @@ def test_6_constructors_validate_their_arguments() -> None:
         ojs.Worker(queues=["a"], grace_period="5s")
     with pytest.raises(TypeError, match="job_type"):
         ojs.Worker(queues=["a"]).register("", lambda ctx: None)
+    worker = ojs.Worker(queues=["a"])
+    worker.register("a.job", lambda ctx: None)
+    with pytest.raises(ValueError, match="already registered"):
+        worker.register("a.job", lambda ctx: None)  # not silently replaced
 
 
 @pytest.mark.anyio
