@@ -21,6 +21,7 @@ The AMQP client underneath is :mod:`ojs_anyio.amqp`; the sans-IO protocol is :mo
 from . import amqp
 from .jobs._client import Client, DeadJob, DeadLetters, PushResult, connect
 from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
+from .jobs._dedup import DuplicateJobError
 from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
 from .jobs._errors import DelayOutOfRangeError, ErrorCode, InvalidJobError, TopologyError
 from .jobs._exceptions import (
@@ -48,6 +49,7 @@ __all__ = [
     "DeadLetters",
     "DelayOutOfRangeError",
     "Discard",
+    "DuplicateJobError",
     "ErrorCode",
     "ErrorInfo",
     "ErrorRecord",

@@ -25,7 +25,10 @@ from ojs_codec import Int32
 
 from .. import amqp
 from . import _tracing
-from ._envelope import Job, encode_job, format_timestamp, new_job, parse_timestamp
+from ._args import check_json_args
+from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
+from ._durations import DurationLike, duration_ms, duration_seconds
+from ._envelope import ErrorInfo, Job, encode_job, format_timestamp, new_job, parse_timestamp
 from ._errors import DelayOutOfRangeError
 from ._exceptions import (
     PushError,
@@ -35,7 +38,8 @@ from ._exceptions import (
     TopologyConflictError,
     UnroutableJobError,
 )
-from ._retry import DEFAULT_RETRY_POLICY, RetryPolicy, merge, resolve_retry
+from ._failures import H_ERROR_BACKTRACE, H_ERROR_TYPE
+from ._retry import RetryPolicy, merge
 from ._topology import (
     DELAY_LEVELS,
     DLQ_MAX_AGE_MS,
@@ -117,6 +121,8 @@ class JobInfo:
     worker_id: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    #: The OJS error object of the job's last failed attempt (type, message, backtrace).
+    error: ErrorInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +154,15 @@ class Client:
             raise ValueError("declare must be 'eager' or 'lazy'")
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+        if retry is not None and retry.carries_classes():
+            raise TypeError(_CLASSES_ON_THE_WIRE.format(where="connect(retry=...)"))
+        if queue_options is not None and not isinstance(queue_options, QueueOptions | dict):
+            raise TypeError(
+                "queue_options must be a QueueOptions, a dict of queue name -> QueueOptions, or None, "
+                f"not {type(queue_options).__name__}"
+            )
         self.conn = conn
         #: "levels" or "plugin" once resolved; "auto" until the first scheduled push (or
         #: :meth:`resolve_scheduler`) has asked the broker.
@@ -160,7 +175,9 @@ class Client:
         self.names = names
         self.declare = declare
         self._queue_options = queue_options
-        self.retry = merge(retry, DEFAULT_RETRY_POLICY)
+        #: The producer's retry defaults: the fields it sets are written into every job this
+        #: client builds that does not set them itself (so they become the job's own policy).
+        self.retry = retry
         self._channel: amqp.Channel | None = None
         self._declared_queues: set[str] = set()
         self._declared_retry: set[tuple[str, int]] = set()
@@ -376,21 +393,38 @@ class Client:
         *,
         queue: str = "default",
         priority: int | None = None,
-        timeout: int | None = None,
+        timeout: DurationLike | None = None,
         retry: RetryPolicy | None = None,
         meta: dict[str, Any] | None = None,
         scheduled_at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        delay: DurationLike | None = None,
         expires_at: datetime | None = None,
         id: str | None = None,
     ) -> Job:
-        """Build (and validate) a job without pushing it."""
+        """Build (and validate) a job without pushing it.
+
+        ``args`` must be JSON values (see :func:`check_json_args`); ``timeout`` (whole
+        seconds) and ``delay`` take a number of seconds, a ``timedelta`` or an ISO 8601
+        duration.  ``retry`` is merged over the client's ``connect(retry=...)``: the result
+        is the job's own policy, carried in its envelope.
+        """
+        check_json_args(args, type)
         now = datetime.now(UTC)
         if delay is not None:
             if scheduled_at is not None:
                 raise ValueError("give scheduled_at or delay, not both")
-            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-            scheduled_at = now + timedelta(seconds=seconds)
+            scheduled_at = now + timedelta(seconds=duration_seconds(delay, "delay"))
+        if timeout is not None and not isinstance(timeout, int):
+            seconds = duration_seconds(timeout, "timeout")
+            if seconds != int(seconds):
+                raise ValueError(f"timeout is whole seconds in OJS, got {timeout!r} ({seconds} s)")
+            timeout = int(seconds)
+        if retry is not None:
+            if not isinstance(retry, RetryPolicy):
+                raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+            _check_job_policy(retry)
+        if self.retry is not None:
+            retry = self.retry if retry is None else merge(retry, self.retry)
         return new_job(
             type,
             args,
@@ -412,19 +446,25 @@ class Client:
         *,
         queue: str = "default",
         priority: int | None = None,
-        timeout: int | None = None,
+        timeout: DurationLike | None = None,
         retry: RetryPolicy | None = None,
         meta: dict[str, Any] | None = None,
         scheduled_at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        delay: DurationLike | None = None,
         expires_at: datetime | None = None,
         idempotency_key: str | None = None,
+        idempotency_window: DurationLike = DEFAULT_IDEMPOTENCY_WINDOW,
         id: str | None = None,
     ) -> Job:
         """PUSH one job; return it once the broker confirmed it (001 §5.1).
 
         Raises :class:`UnroutableJobError` (its queue doesn't exist), :class:`QueueFullError`
-        (QUEUE_FULL), :class:`PushOutcomeUnknownError` (connection lost before the confirm).
+        (QUEUE_FULL), :class:`PushOutcomeUnknownError` (connection lost before the confirm);
+        ``TypeError`` for an argument JSON cannot carry.
+
+        ``idempotency_key``: a second push with the same key within ``idempotency_window``
+        (default 24 h), from any client of the broker, raises :class:`DuplicateJobError`
+        and publishes nothing (a lock queue per key; see ``docs/jobs.md`` for its cost).
         """
         job = self.build(
             type,
@@ -439,9 +479,53 @@ class Client:
             expires_at=expires_at,
             id=id,
         )
-        return await self.push_job(job, idempotency_key=idempotency_key)
+        return await self._push_job(job, idempotency_key=idempotency_key, window=idempotency_window)
 
-    async def push_job(self, job: Job, *, idempotency_key: str | None = None) -> Job:
+    async def push_job(
+        self,
+        job: Job,
+        *,
+        idempotency_key: str | None = None,
+        idempotency_window: DurationLike = DEFAULT_IDEMPOTENCY_WINDOW,
+    ) -> Job:
+        """PUSH a job built with :meth:`build` (or :func:`new_job`); see :meth:`push`."""
+        _check_pushable(job)
+        return await self._push_job(job, idempotency_key=idempotency_key, window=idempotency_window)
+
+    async def _push_job(
+        self, job: Job, *, idempotency_key: str | None = None, window: DurationLike | None = None
+    ) -> Job:
+        """The push itself.  With a ``window``, the ``idempotency_key`` is claimed first (a
+        duplicate raises); without one (the scheduler's label for a tick) it is only written
+        to ``x-ojs-idempotency-key``."""
+        if idempotency_key is None or window is None:
+            return await self._publish_job(job, idempotency_key)
+        if not isinstance(idempotency_key, str) or not idempotency_key:
+            raise TypeError(f"idempotency_key must be a non-empty str, got {idempotency_key!r}")
+        window_ms = duration_ms(window, "idempotency_window", allow_zero=False)
+        check_window(window_ms)
+        lock = lock_queue(self.names.prefix, idempotency_key, window_ms)
+        if self.declare == "eager" or job.queue not in self._declared_queues:
+            await self.declare_queue(job.queue)  # before the claim: a topology error keeps the key free
+        ch = await self.channel()
+        try:
+            await claim(ch, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
+        except amqp.PublishError as exc:
+            raise _push_error(exc, job) from exc
+        try:
+            return await self._publish_job(job, idempotency_key)
+        except BaseException:
+            # Free the key, so that pushing again can succeed (at least once, as everywhere).
+            with anyio.CancelScope(shield=True):
+                try:
+                    await release(await self.channel(), lock)
+                except (amqp.AMQPError, OSError) as exc:
+                    log.warning(
+                        "could not release idempotency key %r of job %s: %s", idempotency_key, job.id, exc
+                    )
+            raise
+
+    async def _publish_job(self, job: Job, idempotency_key: str | None) -> Job:
         if self.declare == "eager" or job.queue not in self._declared_queues:
             await self.declare_queue(job.queue)
         # The message's trace headers are written inside the PRODUCER span, so the worker's
@@ -469,6 +553,8 @@ class Client:
         Returns one :class:`PushResult` per job, in order; a failed job doesn't stop the others.
         """
         jobs = list(jobs)
+        for job in jobs:
+            _check_pushable(job)
         for queue in {j.queue for j in jobs}:
             await self.declare_queue(queue)
         ch = await self.channel()
@@ -512,10 +598,12 @@ class Client:
         self, job: Job, idempotency_key: str | None
     ) -> tuple[str, str, amqp.BasicProperties, bytes]:
         now = datetime.now(UTC)
-        eff = resolve_retry(job.retry, self.retry)
+        # Only what the job itself set: a job without its own max_attempts carries no
+        # x-ojs-max-attempts, and the worker's policy decides (see docs/jobs.md).
+        own = job.retry.max_attempts if isinstance(job.retry, RetryPolicy) else None
         props = job_properties(
             job,
-            max_attempts=eff.max_attempts,
+            max_attempts=own if isinstance(own, int) else None,
             enqueued_at=now,
             idempotency_key=idempotency_key,
             trace_headers=_tracing.inject_headers(),
@@ -582,7 +670,7 @@ class Client:
         """BEAT: tell every worker of ``queue`` that ``worker_id`` still runs ``job_id`` (001 §5.7)."""
         await self._control_publish(queue, CONTROL_HEARTBEAT, {"job_id": job_id, "worker_id": worker_id})
 
-    async def info(self, job_id: str, *, queue: str = "default", timeout: float = 5.0) -> JobInfo:
+    async def info(self, job_id: str, *, queue: str = "default", timeout: DurationLike = 5.0) -> JobInfo:
         """INFO over RPC (001 §5.8): the state of ``job_id`` from the worker that knows it.
 
         The request goes to the control queue with ``reply_to`` = this client's exclusive,
@@ -591,6 +679,7 @@ class Client:
         skipped.  Requests from one client are answered one at a time.  No answer within
         ``timeout`` gives ``JobInfo(state="unknown")``, not an exception.
         """
+        timeout = duration_seconds(timeout, "timeout")
         await self.declare_control_queue(queue)
         correlation_id = uuid.uuid4().hex
         async with self._info_lock:
@@ -627,6 +716,7 @@ class Client:
                                 worker_id=data.get("worker_id"),
                                 started_at=data.get("started_at"),
                                 finished_at=data.get("finished_at"),
+                                error=_error_info(data.get("error")),
                             )
                 except amqp.AMQPError:
                     await self._close_reply_queue()  # declared afresh by the next request
@@ -660,6 +750,53 @@ class Client:
 
     def dead_letters(self, queue: str) -> DeadLetters:
         return DeadLetters(self, queue)
+
+
+_CLASSES_ON_THE_WIRE = (
+    "{where}: non_retryable_errors holds exception classes, which cannot travel in a job's message; "
+    "give their OJS error types as strings ('mypkg.errors.PaymentDeclined', or 'mypkg.errors.*'), "
+    "or put the classes in the worker's policy: Worker(retry=RetryPolicy(non_retryable_errors=(...)))"
+)
+
+
+def _check_job_policy(policy: RetryPolicy) -> None:
+    if policy.carries_classes():
+        raise TypeError(_CLASSES_ON_THE_WIRE.format(where="the job's retry policy"))
+    if policy.on_exhaustion == "discard":
+        import warnings
+
+        warnings.warn(
+            "on_exhaustion='discard' is not honoured by the OJS AMQP binding: an exhausted job is "
+            "rejected (Basic.Nack, requeue=false) and the broker moves it to its dead-letter queue "
+            "ojs.queue.dlx.{queue} (OJS AMQP binding §5.5); purge that queue to drop them",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _check_pushable(job: Job) -> None:
+    """What push refuses in a job built elsewhere: unique policies, non-JSON args, classes."""
+    if not isinstance(job, Job):
+        raise TypeError(f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}")
+    if not isinstance(job.unique, msgspec.UnsetType):
+        raise NotImplementedError(
+            f"job {job.id}: unique jobs (the envelope's 'unique' policy) are not enforced by this binding: "
+            "they depend on the states of the jobs already queued or running, which RabbitMQ cannot look "
+            "up, so nothing would stop a duplicate. Remove 'unique' and pass an idempotency_key (a key per "
+            "time window, enforced by the broker), or make the handler idempotent"
+        )
+    check_json_args(job.args, job.type)
+    if isinstance(job.retry, RetryPolicy):
+        _check_job_policy(job.retry)
+
+
+def _error_info(value: Any) -> ErrorInfo | None:
+    if not isinstance(value, dict):
+        return None
+    try:
+        return msgspec.convert(value, ErrorInfo)
+    except msgspec.ValidationError:
+        return None
 
 
 def _delay_ms(due: datetime, now: datetime) -> int:
@@ -763,7 +900,7 @@ class DeadLetters:
                     {H_ATTEMPT: Int32(1), H_ENQUEUED_AT: format_timestamp(datetime.now(UTC))},
                     drop=(
                         H_DEAD_LETTER, H_ERROR_CODE, H_ERROR_MESSAGE, H_SCHEDULED_AT,
-                        H_ORIGINAL_PRIORITY, H_DEAD_LETTERED_AT,
+                        H_ORIGINAL_PRIORITY, H_DEAD_LETTERED_AT, H_ERROR_TYPE, H_ERROR_BACKTRACE,
                     ),
                     base=strip_dead_letter_headers(msg.properties.headers),
                 )  # fmt: skip
@@ -793,7 +930,7 @@ class DeadLetters:
 
     async def prune(
         self,
-        older_than: timedelta | None = timedelta(milliseconds=DLQ_MAX_AGE_MS),
+        older_than: DurationLike | None = timedelta(milliseconds=DLQ_MAX_AGE_MS),
         *,
         max_jobs: int | None = DLQ_MAX_LENGTH,
         limit: int = 100_000,
@@ -809,7 +946,11 @@ class DeadLetters:
         ``x-ojs-dead-lettered-at`` (annotated mode), or its ``timestamp``.  Returns how
         many were dropped.
         """
-        cutoff = None if older_than is None else datetime.now(UTC) - older_than
+        cutoff = (
+            None
+            if older_than is None
+            else datetime.now(UTC) - timedelta(seconds=duration_seconds(older_than, "older_than"))
+        )
         dropped = 0
         async with self.client.conn.channel(confirms=False) as ch:
             excess = 0

@@ -117,6 +117,7 @@ from ojs_codec import AMQPError, UsageError
 
 from .. import amqp
 from ._client import Client
+from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp, new_job, parse_timestamp
 from ._exceptions import PushError, PushOutcomeUnknownError, TopologyConflictError
 from ._retry import RetryPolicy
@@ -307,20 +308,19 @@ class Scheduler:
         name: str = "default",
         *,
         misfire: Misfire = "skip",
-        misfire_grace: timedelta = timedelta(hours=1),
-        token_refresh: float = 60.0,
-        retry_delay: float = 1.0,
+        misfire_grace: DurationLike = timedelta(hours=1),
+        token_refresh: DurationLike = 60.0,
+        retry_delay: DurationLike = 1.0,
         instance_id: str | None = None,
     ) -> None:
         self.name = _check_name("scheduler name", name)
         if misfire not in _MISFIRE_POLICIES:
             raise ValueError(f"misfire must be 'skip' or 'once', not {misfire!r}")
-        if token_refresh <= 0 or retry_delay < 0:
-            raise ValueError("token_refresh must be positive and retry_delay not negative")
         self.misfire: Misfire = misfire
-        self.misfire_grace = misfire_grace
-        self.token_refresh = token_refresh
-        self.retry_delay = retry_delay
+        # Durations: seconds, a timedelta or ISO 8601 (the forms every option takes).
+        self.misfire_grace = timedelta(seconds=duration_seconds(misfire_grace, "misfire_grace"))
+        self.token_refresh = duration_seconds(token_refresh, "token_refresh", allow_zero=False)
+        self.retry_delay = duration_seconds(retry_delay, "retry_delay")
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._schedules: dict[str, Schedule] = {}
         self._listeners: list[Callable[[SchedulerEvent], None]] = []
@@ -805,7 +805,7 @@ class Scheduler:
             with scope:
                 if self._holding() is None:
                     scope.cancel()
-                job = await client.push(
+                built = client.build(
                     schedule.job_type,
                     list(schedule.args),
                     queue=schedule.queue,
@@ -813,8 +813,10 @@ class Scheduler:
                     timeout=schedule.timeout,
                     retry=schedule.retry,
                     meta=dict(schedule.meta) if schedule.meta is not None else None,
-                    idempotency_key=key,
                 )
+                # The key is a label of the tick (x-ojs-idempotency-key); the leader lease,
+                # not the key, is what keeps a tick from firing twice.
+                job = await client._push_job(built, idempotency_key=key)
                 job_id = job.id
         except PushOutcomeUnknownError as exc:
             log.warning("scheduler %s: outcome of %s unknown (%s); not recorded", self.name, key, exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from ojs_codec import AMQPError
@@ -79,11 +80,14 @@ class _Verdict(Exception):
 
 
 class Retry(_Verdict):
-    """``raise ojs.Retry("busy", delay=30)``: retry now-ish (``delay`` seconds, on the ladder),
-    if the policy still allows an attempt; otherwise dead-letter."""
+    """``raise ojs.Retry("busy", delay=30)``: retry now-ish (``delay``: seconds, a timedelta or
+    an ISO 8601 duration, put on the ladder), if the policy still allows an attempt;
+    otherwise dead-letter.  ``delay`` is kept in seconds."""
 
-    def __init__(self, reason: str = "", *, delay: float | None = None) -> None:
-        self.delay = delay
+    def __init__(self, reason: str = "", *, delay: float | timedelta | str | None = None) -> None:
+        from ._durations import duration_seconds
+
+        self.delay = None if delay is None else duration_seconds(delay, "Retry(delay=...)")
         super().__init__(reason)
 
 

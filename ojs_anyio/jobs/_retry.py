@@ -38,9 +38,10 @@ import math
 import random
 import re
 from bisect import bisect_left
+from datetime import timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from functools import lru_cache
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -58,7 +59,10 @@ __all__ = [
     "compute_delay_ms",
     "format_duration_ms",
     "has_attempts_left",
+    "error_type_name",
+    "error_type_names",
     "is_retryable",
+    "is_retryable_error",
     "ladder_delay_ms",
     "merge",
     "parse_duration_ms",
@@ -83,6 +87,15 @@ _MS_PER: Final = {"weeks": 604_800_000, "days": 86_400_000, "hours": 3_600_000, 
 MAX_DURATION_MS: Final = 2**53 - 1
 
 Duration = Annotated[str, Meta(pattern=DURATION_PATTERN)]
+
+if TYPE_CHECKING:
+    # What code may pass; __post_init__ turns it into the wire form (the runtime types below,
+    # which are what msgspec decodes a job's ``retry`` object into).
+    _Interval = Duration | float | timedelta
+    _ErrorEntry = str | type[BaseException]
+else:
+    _Interval = Duration
+    _ErrorEntry = Annotated[str, Meta(min_length=1)]
 
 
 def _match_duration(text: str) -> re.Match[str]:
@@ -159,21 +172,62 @@ class RetryPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     """
 
     max_attempts: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
-    initial_interval: Duration | UnsetType = UNSET
+    initial_interval: _Interval | UnsetType = UNSET
     backoff_coefficient: Annotated[float, Meta(ge=1.0)] | UnsetType = UNSET
-    max_interval: Duration | UnsetType = UNSET
+    max_interval: _Interval | UnsetType = UNSET
     jitter: bool | UnsetType = UNSET
-    non_retryable_errors: tuple[Annotated[str, Meta(min_length=1)], ...] | UnsetType = UNSET
+    non_retryable_errors: tuple[_ErrorEntry, ...] | UnsetType = UNSET
     on_exhaustion: OnExhaustion | UnsetType = UNSET
     #: Extension field (OJS retry §3); absent means exponential.
     backoff_strategy: BackoffStrategy | UnsetType = UNSET
 
     def __post_init__(self) -> None:
+        _coerce_fields(self)
         _check_policy(self)
 
+    def carries_classes(self) -> bool:
+        """Whether ``non_retryable_errors`` holds exception classes (code-only: they cannot
+        travel in a message, so such a policy is for :class:`Worker` only)."""
+        errors = self.non_retryable_errors
+        return isinstance(errors, tuple) and any(not isinstance(entry, str) for entry in errors)
 
-def _interval_ms(field: str, value: str | UnsetType) -> int | None:
-    if value is UNSET:
+
+def _coerce_fields(policy: RetryPolicy) -> None:
+    """Bring what code passed into the wire form: intervals given as seconds or a timedelta
+    become ISO 8601 strings, a list of errors a tuple; check the error entries."""
+    from ._durations import duration_text
+
+    for name in ("initial_interval", "max_interval"):
+        value = getattr(policy, name)
+        if value is not UNSET and not isinstance(value, str):
+            try:
+                text = duration_text(value, name)
+            except (TypeError, ValueError) as exc:
+                raise InvalidJobError(name, str(exc)) from None
+            msgspec.structs.force_setattr(policy, name, text)
+    errors: Any = policy.non_retryable_errors
+    if errors is UNSET:
+        return
+    if isinstance(errors, str | bytes) or not isinstance(errors, tuple | list):
+        raise InvalidJobError(
+            "non_retryable_errors",
+            f"must be a tuple of exception classes or OJS error types, not {type(errors).__name__} "
+            f"({errors!r}); write ({errors!r},) for one entry",
+        )
+    for entry in errors:
+        is_class = isinstance(entry, type) and issubclass(entry, BaseException)
+        if not is_class and not (isinstance(entry, str) and entry):
+            raise InvalidJobError(
+                "non_retryable_errors",
+                f"{entry!r} is neither an exception class nor an OJS error type string "
+                "(e.g. 'mypkg.errors.PaymentDeclined' or 'mypkg.errors.*')",
+            )
+    if isinstance(errors, list):
+        msgspec.structs.force_setattr(policy, "non_retryable_errors", tuple(errors))
+
+
+def _interval_ms(field: str, value: object) -> int | None:
+    if not isinstance(value, str):  # UNSET (anything else was made a str by _coerce_fields)
         return None
     try:
         return parse_duration_ms(value)
@@ -204,7 +258,7 @@ class EffectiveRetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
     backoff_coefficient: float
     max_interval_ms: int
     jitter: bool
-    non_retryable_errors: tuple[str, ...]
+    non_retryable_errors: tuple[str | type[BaseException], ...]
     on_exhaustion: OnExhaustion
     backoff_strategy: BackoffStrategy
 
@@ -318,9 +372,51 @@ def is_retryable(policy: RetryPolicy | EffectiveRetryPolicy | UnsetType | None, 
     ``auth.*`` matches ``auth.forbidden`` but neither ``auth`` nor ``external.auth.x``.
     """
     for entry in resolve_retry(policy).non_retryable_errors:
-        if error_type == entry or (entry.endswith(".*") and error_type.startswith(entry[:-1])):
+        if isinstance(entry, str) and _matches(error_type, entry):
             return False
     return True
+
+
+def error_type_names(exc_type: type[BaseException]) -> list[str]:
+    """The OJS error types an exception class answers to: its own qualified name and those of
+    its base classes (``module.QualName``; builtins and ``__main__`` without the module)."""
+    return [error_type_name(cls) for cls in exc_type.__mro__ if issubclass(cls, BaseException)]
+
+
+def error_type_name(cls: type[BaseException]) -> str:
+    """An exception class's OJS error type: ``mypkg.errors.PaymentDeclined``, ``ValueError``."""
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+
+
+def is_retryable_error(
+    policy: RetryPolicy | EffectiveRetryPolicy | UnsetType | None, exc: BaseException
+) -> bool:
+    """False when ``exc`` matches an entry of ``non_retryable_errors``.
+
+    * An exception class matches with ``isinstance``: subclasses count.
+    * A string is an OJS error type, matched against the qualified name
+      (``module.QualName``) of the exception's class *or any of its base classes*,
+      exactly or, when it ends in ``.*``, as a prefix: ``"mypkg.errors.*"`` matches every
+      exception defined in ``mypkg.errors`` (and their subclasses elsewhere).
+    """
+    entries = resolve_retry(policy).non_retryable_errors
+    if not entries:
+        return True
+    names: list[str] | None = None
+    for entry in entries:
+        if isinstance(entry, str):
+            if names is None:
+                names = error_type_names(type(exc))
+            if any(_matches(name, entry) for name in names):
+                return False
+        elif isinstance(exc, entry):
+            return False
+    return True
+
+
+def _matches(error_type: str, entry: str) -> bool:
+    return error_type == entry or (entry.endswith(".*") and error_type.startswith(entry[:-1]))
 
 
 def has_attempts_left(policy: RetryPolicy | EffectiveRetryPolicy | UnsetType | None, attempt: int) -> bool:

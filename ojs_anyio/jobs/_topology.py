@@ -365,7 +365,7 @@ def _check_quorum(options: QueueOptions) -> None:
     if options.max_priority is not None:
         raise TopologyError(
             "quorum queues on RabbitMQ 3.10 have no priorities (x-max-priority is classic-only); "
-            "pass max_priority=None with queue_type='quorum', or use a classic queue (DECISIONS 9)"
+            "pass max_priority=None with queue_type='quorum', or use a classic queue"
         )
     if options.overflow == "reject-publish-dlx":
         raise TopologyError("quorum queues do not support x-overflow=reject-publish-dlx; use reject-publish")

@@ -85,7 +85,7 @@ def _tags(job: Job) -> str | None:
 def job_properties(
     job: Job,
     *,
-    max_attempts: int,
+    max_attempts: int | None,
     enqueued_at: datetime,
     idempotency_key: str | None = None,
     trace_headers: dict[str, str] | None = None,
@@ -96,10 +96,11 @@ def job_properties(
     headers: dict[str, Any] = {
         H_QUEUE: job.queue,
         H_ATTEMPT: _int32(attempt),
-        H_MAX_ATTEMPTS: _int32(max_attempts),
         H_CREATED_AT: created,
         H_ENQUEUED_AT: format_timestamp(enqueued_at),
     }
+    if max_attempts is not None:  # only when the job set it: else the worker's policy decides
+        headers[H_MAX_ATTEMPTS] = _int32(max_attempts)
     if isinstance(job.scheduled_at, str):
         headers[H_SCHEDULED_AT] = job.scheduled_at
     tags = _tags(job)

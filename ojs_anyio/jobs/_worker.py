@@ -25,12 +25,13 @@ and acks the original, a documented departure from AMQP-009.
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import logging
-import math
 import random
 import time
 import uuid
+import warnings
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,22 +40,37 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import msgspec
+import sniffio
 
 from ojs_codec import Int32
 
 from .. import amqp
 from . import _tracing
+from ._args import check_queue_names
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, Client
 from ._dead_letter import dead_letter
+from ._durations import DurationLike, duration_seconds
 from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._exceptions import DeadLetter, Discard, Retry
+from ._failures import (
+    H_ERROR_BACKTRACE,
+    H_ERROR_TYPE,
+    error_from_headers,
+    error_headers,
+    error_object,
+    log_extra,
+)
+from ._handlers import ArgumentsError, HandlerSpec, inspect_handler
 from ._retry import (
+    DEFAULT_RETRY_POLICY,
     EffectiveRetryPolicy,
     RetryPolicy,
     compute_delay_ms,
-    is_retryable,
+    error_type_name,
+    is_retryable_error,
     ladder_delay_ms,
     merge,
     resolve_retry,
@@ -77,7 +93,8 @@ log = logging.getLogger("ojs_anyio.worker")
 _json = msgspec.json.Encoder()
 _json_decode = msgspec.json.Decoder()
 
-Handler = Callable[..., Awaitable[Any]]
+#: ``async def handler(ctx, *args)`` or ``def handler(ctx, *args)`` (run in a worker thread).
+Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
 
 DEFAULT_TIMEOUT = 1800.0
 #: RabbitMQ's default consumer_timeout (30 min): an unacked delivery older than this gets
@@ -129,6 +146,8 @@ class JobOutcome:
     error_message: str | None = None
     delay_ms: int | None = None
     duration: float = 0.0
+    #: The OJS error object of a failed attempt: ``type``, ``message``, ``backtrace``.
+    error: dict[str, Any] | None = None
 
 
 class _Abandon(Exception):
@@ -155,29 +174,40 @@ class Worker:
         *,
         concurrency: int = 10,
         retry: RetryPolicy | None = None,
-        grace_period: float = 25.0,
-        default_timeout: float = DEFAULT_TIMEOUT,
+        grace_period: DurationLike = 25.0,
+        default_timeout: DurationLike = DEFAULT_TIMEOUT,
         worker_id: str | None = None,
         rng: random.Random | None = None,
-        broker_consumer_timeout: float = BROKER_CONSUMER_TIMEOUT,
-        heartbeat_interval: float = 5.0,
-        cancel_memory: float = 3600.0,
+        broker_consumer_timeout: DurationLike = BROKER_CONSUMER_TIMEOUT,
+        heartbeat_interval: DurationLike = 5.0,
+        cancel_memory: DurationLike = 3600.0,
         annotate_dead_letters: bool = False,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
-        self.queues = list(queues)
+        self.queues = check_queue_names(queues, "Worker(queues=...)")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1 (jobs at once per queue), got {concurrency!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+            raise TypeError(f"worker_id must be a non-empty str or None, got {worker_id!r}")
+        if rng is not None and not isinstance(rng, random.Random):
+            raise TypeError(f"rng must be a random.Random or None, not {type(rng).__name__}")
+        _warn_policy(retry, "Worker(retry=...)")
         self.concurrency = concurrency
         self.retry = retry
-        self.grace_period = grace_period
-        self.default_timeout = default_timeout
+        self.grace_period = duration_seconds(grace_period, "grace_period")
+        self.default_timeout = duration_seconds(default_timeout, "default_timeout", allow_zero=False)
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
-        self.broker_consumer_timeout = broker_consumer_timeout
+        self.broker_consumer_timeout = duration_seconds(
+            broker_consumer_timeout, "broker_consumer_timeout", allow_zero=False
+        )
         self._rng = rng or random.Random()
-        #: (worker policy, client policy, the two merged): see _policy.
-        self._defaults: tuple[RetryPolicy | None, RetryPolicy, RetryPolicy] | None = None
-        #: job type -> (handler, its signature, (min, max) positional args incl. ctx or None)
-        self._handlers: dict[str, tuple[Handler, inspect.Signature, tuple[int, float] | None]] = {}
+        #: (worker policy, it merged over the OJS defaults): see _policy.
+        self._defaults: tuple[RetryPolicy | None, RetryPolicy] | None = None
+        #: job type -> the handler, inspected at registration
+        self._handlers: dict[str, HandlerSpec] = {}
+        #: Bounds the threads of sync handlers (created in run(): one per event loop).
+        self._thread_limiter: anyio.CapacityLimiter | None = None
         self._listeners: list[Callable[[JobOutcome], None]] = []
         self._stopping = False
         self._fetch_scopes: set[anyio.CancelScope] = set()
@@ -186,8 +216,8 @@ class Worker:
         self._ready = anyio.Event()
         self.active: dict[str, JobContext] = {}
         self.counts: dict[str, int] = {}
-        self.heartbeat_interval = heartbeat_interval
-        self.cancel_memory = cancel_memory
+        self.heartbeat_interval = duration_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
+        self.cancel_memory = duration_seconds(cancel_memory, "cancel_memory")
         #: Opt-in departure from AMQP-009: dead letters are annotated copies (see _dead_letter).
         self.annotate_dead_letters = annotate_dead_letters
         #: Jobs cancelled before they reached this worker: job id -> when (monotonic); bounded.
@@ -203,7 +233,10 @@ class Worker:
     # ------------------------------------------------------------- config
 
     def handler(self, job_type: str) -> Callable[[Handler], Handler]:
-        """Decorator registering ``fn(ctx, *args)`` for ``job_type``."""
+        """Decorator registering ``fn(ctx, *args)`` for ``job_type``.
+
+        ``fn`` is an ``async def`` function, or a plain ``def`` function that then runs in a
+        worker thread (see :meth:`register`)."""
 
         def register(fn: Handler) -> Handler:
             self.register(job_type, fn)
@@ -212,15 +245,37 @@ class Worker:
         return register
 
     def register(self, job_type: str, fn: Handler) -> None:
-        signature = inspect.signature(fn)
-        self._handlers[job_type] = (fn, signature, _positional_arity(signature))
+        """Register ``fn(ctx, *args)`` for ``job_type``.
+
+        An ``async def`` handler runs in the worker's task.  A plain ``def`` handler runs in
+        a worker thread (``anyio.to_thread.run_sync``), at most ``concurrency`` per queue at
+        once; a timeout, a CANCEL or the end of the grace period cannot stop a thread: the
+        worker waits for the function to return, and its return or exception decides the
+        job, with a warning (a thread can look at ``ctx.cancel_requested`` /
+        ``ctx.abandoned`` to stop early).  Anything else is refused with ``TypeError``, and
+        so are parameter annotations that JSON arguments cannot be converted to.
+        """
+        if not isinstance(job_type, str) or not job_type:
+            raise TypeError(f"job_type must be a non-empty str, got {job_type!r}")
+        spec = inspect_handler(job_type, fn)
+        existing = self._handlers.get(job_type)
+        if existing is not None:
+            raise ValueError(
+                f"a handler for {job_type!r} is already registered ({existing.name}); a job type has "
+                "one handler per worker: give the second one its own job type"
+            )
+        self._handlers[job_type] = spec
 
     def _policy(self, job: Job, client: Client) -> EffectiveRetryPolicy:
-        """The job's retry policy over the worker's over the client's (merged once per pair)."""
+        """The job's own retry policy, over the worker's ``retry=``, over the OJS defaults.
+
+        The client that the worker consumes with plays no part: a producer's defaults
+        (``connect(retry=...)``) were written into each job's envelope when it was built.
+        """
         cached = self._defaults
-        if cached is None or cached[0] is not self.retry or cached[1] is not client.retry:
-            cached = self._defaults = (self.retry, client.retry, merge(self.retry, client.retry))
-        return resolve_retry(job.retry, cached[2])
+        if cached is None or cached[0] is not self.retry:
+            cached = self._defaults = (self.retry, merge(self.retry, DEFAULT_RETRY_POLICY))
+        return resolve_retry(job.retry, cached[1])
 
     def add_listener(self, callback: Callable[[JobOutcome], None]) -> Callable[[], None]:
         """Call ``callback`` with every :class:`JobOutcome` (synchronously)."""
@@ -240,6 +295,13 @@ class Worker:
         try:
             for queue in self.queues:
                 await client.declare_queue(queue)
+            self._thread_limiter = anyio.CapacityLimiter(self.concurrency * len(self.queues))
+            log.info(
+                "worker %s starting: queues=%s concurrency=%d backend=%s broker=%s",
+                self.worker_id, ",".join(self.queues), self.concurrency,
+                sniffio.current_async_library(), client.conn.url.redacted(),
+                extra={"worker_id": self.worker_id, "queues": list(self.queues)},
+            )  # fmt: skip
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 control_started = anyio.Event()
@@ -354,13 +416,17 @@ class Worker:
     def _info(self, job_id: str) -> dict[str, Any] | None:
         ctx = self.active.get(job_id)
         if ctx is not None:
-            return {
+            answer: dict[str, Any] = {
                 "job_id": job_id,
                 "state": "active",
                 "attempt": ctx.attempt,
                 "worker_id": self.worker_id,
                 "started_at": ctx.started_wall,
             }
+            previous = error_from_headers(ctx.message.properties.headers)  # the last attempt's
+            if previous is not None:
+                answer["error"] = previous
+            return answer
         recent = self._recent.get(job_id)
         if recent is None:
             return None
@@ -506,7 +572,7 @@ class Worker:
                 f"no handler registered for job type {job.type!r} on worker {self.worker_id}", started,
             )  # fmt: skip
             return
-        fn, signature, arity = entry
+        spec = entry
         try:
             policy = self._policy(job, client)
         except InvalidJobError as exc:
@@ -529,16 +595,24 @@ class Worker:
             )
             return
         ctx = JobContext(job, attempt, max_attempts, queue, self.worker_id, msg)
+        args = job.args
         try:
             # Checked against the arity worked out at registration; the full bind (which
             # words the error) only for handlers whose parameters need it.
-            if arity is None or not arity[0] <= len(job.args) + 1 <= arity[1]:
-                signature.bind(ctx, *job.args)
+            arity = spec.arity
+            if arity is None or not arity[0] <= len(args) + 1 <= arity[1]:
+                spec.signature.bind(ctx, *args)
+            args = spec.convert(args)
         except TypeError as exc:
             await self._dead_letter(
                 client, ch, queue, msg, job, attempt, ErrorCode.INVALID_ARGS,
-                f"args {job.args!r} do not fit {fn.__name__}{signature}: {exc}", started,
+                f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}", started,
             )  # fmt: skip
+            return
+        except ArgumentsError as exc:
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, ErrorCode.INVALID_ARGS, str(exc), started
+            )
             return
         own_timeout = isinstance(job.timeout, int) and job.timeout > 0
         timeout = float(job.timeout) if own_timeout else self.default_timeout  # type: ignore[arg-type]
@@ -555,6 +629,7 @@ class Worker:
         timeout = min(timeout, cap)
         error: tuple[str, str, str] | None = None  # (code, error type, message)
         verdict: BaseException | None = None
+        failure: BaseException | None = None  # the exception behind ``error``, for its traceback
         # One scope per job serves as its timeout (the deadline) and as the handle that
         # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
         scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
@@ -567,13 +642,18 @@ class Worker:
                     headers, queue=queue, job_id=job.id, job_type=job.type, attempt=attempt
                 ),
             ):
-                await fn(ctx, *job.args)
+                if spec.is_async:
+                    await spec.fn(ctx, *args)
+                else:
+                    await self._run_sync(spec, ctx, args, scope)
             if scope.cancelled_caught and not (ctx.cancel_requested or ctx.abandoned):
                 error = (
                     ErrorCode.HANDLER_TIMEOUT,
                     "TimeoutError",
                     f"handler exceeded its timeout of {timeout:g}s",
                 )
+                # So that non_retryable_errors can name it (TimeoutError or "TimeoutError").
+                failure = TimeoutError(error[2])
             elif scope.cancelled_caught:
                 if ctx.cancel_requested:
                     await msg.ack()
@@ -595,8 +675,10 @@ class Worker:
             raise  # the worker itself is being cancelled: leave the job unacked
         except Exception as exc:
             error = (ErrorCode.HANDLER_ERROR, _error_type(exc), str(exc) or type(exc).__name__)
+            failure = exc
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit… from a handler
             error = (ErrorCode.HANDLER_PANIC, _error_type(exc), repr(exc))
+            failure = exc
         finally:
             self._job_scopes.pop(job.id, None)
             self.active.pop(job.id, None)
@@ -621,17 +703,20 @@ class Worker:
             error = (ErrorCode.HANDLER_ERROR, "Retry", verdict.reason or "handler asked for a retry")
         assert error is not None
         code, etype, message = error
-        retryable = code != ErrorCode.HANDLER_PANIC and is_retryable(policy, etype)
+        retryable = code != ErrorCode.HANDLER_PANIC and (
+            failure is None or is_retryable_error(policy, failure)
+        )
         if not retryable:
             code = ErrorCode.NON_RETRYABLE_ERROR if code == ErrorCode.HANDLER_ERROR else code
             await self._dead_letter(
-                client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", started
+                client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", started, failure
             )
             return
         if attempt >= max_attempts:
             await self._dead_letter(
                 client, ch, queue, msg, job, attempt, code,
                 f"{etype}: {message} (attempt {attempt} of {max_attempts}, retries exhausted)", started,
+                failure,
             )  # fmt: skip
             return
         if isinstance(verdict, Retry) and verdict.delay is not None:
@@ -640,8 +725,26 @@ class Worker:
             delay_ms = compute_delay_ms(policy, attempt, self._rng)
         ladder_ms = ladder_delay_ms(delay_ms, max_ms=max(policy.max_interval_ms, delay_ms))
         await self._retry(
-            client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", ladder_ms, started
-        )
+            client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", ladder_ms, started,
+            error_object(failure, etype, message), failure,
+        )  # fmt: skip
+
+    async def _run_sync(
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+    ) -> None:
+        """A plain ``def`` handler, in a worker thread bounded by the worker's concurrency.
+
+        Not abandoned on cancel: a thread cannot be interrupted, so a timeout, CANCEL or
+        the grace period waits for it to return (no thread outlives the worker), and what
+        it returned or raised decides the job, as for a handler that finished in time."""
+        await anyio.to_thread.run_sync(_call, spec, ctx, args, limiter=self._thread_limiter)
+        late = anyio.current_time() >= scope.deadline
+        if late or ctx.cancel_requested or ctx.abandoned:
+            why = "its timeout" if late else "a CANCEL" if ctx.cancel_requested else "the grace period"
+            log.warning(
+                "job %s: sync handler %s ran past %s (a thread cannot be interrupted); its outcome counts",
+                ctx.id, spec.name, why, extra=log_extra(ctx.id, ctx.job.type, ctx.queue, ctx.attempt),
+            )  # fmt: skip
 
     async def _retry(
         self,
@@ -655,12 +758,20 @@ class Worker:
         message: str,
         ladder_ms: int,
         started: float,
+        error: dict[str, Any] | None = None,
+        failure: BaseException | None = None,
     ) -> None:
         names = client.names
         await client.declare_retry_queue(queue, ladder_ms)
         props = with_headers(
             msg.properties,
-            {H_ATTEMPT: Int32(attempt + 1), H_ERROR_CODE: str(code), H_ERROR_MESSAGE: message[:1000]},
+            {
+                H_ATTEMPT: Int32(attempt + 1),
+                H_ERROR_CODE: str(code),
+                H_ERROR_MESSAGE: message[:1000],
+                **(error_headers(error) if error else {}),
+            },
+            drop=(H_ERROR_TYPE, H_ERROR_BACKTRACE),  # the previous attempt's, unless replaced
             base=strip_dead_letter_headers(msg.properties.headers),
         )
         try:
@@ -682,12 +793,14 @@ class Worker:
                 code,
                 f"{message} (retry publish failed: {exc})",
                 started,
+                failure,
             )
             return
         await msg.ack()
-        log.info(
+        log.warning(
             "job %s type=%s queue=%s attempt=%d outcome=retried code=%s delay=%dms: %s",
             job.id, job.type, queue, attempt, code, ladder_ms, message,
+            exc_info=failure, extra=log_extra(job.id, job.type, queue, attempt),
         )  # fmt: skip
         self._report(
             JobOutcome(
@@ -700,6 +813,7 @@ class Worker:
                 message,
                 ladder_ms,
                 time.monotonic() - started,
+                error,
             )
         )
 
@@ -714,6 +828,7 @@ class Worker:
         code: str,
         message: str,
         started: float,
+        failure: BaseException | None = None,
     ) -> None:
         job_id = job.id if job is not None else msg.properties.message_id
         job_type = job.type if job is not None else msg.properties.type
@@ -721,9 +836,10 @@ class Worker:
             ch, msg, dlx_exchange=client.names.dlx_exchange, queue=queue, job_id=job_id,
             code=str(code), message=message, annotate=self.annotate_dead_letters,
         )  # fmt: skip
-        log.info(
+        log.error(
             "job %s type=%s queue=%s attempt=%d outcome=dead_lettered code=%s: %s",
             job_id, job_type, queue, attempt, code, message,
+            exc_info=failure, extra=log_extra(job_id, job_type, queue, attempt),
         )  # fmt: skip
         self._report(
             JobOutcome(
@@ -736,6 +852,7 @@ class Worker:
                 message,
                 None,
                 time.monotonic() - started,
+                error_object(failure, _error_type(failure) if failure else str(code), message),
             )
         )
 
@@ -752,6 +869,7 @@ class Worker:
                     "attempt": outcome.attempt,
                     "worker_id": self.worker_id,
                     "finished_at": _FinishedAt(time.time()),
+                    **({"error": outcome.error} if outcome.error is not None else {}),
                 },
                 limit=1000,
             )
@@ -760,6 +878,7 @@ class Worker:
                 "job %s type=%s queue=%s attempt=%d outcome=%s duration=%.3fs",
                 outcome.job_id, outcome.type, outcome.queue,
                 outcome.attempt, outcome.outcome, outcome.duration,
+                extra=log_extra(outcome.job_id, outcome.type, outcome.queue, outcome.attempt),
             )  # fmt: skip
         for cb in list(self._listeners):
             cb(outcome)
@@ -814,22 +933,6 @@ class _FinishedAt(float):
         return format_timestamp(datetime.fromtimestamp(self, UTC))
 
 
-def _positional_arity(signature: inspect.Signature) -> tuple[int, float] | None:
-    """``(min, max)`` positional arguments a handler takes (``max`` may be infinite), or
-    ``None`` when a keyword-only parameter without a default makes positional calls fail."""
-    low, high = 0, 0.0
-    for param in signature.parameters.values():
-        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
-            high += 1
-            if param.default is param.empty:
-                low += 1
-        elif param.kind is param.VAR_POSITIONAL:
-            high = math.inf
-        elif param.kind is param.KEYWORD_ONLY and param.default is param.empty:
-            return None
-    return low, high
-
-
 def _remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) -> None:
     table[key] = value
     table.move_to_end(key)
@@ -838,6 +941,40 @@ def _remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int)
 
 
 def _error_type(exc: BaseException) -> str:
-    cls = type(exc)
-    module = cls.__module__
-    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    return error_type_name(type(exc))
+
+
+def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> None:
+    """Runs in the worker thread: the handler, and a check that it did not return an awaitable."""
+    result = spec.fn(ctx, *args)
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: don't leave a "never awaited" warning behind
+        raise TypeError(
+            f"handler {spec.name} is a plain function that returned an awaitable "
+            f"({type(result).__name__}); declare it `async def` so the worker awaits it"
+        )
+
+
+def _warn_policy(policy: RetryPolicy | None, where: str) -> None:
+    """Warn about a retry option that this binding cannot honour as written."""
+    errors = policy.non_retryable_errors if policy is not None else ()
+    for entry in errors if isinstance(errors, tuple) else ():
+        builtin = isinstance(getattr(builtins, str(entry), None), type)
+        if isinstance(entry, str) and "." not in entry and not builtin:
+            warnings.warn(
+                f"{where}: non_retryable_errors entry {entry!r} has no module, so it matches only an "
+                f"exception class named so in builtins or __main__; write its qualified name "
+                f"('mypkg.errors.{entry}') or pass the class itself",
+                UserWarning,
+                stacklevel=3,
+            )
+    if policy is not None and policy.on_exhaustion == "discard":
+        warnings.warn(
+            f"{where}: on_exhaustion='discard' is not honoured by the OJS AMQP binding: an exhausted job "
+            "is rejected (Basic.Nack, requeue=false) and the broker moves it to its dead-letter queue "
+            "ojs.queue.dlx.{queue} (OJS AMQP binding §5.5); purge that queue to drop them",
+            UserWarning,
+            stacklevel=3,
+        )
+

@@ -20,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 import ojs_anyio as ojs
+from ojs_anyio.jobs._dedup import lock_queue
 
 from .broker_support import OJS_VHOST, WAIT, Outcomes, running
 from .conftest import Cleanup
@@ -145,12 +146,13 @@ async def test_spec_snippets_first_then_our_worker(ojs_vhost: str, spec_queue: s
 
 
 async def test_our_declarations_first_then_spec_snippets_and_pika_consumer(
-    ojs_vhost: str, spec_queue: str
+    ojs_vhost: str, spec_queue: str, cleanup: Cleanup
 ) -> None:
     """Our client declares first; §15.3 and §15.1 then run unchanged (no 406).  A job pushed
     by our client is read by a plain pika consumer with every property and header of
     001 §6 that applies to it; the pika-published job is run by our worker."""
     q = spec_queue
+    cleanup.queue(lock_queue("", f"digest-2026-w07-{q}", 86_400_000), url=ojs_vhost)
     trace_id, span_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     span = NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(1)))
@@ -167,7 +169,7 @@ async def test_our_declarations_first_then_spec_snippets_and_pika_consumer(
                     queue=q,
                     priority=6,
                     meta={"tags": ["weekly", "ops"]},
-                    idempotency_key="digest-2026-w07",
+                    idempotency_key=f"digest-2026-w07-{q}",  # unique per run (remembered 24 h)
                     retry=ojs.RetryPolicy(max_attempts=4),
                 )
             theirs = await anyio.to_thread.run_sync(spec_15_1_publish, q)
@@ -191,7 +193,7 @@ async def test_our_declarations_first_then_spec_snippets_and_pika_consumer(
         assert h["x-ojs-created-at"] == ours.created_at
         assert isinstance(h["x-ojs-enqueued-at"], str) and h["x-ojs-enqueued-at"] >= ours.created_at
         assert h["x-ojs-tags"] == "weekly,ops"
-        assert h["x-ojs-idempotency-key"] == "digest-2026-w07"
+        assert h["x-ojs-idempotency-key"] == f"digest-2026-w07-{q}"
         assert h["x-ojs-trace-id"] == traceparent
         assert ojs.decode_job(body) == ours
 

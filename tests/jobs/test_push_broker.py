@@ -18,9 +18,11 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
+from ojs_anyio.jobs._dedup import lock_queue
 from ojs_anyio.jobs._envelope import parse_timestamp
 
 from .broker_support import URL, WAIT, header_type, peek_raw, wait_message_count
+from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
 
@@ -39,12 +41,13 @@ async def consume_one(conn: amqp.Connection, queue: str) -> amqp.IncomingMessage
 
 
 async def test_amqp_005_010_011_012_013_015_018_message_as_delivered(
-    client: ojs.Client, raw: amqp.Connection, q: str
+    client: ojs.Client, raw: amqp.Connection, q: str, cleanup: Cleanup
 ) -> None:
     """A pushed job, consumed raw: exchange and routing key (005), every property of
     001 §6.1 (010 content_type, 011 delivery_mode 2, 012 message_id), every header of
     §6.2 that applies (018 x-ojs-attempt as int 1), the body is the job as JSON (013)."""
     retry = ojs.RetryPolicy(max_attempts=5)
+    cleanup.queue(lock_queue("", f"order-42-{q}", 86_400_000))  # the key's lock queue
     span = NonRecordingSpan(SpanContext(TRACE_ID, SPAN_ID, is_remote=False, trace_flags=TraceFlags(1)))
     with trace.use_span(span), anyio.fail_after(WAIT):
         job = await client.push(
@@ -54,7 +57,7 @@ async def test_amqp_005_010_011_012_013_015_018_message_as_delivered(
             priority=7,
             retry=retry,
             meta={"tags": ["billing", "vip"], "tenant": "acme", "correlation_id": "order-42-flow"},
-            idempotency_key="order-42",
+            idempotency_key=f"order-42-{q}",  # unique per run: a key is remembered for 24 h
         )
     before_consume = datetime.now(UTC)
     msg = await consume_one(raw, client.names.job_queue(q))
@@ -82,7 +85,7 @@ async def test_amqp_005_010_011_012_013_015_018_message_as_delivered(
     enqueued = parse_timestamp(h["x-ojs-enqueued-at"])
     assert created <= enqueued <= before_consume
     assert h["x-ojs-tags"] == "billing,vip"
-    assert h["x-ojs-idempotency-key"] == "order-42"
+    assert h["x-ojs-idempotency-key"] == f"order-42-{q}"
     assert h["x-ojs-trace-id"] == TRACEPARENT  # 001 §12.2
     assert h["x-ojs-traceparent"] == TRACEPARENT  # DECISIONS 10
     assert "x-ojs-scheduled-at" not in h

@@ -1,0 +1,196 @@
+"""What a worker learns about a handler when it is registered, and the argument conversion.
+
+A handler is ``fn(ctx, *args)``:
+
+* an ``async def`` function (or anything whose call is a coroutine function: a bound async
+  method, a ``functools.partial`` of one, an object with ``async def __call__``) runs in
+  the worker's task;
+* a plain ``def`` function (or bound method, or ``functools.partial`` of one) runs in a
+  worker thread through ``anyio.to_thread.run_sync``, bounded by the worker's concurrency.
+
+Anything else (a class, a generator or async generator function, an object with a plain
+``__call__``, something not callable) is refused at registration with a :class:`TypeError`
+that says what to write instead.
+
+Arguments arrive as JSON values.  When a handler's parameters after ``ctx`` are annotated,
+each argument is converted to and validated against its annotation with
+``msgspec.convert`` (``datetime`` and ``UUID`` from their strings, Structs, dataclasses,
+TypedDicts, ``list[int]``…); a mismatch is an :class:`ArgumentsError` naming the
+parameter, which the worker dead-letters as INVALID_ARGS.  ``Any``, ``object`` and missing
+annotations are left alone.  An annotation msgspec cannot build from JSON is refused at
+registration.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+__all__ = ["ArgumentsError", "HandlerSpec", "inspect_handler"]
+
+#: Annotations whose values need no conversion when the argument already has that exact type.
+_PLAIN = (str, int, float, bool)
+
+
+class ArgumentsError(ValueError):
+    """A job's arguments do not fit the handler's parameters; the message names the parameter."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """A registered handler, inspected once."""
+
+    fn: Callable[..., Any]
+    signature: inspect.Signature
+    #: ``(min, max)`` positional arguments (ctx included; max may be infinite), or None when
+    #: a keyword-only parameter without a default makes a positional call fail.
+    arity: tuple[int, float] | None
+    is_async: bool
+    #: (parameter name, type) for each positional parameter after ctx that is annotated
+    #: with something to convert to; None in a slot means "leave as it is".
+    params: tuple[tuple[str, Any] | None, ...]
+    #: (name, type) of ``*args`` when it is annotated, else None.
+    var: tuple[str, Any] | None
+    #: Whether any argument is converted at all (else :meth:`convert` returns args as they are).
+    converts: bool = False
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", None) or repr(self.fn)
+
+    def convert(self, args: list[Any]) -> list[Any]:
+        """``args`` converted to the annotated types; raises :class:`ArgumentsError`."""
+        if not self.converts or not args:
+            return args
+        params, var = self.params, self.var
+        out = list(args)
+        for i, value in enumerate(args):
+            slot = params[i] if i < len(params) else var
+            if slot is None:
+                continue
+            name, tp = slot
+            if tp in _PLAIN and type(value) is tp:
+                continue
+            try:
+                out[i] = msgspec.convert(value, tp)
+            except msgspec.ValidationError as exc:
+                where = f"*{name}[{i - len(params)}]" if i >= len(params) else name
+                raise ArgumentsError(
+                    f"parameter {where!r} (args[{i}]) of {self.name}: {exc} (the value was {_short(value)})"
+                ) from None
+        return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _target(fn: Any) -> Any:
+    """The function that will actually run: through partials, to ``__call__`` of instances."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
+def inspect_handler(job_type: str, fn: Any) -> HandlerSpec:
+    """Check ``fn`` as a handler for ``job_type`` and work out how to call it."""
+    where = f"handler for {job_type!r}"
+    if not callable(fn):
+        raise TypeError(f"{where} must be an async def or def function, not {type(fn).__name__} ({fn!r})")
+    target = _target(fn)
+    if isinstance(target, type):
+        raise TypeError(
+            f"{where} is the class {target.__qualname__}: a handler must be a function; "
+            "register a function (or a method of an instance) instead"
+        )
+    if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
+        raise TypeError(
+            f"{where} ({getattr(target, '__qualname__', target)!r}) is a generator function: "
+            "a handler must return (or raise), not yield"
+        )
+    if inspect.iscoroutinefunction(fn):
+        is_async = True
+    elif inspect.isfunction(target) or inspect.ismethod(target) or inspect.isbuiltin(target):
+        is_async = False
+    elif inspect.iscoroutinefunction(getattr(type(target), "__call__", None)):  # noqa: B004
+        is_async = True
+    else:
+        raise TypeError(
+            f"{where} ({fn!r}) is neither a coroutine function (async def) nor a plain function (def); "
+            "wrap it: `async def handler(ctx, *args): ...` or `def handler(ctx, *args): ...`"
+        )
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{where}: cannot read its signature ({exc})") from None
+    positional = [
+        p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    var_param = next((p for p in signature.parameters.values() if p.kind is p.VAR_POSITIONAL), None)
+    if not positional and var_param is None:
+        raise TypeError(f"{where} takes no positional parameter: it must accept the JobContext first")
+    namespace = _namespace(fn)
+    params = tuple(_slot(where, p, namespace) for p in positional[1:])
+    var = _slot(where, var_param, namespace) if var_param is not None else None
+    converts = var is not None or any(slot is not None for slot in params)
+    return HandlerSpec(fn, signature, _positional_arity(signature), is_async, params, var, converts)
+
+
+def _namespace(fn: Any) -> dict[str, Any]:
+    """The globals that string annotations (``from __future__ import annotations``) refer to."""
+    target = _target(fn)
+    if not (inspect.isfunction(target) or inspect.ismethod(target)):
+        target = getattr(type(target), "__call__", target)  # noqa: B004
+    target = inspect.unwrap(getattr(target, "__func__", target))
+    return dict(getattr(target, "__globals__", {}))
+
+
+def _slot(where: str, param: inspect.Parameter, namespace: dict[str, Any]) -> tuple[str, Any] | None:
+    """What to convert ``param``'s argument to; only the parameters after ctx are looked at,
+    so ctx's annotation may be anything (even a name imported under TYPE_CHECKING)."""
+    name, tp = param.name, param.annotation
+    if tp is param.empty:
+        return None
+    if isinstance(tp, str):
+        try:
+            tp = eval(tp, namespace)
+        except Exception as exc:
+            raise TypeError(
+                f"{where}: the annotation {param.annotation!r} of parameter {name!r} cannot be resolved "
+                f"({type(exc).__name__}: {exc}); arguments are converted to the annotated types, so the "
+                "name must exist at module level when the handler is registered (or annotate it Any)"
+            ) from None
+    if tp is Any or tp is object:
+        return None
+    try:
+        msgspec.json.Decoder(tp)  # refuses types msgspec cannot build
+    except TypeError as exc:
+        raise TypeError(
+            f"{where}: parameter {name!r} is annotated {tp!r}, which cannot be built from a JSON value "
+            f"({exc}); annotate it with a JSON-compatible type (str, int, datetime, UUID, a msgspec "
+            "Struct, a dataclass…) or Any"
+        ) from None
+    return (name, tp)
+
+
+def _positional_arity(signature: inspect.Signature) -> tuple[int, float] | None:
+    """``(min, max)`` positional arguments a handler takes (``max`` may be infinite), or
+    ``None`` when a keyword-only parameter without a default makes positional calls fail."""
+    low, high = 0, 0.0
+    for param in signature.parameters.values():
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            high += 1
+            if param.default is param.empty:
+                low += 1
+        elif param.kind is param.VAR_POSITIONAL:
+            high = math.inf
+        elif param.kind is param.KEYWORD_ONLY and param.default is param.empty:
+            return None
+    return low, high
