@@ -220,6 +220,16 @@ class Client:
             await self._bind(job_queue_binding(names, queue))
             self._declared_queues.add(queue)
 
+    async def use_existing_queue(self, queue: str) -> amqp.QueueInfo:
+        """Check that ``ojs.queue.{q}`` exists (a passive declare on a channel of its own)
+        and push to it as it is, without declaring it (so a queue declared with other
+        :class:`QueueOptions` is not re-declared).  Raises :class:`amqp.NotFound` if the
+        queue does not exist.  Used by ``ojs-anyio push``."""
+        async with self.conn.channel(confirms=False) as ch:
+            info = await ch.queue_declare(self.names.job_queue(queue), passive=True)
+        self._declared_queues.add(queue)
+        return info
+
     async def _declare_checked(self, name: str, arguments: dict[str, Any]) -> None:
         ch = await self.channel()
         try:
