@@ -677,6 +677,19 @@ async def _check_exchange(client: Client, probe: Probe, name: str, kind: str, re
     return _Check(name, "exchange", "ok", f"{kind}, durable")
 
 
+def _summarise_levels(prefix: str, shared: list[_Check]) -> list[_Check]:
+    """The 33 delay exchanges and 32 delay queues (shared by every queue) as two lines when
+    they are all fine; each one that is not, on its own line."""
+    out = [c for c in shared if c.status != "ok"]
+    for kind, pattern in (("exchange", "ojs.exchange.delay.*"), ("queue", "ojs.queue.delay.00-31")):
+        good = [c for c in shared if c.kind == kind and c.status == "ok"]
+        if good:
+            out.append(
+                _Check(f"{prefix}{pattern}", kind, "ok", f"{len(good)} scheduling delay {kind}s, shared")
+            )
+    return out
+
+
 async def cmd_topology_check(args: Any) -> int:
     checks: list[_Check] = []
     async with open_client(args.url, args.prefix) as client:
@@ -722,14 +735,13 @@ async def cmd_topology_check(args: Any) -> int:
                         )
                     )
             if await probe.exchange(names.delay_entry_exchange):
+                shared: list[_Check] = []
                 for spec in specs[3:]:
-                    checks.append(await _check_exchange(client, probe, spec.name, spec.type, False))
+                    shared.append(await _check_exchange(client, probe, spec.name, spec.type, False))
                 for k in range(DELAY_LEVELS):
-                    checks.append(
-                        await _check_queue(
-                            client, probe, names.delay_queue(k), delay_level_queue_arguments(names, k), False
-                        )
-                    )
+                    args_k = delay_level_queue_arguments(names, k)
+                    shared.append(await _check_queue(client, probe, names.delay_queue(k), args_k, False))
+                checks += _summarise_levels(names.prefix, shared)
         finally:
             await probe.aclose()
     bad = [c for c in checks if c.status in ("missing", "different")]
