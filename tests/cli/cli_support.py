@@ -36,19 +36,38 @@ def run_cli(
     *args: str, cwd: str | Path | None = None, timeout: float = 60, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        cli_cmd(*args), cwd=cwd, env=env or cli_env(), capture_output=True, text=True, timeout=timeout,
+        cli_cmd(*args),
+        cwd=cwd,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
 
 
 def spawn_cli(*args: str, cwd: str | Path | None = None, log: Path | None = None) -> subprocess.Popen[str]:
     """Start ``ojs-anyio ARGS``; its stdout and stderr go to ``log`` (or nowhere)."""
     if log is None:
-        return subprocess.Popen(cli_cmd(*args), cwd=cwd, env=cli_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+        return subprocess.Popen(
+            cli_cmd(*args),
+            cwd=cwd,
+            env=cli_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
     with open(log, "w") as out:  # the child has its own copy of the descriptor
-        return subprocess.Popen(cli_cmd(*args), cwd=cwd, env=cli_env(), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+        return subprocess.Popen(
+            cli_cmd(*args),
+            cwd=cwd,
+            env=cli_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

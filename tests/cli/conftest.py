@@ -30,7 +30,7 @@ def q() -> Iterator[str]:
     )
 
 
-APP = '''
+APP = """
 import os
 import anyio
 import ojs_anyio as ojs
@@ -55,7 +55,7 @@ async def work(ctx: ojs.JobContext, seconds: float) -> None:
 
 sched = ojs.Scheduler(name=os.environ.get("APP_GROUP", "g"))
 sched.add("t.work", "* * * * * *", name="every-second", queue=QUEUE, args=[0])
-'''
+"""
 
 
 @pytest.fixture

@@ -43,8 +43,9 @@ def events(log: Path, kind: str) -> list[tuple[str, int]]:
 def test_supervisor_sigterm_loses_nothing_and_runs_nothing_twice(app_dir: Path, q: str) -> None:
     log = app_dir / "jobs.log"
     ids = push_jobs(q, 40, 0.3)
-    sup = spawn_cli("worker", "app:worker", "--processes", "2", "--concurrency", "3", cwd=app_dir,
-                    log=app_dir / "sup.out")  # fmt: skip
+    sup = spawn_cli(
+        "worker", "app:worker", "--processes", "2", "--concurrency", "3", cwd=app_dir, log=app_dir / "sup.out"
+    )
     try:
         wait_for(lambda: len(events(log, "done")) >= 6, 60, "some jobs to complete")
         running = {pid for _, pid in events(log, "start")}
@@ -80,7 +81,9 @@ def test_kill_9_of_a_child_restarts_it_and_its_jobs_are_redelivered(app_dir: Pat
     ids = push_jobs(q, 4, 2.0)
     sup = spawn_cli("worker", "app:worker", "--processes", "2", "--concurrency", "2", cwd=app_dir, log=out)
     try:
-        starts = wait_for(lambda: len(events(log, "start")) >= 4 and events(log, "start"), 60, "4 jobs running")
+        starts = wait_for(
+            lambda: len(events(log, "start")) >= 4 and events(log, "start"), 60, "4 jobs running"
+        )
         pids = {pid for _, pid in starts}
         victim = starts[0][1]
         victim_jobs = {job_id for job_id, pid in starts if pid == victim}
@@ -100,7 +103,9 @@ def test_kill_9_of_a_child_restarts_it_and_its_jobs_are_redelivered(app_dir: Pat
     assert victim not in {pid for _, pid in events(log, "done")}
 
 
-def test_worker_single_process_trio_from_a_script_outside_the_app_dir(app_dir: Path, q: str, tmp_path: Path) -> None:
+def test_worker_single_process_trio_from_a_script_outside_the_app_dir(
+    app_dir: Path, q: str, tmp_path: Path
+) -> None:
     """The current directory is on the import path even when ``ojs-anyio`` is a console
     script living elsewhere (sys.path[0] is then the script's directory, not the cwd)."""
     launcher = tmp_path / "bin" / "ojs-anyio"
@@ -113,10 +118,16 @@ def test_worker_single_process_trio_from_a_script_outside_the_app_dir(app_dir: P
 
     proc = subprocess.Popen(
         [sys.executable, str(launcher), "worker", "app:worker", "--backend", "trio", "--log-format", "json"],
-        cwd=app_dir, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=app_dir,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        wait_for(lambda: len(events(app_dir / "jobs.log", "done")) >= 3 or proc.poll() is not None, 60, "jobs")
+        wait_for(
+            lambda: len(events(app_dir / "jobs.log", "done")) >= 3 or proc.poll() is not None, 60, "jobs"
+        )
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -179,8 +190,9 @@ def test_worker_errors_are_one_line(app_dir: Path) -> None:
     r = run_cli("worker", "broken:worker", "--traceback", cwd=app_dir)
     assert r.returncode == 6 and "Traceback" in r.stderr
     # The supervisor does not restart a child that cannot import: it stops with code 6.
-    r = run_cli("worker", "app:worker", "--processes", "2", "--url", "amqp://guest:wrongpw@127.0.0.1/",
-                cwd=app_dir)  # fmt: skip
+    r = run_cli(
+        "worker", "app:worker", "--processes", "2", "--url", "amqp://guest:wrongpw@127.0.0.1/", cwd=app_dir
+    )
     assert r.returncode == 4, r.stderr
     assert "wrongpw" not in r.stderr + r.stdout
 
