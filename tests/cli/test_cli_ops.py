@@ -158,8 +158,8 @@ def test_dlq_requeue_interrupted_by_sigint_loses_and_doubles_nothing(q: str, tmp
     assert proc.returncode == 130, err
     report = json.loads(out)
     assert report["interrupted"] is True and 200 <= report["requeued"] < 4000
-    requeued = [m.properties.message_id for m in drain(f"ojs.queue.{q}")]
-    remaining = [m.properties.message_id for m in drain(f"ojs.queue.dlx.{q}")]
+    requeued = [str(m.properties.message_id) for m in drain(f"ojs.queue.{q}")]
+    remaining = [str(m.properties.message_id) for m in drain(f"ojs.queue.dlx.{q}")]
     assert len(requeued) == report["requeued"]
     assert len(set(requeued)) == len(requeued) and not set(requeued) & set(remaining)
     assert sorted(requeued + remaining) == sorted(ids), "no job lost or doubled"
