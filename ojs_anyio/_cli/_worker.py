@@ -164,6 +164,8 @@ class Supervisor:
             )
             self._procs[index] = proc
             log.info("supervisor: worker %d started (pid %d)", index, proc.pid)
+            if self._stop.is_set():  # a signal came while it was starting: pass it on too
+                proc.send_signal(signal.SIGTERM)
             try:
                 rc = await proc.wait()
             finally:

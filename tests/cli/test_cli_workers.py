@@ -116,10 +116,22 @@ def test_worker_single_process_trio_from_a_script_outside_the_app_dir(
 
     from .cli_support import cli_env
 
+    # The app's Worker names another queue: --queues overrides it.
     proc = subprocess.Popen(
-        [sys.executable, str(launcher), "worker", "app:worker", "--backend", "trio", "--log-format", "json"],
+        [
+            sys.executable,
+            str(launcher),
+            "worker",
+            "app:worker",
+            "--backend",
+            "trio",
+            "--log-format",
+            "json",
+            "--queues",
+            q,
+        ],
         cwd=app_dir,
-        env=cli_env(),
+        env=cli_env(APP_QUEUE="not-this-one"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
