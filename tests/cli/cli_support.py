@@ -46,6 +46,20 @@ def run_cli(
     )
 
 
+def run_many(cases: Sequence[Sequence[str]], timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
+    """``run_cli`` for each argument list, all at once (they are independent)."""
+    procs = [
+        subprocess.Popen(cli_cmd(*args), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True)
+        for args in cases
+    ]  # fmt: skip
+    results = []
+    for args, proc in zip(cases, procs, strict=True):
+        out, err = proc.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(list(args), proc.returncode, out, err))
+    return results
+
+
 def spawn_cli(*args: str, cwd: str | Path | None = None, log: Path | None = None) -> subprocess.Popen[str]:
     """Start ``ojs-anyio ARGS``; its stdout and stderr go to ``log`` (or nowhere)."""
     if log is None:

@@ -23,6 +23,7 @@ from .cli_support import (
     publish_raw,
     queue_count,
     run_cli,
+    run_many,
     spawn_cli,
     wait_for,
 )
@@ -233,8 +234,7 @@ def test_errors_are_one_line_with_a_documented_code(q: str) -> None:
         (["queues"], 2, "name the queues"),
         (["worker", "nosuchapp:worker"], 6, "cannot import"),
     ]
-    for args, code, text in cases:
-        r = run_cli(*args)
+    for (args, code, text), r in zip(cases, run_many([c[0] for c in cases]), strict=True):
         assert r.returncode == code, (args, r.returncode, r.stderr)
         assert text in r.stderr, (args, r.stderr)
         assert r.stderr.startswith("ojs-anyio: ") and r.stderr.count("\n") == 1, (args, r.stderr)
@@ -242,17 +242,12 @@ def test_errors_are_one_line_with_a_documented_code(q: str) -> None:
 
 
 def test_help_is_plain_text() -> None:
-    for args in (
-        ["--help"],
-        ["worker", "--help"],
-        ["dlq", "requeue", "--help"],
-        ["topology", "check", "--help"],
-        ["demo", "--help"],
-    ):
-        r = run_cli(*args)
+    cases = [["--help"], ["worker", "--help"], ["dlq", "requeue", "--help"], ["topology", "check", "--help"],
+             ["demo", "--help"]]  # fmt: skip
+    for r in run_many(cases):
         assert r.returncode == 0
         assert "``" not in r.stdout and "::" not in r.stdout and ":class:" not in r.stdout, r.stdout
-    assert "--jobs" in run_cli("demo", "--help").stdout
+    assert "--jobs" in r.stdout
 
 
 def test_demo_accepts_its_documented_flags() -> None:
