@@ -247,3 +247,53 @@ async def test_supervisor_passes_sigterm_on() -> None:
                 await anyio.sleep(0.05)
             os.kill(os.getpid(), signal.SIGTERM)
     assert result == [0]
+
+
+async def _wait_file(path: Path) -> None:
+    while not await anyio.Path(path).exists():  # noqa: ASYNC110 - the child's marker is the observable state
+        await anyio.sleep(0.02)
+
+
+async def _signal_twice(sup: Supervisor, marks: Path) -> int:
+    """Run ``sup``; SIGTERM this process once its child is ready, again once the child saw
+    the first one (children write ``ready`` / ``first`` marker files)."""
+    result: list[int] = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            result.append(await sup.run())
+
+        tg.start_soon(run)
+        await _wait_file(marks / "ready")
+        os.kill(os.getpid(), signal.SIGTERM)
+        await _wait_file(marks / "first")
+        os.kill(os.getpid(), signal.SIGTERM)
+    return result[0]
+
+
+CHILD = """
+import pathlib, signal, sys, time
+marks = pathlib.Path(sys.argv[1])
+seen = []
+def on(*a):
+    seen.append(1)
+    (marks / ("first" if len(seen) == 1 else "second")).touch()
+    if len(seen) == 2 and sys.argv[2] == "second":
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on)
+(marks / "ready").touch()
+time.sleep(60)
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("child", ["second", "stubborn"])
+async def test_supervisor_second_signal_is_passed_on_then_kills_what_is_left(
+    tmp_path: Path, child: str
+) -> None:
+    """The first SIGTERM is passed on (the child notes it and keeps running), the second
+    too; a child still running ``kill_after`` seconds later is killed."""
+    sup = Supervisor([sys.executable, "-c", CHILD, str(tmp_path), child], 1, kill_after=1.0)
+    with anyio.fail_after(30):
+        assert await _signal_twice(sup, tmp_path) == 0
+    assert (tmp_path / "second").exists(), "the second signal reached the child"
