@@ -42,16 +42,13 @@ def events(log: Path, kind: str) -> list[tuple[str, int]]:
 
 def test_supervisor_sigterm_loses_nothing_and_runs_nothing_twice(app_dir: Path, q: str) -> None:
     log = app_dir / "jobs.log"
-    ids = push_jobs(q, 40, 0.3)
-    sup = spawn_cli(
-        "worker", "app:worker", "--processes", "2", "--concurrency", "3", cwd=app_dir, log=app_dir / "sup.out"
-    )
+    out = app_dir / "sup.out"
+    ids = push_jobs(q, 60, 0.5)  # one process alone would need 15 s: both get jobs
+    sup = spawn_cli("worker", "app:worker", "--processes", "2", "--concurrency", "2", cwd=app_dir, log=out)
     try:
-        wait_for(lambda: len(events(log, "done")) >= 6, 60, "some jobs to complete")
-        running = {pid for _, pid in events(log, "start")}
-        assert len(running) == 2, "both worker processes took jobs"
+        wait_for(lambda: len({pid for _, pid in events(log, "start")}) == 2, 60, "both processes to run jobs")
         sup.send_signal(signal.SIGTERM)
-        assert sup.wait(timeout=45) == 0, (app_dir / "sup.out").read_text()
+        assert sup.wait(timeout=45) == 0, out.read_text()
     finally:
         if sup.poll() is None:
             sup.kill()
@@ -61,11 +58,11 @@ def test_supervisor_sigterm_loses_nothing_and_runs_nothing_twice(app_dir: Path, 
     assert started_first == set(done_first)
     assert len(done_first) == len(set(done_first))
     left = queue_count(f"ojs.queue.{q}")
-    assert left == 40 - len(done_first), "the rest is back in the queue, nothing lost"
+    assert left == 60 - len(done_first), "the rest is back in the queue, nothing lost"
     # Run the rest: nothing completed runs again, nothing is missing.
     again = spawn_cli("worker", "app:worker", cwd=app_dir)
     try:
-        wait_for(lambda: len(events(log, "done")) >= 40, 60, "all 40 jobs done")
+        wait_for(lambda: len(events(log, "done")) >= 60, 90, "all 60 jobs done")
         again.send_signal(signal.SIGTERM)
         assert again.wait(timeout=30) == 0
     finally:
