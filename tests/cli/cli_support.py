@@ -164,3 +164,12 @@ def delete_queues(names: Sequence[str]) -> None:
                 await ch.queue_delete(name)
 
     _run(go)
+
+
+def delete_exchanges(names: Sequence[str]) -> None:
+    async def go() -> None:
+        async with amqp.connect(URL) as conn, conn.channel(confirms=False) as ch:
+            for name in names:
+                await ch.exchange_delete(name)
+
+    _run(go)

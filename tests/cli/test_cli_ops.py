@@ -19,6 +19,8 @@ from .cli_support import (
     cli_cmd,
     cli_env,
     declare_raw,
+    delete_exchanges,
+    delete_queues,
     drain,
     publish_raw,
     queue_count,
@@ -254,3 +256,18 @@ def test_demo_accepts_its_documented_flags() -> None:
     r = run_cli("demo", "--jobs", "20", "--url", URL, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "demo OK" in r.stdout
+
+
+def test_prefix_reaches_every_entity(q: str) -> None:
+    prefix = f"p{q[-6:]}."
+    names = [f"{prefix}ojs.queue.{q}", f"{prefix}ojs.queue.dlx.{q}", f"{prefix}ojs.queue.control.{q}"]
+    try:
+        ok("topology", "declare", q, "--prefix", prefix)
+        assert [queue_count(n) for n in names] == [0, 0, 0]
+        assert queue_count(f"ojs.queue.{q}") is None, "nothing outside the prefix"
+        ok("push", "t.work", "--queue", q, "--prefix", prefix)
+        assert json.loads(ok("queues", q, "--prefix", prefix, "--json"))["queues"][0]["ready"] == 1
+        assert json.loads(ok("topology", "check", q, "--prefix", prefix, "--json"))["ok"] is True
+    finally:
+        delete_queues(names)
+        delete_exchanges([f"{prefix}ojs.exchange.{kind}" for kind in ("direct", "dlx", "retry")])
