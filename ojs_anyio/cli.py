@@ -229,9 +229,9 @@ def _dispatch(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]
 
 
 def _worker(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]]:
+    from . import Worker
     from ._cli._app import load_object
     from ._cli._worker import Supervisor, check_reload_available, child_command, run_worker
-    from .jobs._worker import Worker
 
     setup_logging(args.log_level, args.log_format)
     queues = None

@@ -13,9 +13,9 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from .. import amqp
+from .. import Client, amqp, connect
 from ..jobs import InvalidDurationError, parse_duration_ms
-from ..jobs._client import DEFAULT_URL, Client, connect
+from ..jobs._client import DEFAULT_URL
 
 __all__ = [
     "EXIT_APP",
@@ -76,8 +76,8 @@ def redact(text: str, url: str | None) -> str:
 
 def error_for(exc: BaseException, url: str | None) -> CLIError:
     """Map a library exception onto a one-line message and an exit code."""
+    from .. import PushError, TopologyConflictError
     from ..jobs import InvalidJobError, TopologyError
-    from ..jobs._exceptions import PushError, TopologyConflictError
 
     where = ""
     if url is not None:

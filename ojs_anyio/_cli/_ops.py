@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from .. import amqp
+from .. import Client, Scheduler, Worker, amqp
 from ..jobs import (
     DELAY_LEVELS,
     RETRY_LADDER_MS,
@@ -30,9 +30,6 @@ from ..jobs import (
     requeue_properties,
     retry_queue_arguments,
 )
-from ..jobs._client import Client
-from ..jobs._cron import Scheduler
-from ..jobs._worker import Worker
 from ._app import load_object
 from ._common import (
     EXIT_DIFFERENT,
@@ -214,7 +211,7 @@ async def cmd_queues(args: Any) -> int:
                 "scheduled_in_delay_levels": scheduled if levels else None,
             }
         )
-    else:
+    elif rows:
         print_table(
             ["QUEUE", "READY", "CONSUMERS", "DEAD", "RETRYING", "RETRY QUEUES"],
             [

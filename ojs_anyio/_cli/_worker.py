@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from ..jobs._worker import Worker
+from .. import Worker
 from ._common import EXIT_APP, EXIT_AUTH, EXIT_CRASHING, EXIT_OK, EXIT_USAGE, CLIError, open_client
 
 __all__ = ["Supervisor", "run_worker"]
