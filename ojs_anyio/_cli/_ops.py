@@ -564,6 +564,7 @@ async def cmd_cancel(args: Any) -> int:
                 info = await client.info(args.job_id, queue=args.queue, timeout=timeout)
                 if info.state != "active":
                     break
+                await anyio.sleep(0.1)  # the handler is being cancelled: ask again shortly
     if info is None or info.state == "unknown":
         raise CLIError(
             f"cancel sent, but no worker of queue {args.queue!r} reported job {args.job_id} within "
