@@ -902,6 +902,96 @@ def _host(url: str) -> str:
 # =====================================================================================
 
 
+# =====================================================================================
+# `ojs-anyio worker --processes P` (issue 14): the CLI's supervisor and worker processes.
+# Separate from the rounds above: one fresh queue per P, pre-loaded with N jobs, drained by
+# `python -m ojs_anyio.cli worker jobs:cli_bench_worker --processes P --concurrency C`; the
+# handler stamps completion times into a shared file (as the peers do) and the rate is
+# (N-1) / (last stamp - first stamp), so process start-up is excluded.
+
+CLI_QUEUE_ENV = "OJS_BENCH_QUEUE"
+
+
+def cli_bench_worker() -> ojs.Worker:
+    """The worker the CLI runs (``jobs:cli_bench_worker``): a no-op that stamps its completion."""
+    worker = ojs.Worker(queues=[os.environ[CLI_QUEUE_ENV]], concurrency=10, heartbeat_interval=3600.0)
+
+    @worker.handler("bench.noop")
+    async def noop(ctx: ojs.JobContext, a: str, b: str) -> None:
+        stamp()
+
+    return worker
+
+
+async def _cli_preload(url: str, q: str, n: int) -> None:
+    async with ojs.connect(url) as client:
+        await client.declare_queue(q)
+        results = await client.push_batch([client.build("bench.noop", ARGS, queue=q) for _ in range(n)])
+        if not all(r.ok for r in results):
+            raise RuntimeError("pre-loading the queue failed")
+
+
+def run_cli_processes(url: str, n: int, c: int, processes: Sequence[int]) -> dict[str, float]:
+    """Jobs/s of ``ojs-anyio worker --processes P --concurrency c`` for each P, in this run."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rates: dict[str, float] = {}
+    for p in processes:
+        q = f"bench-cli-{uuid.uuid4().hex[:8]}"
+        fd, path = tempfile.mkstemp(prefix="ojs-bench-stamps-")
+        os.close(fd)
+        env = dict(os.environ, **{STAMP_ENV: path, CLI_QUEUE_ENV: q, "OJS_AMQP_URL": url})
+        env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "codec"), env.get("PYTHONPATH", "")])
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            anyio.run(_cli_preload, url, q, n)
+            cmd = [sys.executable, "-m", "ojs_anyio.cli", "worker", "jobs:cli_bench_worker"]
+            cmd += ["--processes", str(p), "--concurrency", str(c), "--log-level", "WARNING"]
+            proc = subprocess.Popen(
+                cmd,
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            deadline = time.monotonic() + max(60.0, n / 50)
+            while os.stat(path).st_size // 8 < n:
+                if proc.poll() is not None:
+                    why = _tail(proc.stderr.read()) if proc.stderr is not None else ""
+                    raise RuntimeError(f"ojs-anyio worker exited ({proc.returncode}): {why}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"timeout: {os.stat(path).st_size // 8} of {n} jobs done")
+                time.sleep(0.02)
+            stamps = sorted(read_stamps(path))[:n]
+            span = stamps[-1] - stamps[0]
+            rates[f"processes_{p}"] = (n - 1) / span if span > 0 else math.nan
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # the supervisor stops its workers gracefully
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc)
+            if proc is not None and proc.stderr is not None:
+                proc.stderr.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            delete_entities(url, [q, f"ojs.queue.{q}", f"ojs.queue.dlx.{q}", f"ojs.queue.control.{q}"])
+    return rates
+
+
+def print_cli_processes(rates: dict[str, float], c: int) -> None:
+    if not rates:
+        return
+    print()
+    print(f"ojs-anyio worker --processes P --concurrency {c} (CLI supervisor, same run), jobs/s:")
+    for key, rate in rates.items():
+        print(f"  {key.replace('_', ' ', 1):<14} {_fmt(rate)}")
+
+
+# =====================================================================================
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--n", type=int, default=None, help="jobs per scenario (default 20000; 200 with --smoke)")
@@ -916,6 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-concurrency", type=int, default=10, help="worker concurrency for --profile")
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a round that failed (default 1)")
     ap.add_argument("--peer-python", default=sys.executable, help="interpreter for the peer subprocesses")
+    ap.add_argument("--cli-processes", default="1,2", help="`ojs-anyio worker --processes P` runs ('' skips)")
+    ap.add_argument("--cli-concurrency", type=int, default=10, help="--concurrency of those runs")
     # child mode (internal)
     ap.add_argument("--child", choices=list(PEER_MODULES), help=argparse.SUPPRESS)
     ap.add_argument("--role", choices=["enqueue", "worker"], help=argparse.SUPPRESS)
@@ -997,6 +1089,16 @@ def main(argv: list[str] | None = None) -> int:
                     if attempt < args.retries:
                         wait_for_broker(args.url)
 
+    cli_rates: dict[str, float] = {}
+    cli_processes = [int(p) for p in args.cli_processes.split(",") if p]
+    if cli_processes:
+        log(f"ojs-anyio worker --processes {args.cli_processes}: N={n}, concurrency {args.cli_concurrency}")
+        try:
+            cli_rates = run_cli_processes(args.url, n, args.cli_concurrency, cli_processes)
+            log("  " + ", ".join(f"{k} {v:,.0f}" for k, v in cli_rates.items()))
+        except Exception as exc:
+            log(f"  failed: {exc!r}")
+            failed = True
     comparison = compare(ours, peers, concurrencies, ceiling)
     elapsed = time.monotonic() - started
     if args.json:
@@ -1020,11 +1122,13 @@ def main(argv: list[str] | None = None) -> int:
                     "ceiling": {"rates": ceiling.values, "notes": ceiling.notes},
                     "comparison": comparison,
                     "target": TARGET,
+                    "cli_worker": {"concurrency": args.cli_concurrency, "rates": cli_rates},
                 }
             )
         )
     else:
         print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling)
+        print_cli_processes(cli_rates, args.cli_concurrency)
     return 1 if failed else 0
 
 

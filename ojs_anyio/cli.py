@@ -1,119 +1,312 @@
-"""``ojs-anyio``: run workers and the demo from the command line.
+"""``ojs-anyio``: the command line for operators (see docs/cli.md).
 
-::
-
-    ojs-anyio worker myapp.jobs:worker --url amqp://guest:guest@localhost/ --backend trio
-    ojs-anyio demo
-    ojs-anyio prune-dead-letters email billing --max-age-days 180 --max-jobs 10000
-
-``worker`` imports ``module:attribute`` (an :class:`ojs_anyio.Worker`) and runs it until
-SIGTERM or SIGINT, which stop it gracefully: no new jobs are taken, running jobs get the
-worker's grace period to finish, and jobs still running after that are cancelled and left
-unacked for the broker to redeliver.  A second signal cancels at once.
-
-``prune-dead-letters`` enforces dead-letter retention on ``ojs.queue.dlx.{q}`` of each queue
-named (the queues carry no broker-side limits): jobs that died longer ago than
-``--max-age-days`` go first, then the oldest beyond ``--max-jobs``.  Run it from cron.
+Commands: ``worker``, ``queues``, ``dlq peek|requeue|purge|prune``, ``push``, ``cancel``,
+``info``, ``cron``, ``topology declare|check``, ``demo``.  Expected failures print one line
+on stderr and exit with a documented code (``ojs_anyio._cli._common``); ``--traceback``
+adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
-import signal
+import os
 import sys
-from datetime import timedelta
+import traceback
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
 
-from .jobs._client import connect
-from .jobs._worker import Worker
+from ._cli._common import EXIT_INTERRUPTED, CLIError, error_for, redact, resolve_url, setup_logging
 
 __all__ = ["main"]
 
-log = logging.getLogger("ojs_anyio.cli")
+DESCRIPTION = """\
+Operate ojs-anyio (Open Job Spec over RabbitMQ) from the command line: run workers
+and cron schedulers, look at queues and dead letters, push, cancel and inspect jobs,
+declare and check the AMQP topology.
+
+Every command takes --url (default: $OJS_AMQP_URL, else amqp://guest:guest@localhost:5672/)
+and --prefix (a tenant prefix such as 'tenant1.').  Output is a table; --json prints JSON.
+
+Exit codes: 0 ok, 1 topology check found a difference, 2 bad arguments or URL,
+3 broker unreachable, 4 authentication or access refused, 5 queue or job not found,
+6 app path does not import, 7 broker refused the operation, 8 workers keep crashing,
+130 interrupted.
+"""
+
+EPILOG = "Run 'ojs-anyio COMMAND --help' for a command's options.  Docs: docs/cli.md"
 
 
-def load_worker(spec: str) -> Worker:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise SystemExit(f"ojs-anyio: expected module:attribute, got {spec!r}")
-    module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if callable(obj) and not isinstance(obj, Worker):
-        obj = obj()
-    if not isinstance(obj, Worker):
-        raise SystemExit(f"ojs-anyio: {spec} is {type(obj).__name__}, not an ojs_anyio.Worker")
-    return obj
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("connection and output")
+    g.add_argument(
+        "--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL or amqp://guest:guest@localhost/)"
+    )
+    g.add_argument("--prefix", default="", help="tenant prefix of every entity name, e.g. 'tenant1.'")
+    g.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    g.add_argument("--traceback", action="store_true", help="print the traceback of an error, too")
+    return common
 
 
-async def run_worker(worker: Worker, url: str | None, prefix: str) -> None:
-    async with connect(url, prefix=prefix) as client, anyio.create_task_group() as tg:
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="ojs-anyio",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-        async def watch_signals(scope: anyio.CancelScope) -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    if not worker._stopping:
-                        log.warning("received %s: stopping gracefully", signal.Signals(signum).name)
-                        worker.stop()
-                    else:
-                        log.warning("received %s again: cancelling now", signal.Signals(signum).name)
-                        scope.cancel()
-                        return
+    def add(name: str, help: str, description: str | None = None, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=description or help, parents=[common], **kw)
 
-        tg.start_soon(watch_signals, tg.cancel_scope)
-        await worker.run(client)
-        tg.cancel_scope.cancel()
+    w = add(
+        "worker",
+        "run a Worker defined in your code",
+        "Run an ojs_anyio.Worker.  SIGTERM/SIGINT stop it gracefully (running jobs get the grace "
+        "period, then are left unacked for redelivery); a second signal stops at once.",
+    )
+    w.add_argument("app", help="module:attribute of an ojs_anyio.Worker, or of a function returning one")
+    w.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N worker processes under a supervisor that restarts crashed ones",
+    )
+    w.add_argument("--concurrency", type=int, default=None, metavar="C", help="jobs at once per process")
+    w.add_argument(
+        "--queues", default=None, metavar="A,B", help="comma-separated queues (overrides the Worker's)"
+    )
+    w.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    w.add_argument("--log-level", default="INFO")
+    w.add_argument("--log-format", choices=["text", "json"], default="text")
+    w.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the workers when a .py file under the current directory changes "
+        "(development; needs watchfiles: pip install 'ojs-anyio[cli]')",
+    )
+
+    q = add(
+        "queues",
+        "ready jobs, consumers, dead, retrying and scheduled counts per queue",
+        "Show, per OJS queue, ready jobs, consumers, and the depths of its dead-letter and retry "
+        "queues, read with AMQP passive declares (nothing beyond a plain broker is needed).",
+    )
+    q.add_argument("queue", nargs="*", help="OJS queue names")
+    q.add_argument("--app", default=None, metavar="MODULE:WORKER", help="also the queues of this Worker")
+
+    d = add("dlq", "dead letters: peek, requeue, purge, prune")
+    dsub = d.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+
+    def dadd(name: str, help: str) -> argparse.ArgumentParser:
+        p = dsub.add_parser(name, help=help, description=help, parents=[common])
+        p.add_argument("queue", help="OJS queue name (its dead letters are in ojs.queue.dlx.QUEUE)")
+        return p
+
+    peek = dadd("peek", "show the oldest dead jobs: id, type, attempt, age, reason (nothing is removed)")
+    peek.add_argument("-n", type=int, default=20, metavar="N", help="how many (default 20)")
+    rq = dadd(
+        "requeue",
+        "move dead jobs back to their queue (publish, confirm, then ack: never lost; "
+        "SIGINT stops after the current job)",
+    )
+    rq.add_argument("--id", action="append", metavar="ID", help="a job id (repeatable)")
+    rq.add_argument("--all", action="store_true", help="every dead job of the queue")
+    rq.add_argument("--reset-attempts", action="store_true", help="start the jobs again at attempt 1")
+    rq.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    pu = dadd("purge", "delete every dead job of the queue")
+    pu.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    pr = dadd("prune", "delete the oldest dead jobs: older than --max-age, or beyond --max-count")
+    pr.add_argument("--max-age", default=None, metavar="DURATION", help="e.g. P180D, 30d, 12h")
+    pr.add_argument("--max-count", type=int, default=None, metavar="N", help="keep at most the newest N")
+    pr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    p = add("push", "push a job and print its id")
+    p.add_argument("type", help="job type, e.g. email.send")
+    p.add_argument("--queue", required=True)
+    p.add_argument("--args", default="[]", metavar="JSON", help="the job's arguments, a JSON array")
+    p.add_argument("--meta", default=None, metavar="JSON", help="a JSON object")
+    p.add_argument("--delay", default=None, metavar="DURATION", help="run after this long: 30s, 5m, PT1H")
+    p.add_argument("--at", default=None, metavar="ISO", help="run at this time: 2026-05-01T09:00:00Z")
+    p.add_argument("--priority", type=int, default=None, metavar="P", help="OJS priority")
+    p.add_argument("--timeout", default=None, metavar="DURATION", help="the handler's time limit")
+    p.add_argument(
+        "--retry",
+        default=None,
+        metavar="N|JSON",
+        help='max attempts, or a retry policy: \'{"max_attempts": 5, "initial_interval": "PT2S"}\'',
+    )
+    p.add_argument("--id", default=None, help="the job id (default: a new UUIDv7)")
+    p.add_argument("--declare", action="store_true", help="declare the queue if it does not exist")
+
+    for name, help in (
+        ("cancel", "ask the workers of a queue to cancel a job"),
+        ("info", "ask the workers of a queue about a job"),
+    ):
+        c = add(name, help)
+        c.add_argument("job_id")
+        c.add_argument("--queue", required=True)
+        c.add_argument(
+            "--timeout", default="2", metavar="DURATION", help="how long to wait for an answer (2s)"
+        )
+
+    cr = add("cron", "run a Scheduler (one leader among all instances fires each tick)")
+    cr.add_argument("scheduler", help="module:attribute of an ojs_anyio.Scheduler")
+    cr.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    cr.add_argument("--log-level", default="INFO")
+    cr.add_argument("--log-format", choices=["text", "json"], default="text")
+
+    t = add("topology", "declare or check the AMQP entities of queues")
+    tsub = t.add_subparsers(dest="topology_command", required=True, metavar="ACTION")
+    td = tsub.add_parser(
+        "declare",
+        help="declare the exchanges, queue, dead-letter and control queues",
+        description="Declare (idempotently) the exchanges, job queue, dead-letter queue "
+        "and control queue of each QUEUE, and their bindings.",
+        parents=[common],
+    )
+    td.add_argument("queue", nargs="+")
+    tc = tsub.add_parser(
+        "check",
+        help="compare the broker with the OJS declarations; exit 1 on a difference",
+        description="Compare the entities on the broker with the OJS AMQP binding's "
+        "declarations (passive declares, then a redeclare that the broker "
+        "accepts only when equivalent).  Changes nothing.",
+        parents=[common],
+    )
+    tc.add_argument("queue", nargs="+")
+
+    from .demo import add_arguments as demo_arguments
+
+    dm = sub.add_parser(
+        "demo",
+        help="push and process a few hundred demo jobs",
+        description="Push and process demo jobs, then report what happened.",
+    )
+    demo_arguments(dm)
+    return parser
 
 
-async def prune_dead_letters(
-    url: str | None, prefix: str, queues: list[str], max_age_days: float, max_jobs: int
-) -> None:
-    async with connect(url, prefix=prefix) as client:
-        for queue in queues:
-            dropped = await client.dead_letters(queue).prune(timedelta(days=max_age_days), max_jobs=max_jobs)
-            print(f"{client.names.dlx_queue(queue)}: {dropped} dropped")
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _dispatch(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]] | int:
+    from ._cli import _ops
+
+    command = args.command
+    if command == "worker":
+        return _worker(args)
+    if command == "cron":
+        setup_logging(args.log_level, args.log_format)
+    table: dict[str, Callable[[Any], Coroutine[Any, Any, int]]] = {
+        "queues": _ops.cmd_queues,
+        "push": _ops.cmd_push,
+        "cancel": _ops.cmd_cancel,
+        "info": _ops.cmd_info,
+        "cron": _ops.cmd_cron,
+        "dlq peek": _ops.cmd_dlq_peek,
+        "dlq requeue": _ops.cmd_dlq_requeue,
+        "dlq purge": _ops.cmd_dlq_purge,
+        "dlq prune": _ops.cmd_dlq_prune,
+        "topology declare": _ops.cmd_topology_declare,
+        "topology check": _ops.cmd_topology_check,
+    }
+    key = command
+    if command == "dlq":
+        key = f"dlq {args.dlq_command}"
+    elif command == "topology":
+        key = f"topology {args.topology_command}"
+    fn = table[key]
+    return lambda: fn(args)
+
+
+def _worker(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]]:
+    from . import Worker
+    from ._cli._app import load_object
+    from ._cli._worker import Supervisor, check_reload_available, child_command, run_worker
+
+    setup_logging(args.log_level, args.log_format)
+    queues = None
+    if args.queues is not None:
+        queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+        if not queues:
+            raise CLIError("--queues: give at least one queue name", 2)
+    if args.concurrency is not None and args.concurrency < 1:
+        raise CLIError("--concurrency must be 1 or more", 2)
+    if args.processes is not None and args.processes < 1:
+        raise CLIError("--processes must be 1 or more", 2)
+    worker = load_object(args.app, Worker, show_traceback=args.traceback)
+    if args.processes is None and not args.reload:
+        if queues is not None:
+            worker.queues = queues
+        if args.concurrency is not None:
+            worker.concurrency = args.concurrency
+        return lambda: run_worker(worker, args.url, args.prefix)
+    if args.reload:
+        check_reload_available()
+    child = [
+        "worker",
+        args.app,
+        "--backend",
+        args.backend,
+        "--log-level",
+        args.log_level,
+        "--log-format",
+        args.log_format,
+        "--prefix",
+        args.prefix,
+    ]
+    if queues is not None:
+        child += ["--queues", ",".join(queues)]
+    if args.concurrency is not None:
+        child += ["--concurrency", str(args.concurrency)]
+    if args.traceback:
+        child.append("--traceback")
+    env = dict(os.environ)
+    env["OJS_AMQP_URL"] = resolve_url(args.url)  # in the environment, not on a command line `ps` shows
+    supervisor = Supervisor(
+        child_command(child), args.processes or 1, env=env, reload_dirs=[os.getcwd()] if args.reload else []
+    )
+    return supervisor.run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ojs-anyio", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("worker", help="run a Worker defined in your code")
-    w.add_argument("worker", help="module:attribute of an ojs_anyio.Worker (or a factory returning one)")
-    w.add_argument(
-        "--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL or amqp://guest:guest@localhost/)"
-    )
-    w.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    w.add_argument("--prefix", default="", help="tenant prefix for every entity name, e.g. 'tenant1.'")
-    w.add_argument("--log-level", default="INFO")
-    p = sub.add_parser("prune-dead-letters", help="enforce dead-letter retention (age, count)")
-    p.add_argument("queues", nargs="+", help="OJS queue names whose dead-letter queues to prune")
-    p.add_argument("--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL)")
-    p.add_argument("--prefix", default="")
-    p.add_argument("--max-age-days", type=float, default=180.0)
-    p.add_argument("--max-jobs", type=int, default=10_000)
-    d = sub.add_parser("demo", help="push and process a few hundred demo jobs")
-    d.add_argument("rest", nargs=argparse.REMAINDER)
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from .demo import main as demo_main
+        from .demo import run as run_demo
 
-        return demo_main(args.rest)
-    if args.command == "prune-dead-letters":
-        anyio.run(prune_dead_letters, args.url, args.prefix, args.queues, args.max_age_days, args.max_jobs)
-        return 0
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    worker = load_worker(args.worker)
-    anyio.run(run_worker, worker, args.url, args.prefix, backend=args.backend)
-    return 0
+        return run_demo(args)
+    url = resolve_url(getattr(args, "url", None))
+    try:
+        target = _dispatch(args)
+        if isinstance(target, int):
+            return target
+        result: int = anyio.run(target, backend=getattr(args, "backend", "asyncio"))
+        return result
+    except KeyboardInterrupt:
+        sys.stderr.write("ojs-anyio: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BaseException as exc:
+        leaf = _leaf(exc)
+        if isinstance(leaf, KeyboardInterrupt):
+            sys.stderr.write("ojs-anyio: interrupted\n")
+            return EXIT_INTERRUPTED
+        if isinstance(leaf, SystemExit):
+            raise leaf from None
+        error = error_for(leaf, url)  # re-raises what it does not know: a bug deserves a traceback
+        if getattr(args, "traceback", False) and leaf is not error:
+            traceback.print_exception(leaf)
+        sys.stderr.write(f"ojs-anyio: {redact(str(error), url)}\n")
+        return error.code
 
 
 if __name__ == "__main__":

@@ -84,17 +84,20 @@ async def run_demo(url: str | None, n_jobs: int) -> dict[str, int]:
     return finished
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's flags, shared by ``python -m ojs_anyio.demo`` and ``ojs-anyio demo``."""
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     parser.add_argument(
         "--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL or amqp://guest:guest@localhost/)"
     )
-    parser.add_argument("--jobs", type=int, default=300)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--jobs", type=int, default=300, help="how many jobs to push (default 300)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every job outcome")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        print("--jobs must be 1 or more", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -102,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     ok = finished["completed"] == args.jobs and finished["dead_lettered"] == 1
     print("demo OK" if ok else "demo FAILED")
     return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ojs_anyio.demo",
+        description="Push a few hundred demo jobs, process them, and report what happened.",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

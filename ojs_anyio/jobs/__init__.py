@@ -154,3 +154,8 @@ __all__ = [
     "validate_duration_syntax",
     "validate_job",
 ]
+
+# Dead-letter helpers (used by ``ojs-anyio dlq``).
+from ._dlq import death_reason, died_at, requeue_properties
+
+__all__ += ["death_reason", "died_at", "requeue_properties"]

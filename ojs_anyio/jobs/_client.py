@@ -243,6 +243,16 @@ class Client:
             await self._bind(job_queue_binding(names, queue))
             self._declared_queues.add(queue)
 
+    async def use_existing_queue(self, queue: str) -> amqp.QueueInfo:
+        """Check that ``ojs.queue.{q}`` exists (a passive declare on a channel of its own)
+        and push to it as it is, without declaring it (so a queue declared with other
+        :class:`QueueOptions` is not re-declared).  Raises :class:`amqp.NotFound` if the
+        queue does not exist.  Used by ``ojs-anyio push``."""
+        async with self.conn.channel(confirms=False) as ch:
+            info = await ch.queue_declare(self.names.job_queue(queue), passive=True)
+        self._declared_queues.add(queue)
+        return info
+
     async def _declare_checked(self, name: str, arguments: dict[str, Any]) -> None:
         ch = await self.channel()
         try:
@@ -939,7 +949,7 @@ class DeadLetters:
         then the oldest beyond ``max_jobs``.  Defaults: the OJS 180 days and 10,000 jobs.
 
         The dead-letter queue is declared without arguments, as the spec declares it, so
-        the broker bounds nothing: run this periodically (``ojs-anyio prune-dead-letters``
+        the broker bounds nothing: run this periodically (``ojs-anyio dlq prune``
         or a task of your own).  The queue is FIFO by death, so it stops at the first job
         young enough to keep while the count is within bounds; at most ``limit`` are
         dropped per call.  A job's death time is RabbitMQ's ``x-death`` time, or

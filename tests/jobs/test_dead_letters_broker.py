@@ -120,7 +120,7 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
     client: ojs.Client, raw: amqp.Connection, q: str
 ) -> None:
     """The DLQ has no broker limits; prune() enforces retention: beyond ``max_jobs`` the
-    oldest go first; jobs younger than ``older_than`` stay; ``ojs-anyio prune-dead-letters``
+    oldest go first; jobs younger than ``older_than`` stay; ``ojs-anyio dlq prune``
     does the same from a shell."""
     worker = ojs.Worker(queues=[q])
     outcomes = Outcomes(worker)
@@ -145,10 +145,10 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'codec'}"}
     with anyio.fail_after(60):
         done = await anyio.run_process(
-            [sys.executable, "-m", "ojs_anyio.cli", "prune-dead-letters", q, "--url", URL, "--max-jobs", "1"],
+            [sys.executable, "-m", "ojs_anyio.cli", "dlq", "prune", q, "--url", URL, "--max-count", "1", "--yes"],
             env=env,
         )
-    assert done.stdout.decode().strip() == f"{client.names.dlx_queue(q)}: 1 dropped"
+    assert done.stdout.decode().strip() == f"pruned 1 dead job(s) from {client.names.dlx_queue(q)}"
     with anyio.fail_after(WAIT):
         assert [d.job_id for d in await dead_letters.peek()] == [jobs[4].id]
         assert await dead_letters.prune(timedelta(0), max_jobs=None) == 1  # died before now: old

@@ -1,0 +1,759 @@
+"""The operator commands: queues, dlq, push, cancel, info, cron, topology."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import anyio
+import msgspec
+
+from .. import Client, Scheduler, Worker, amqp
+from ..jobs import (
+    DELAY_LEVELS,
+    RETRY_LADDER_MS,
+    RetryPolicy,
+    control_queue_arguments,
+    death_reason,
+    delay_landing_queue_arguments,
+    delay_level_queue_arguments,
+    died_at,
+    dlx_queue_arguments,
+    exchanges,
+    job_queue_arguments,
+    requeue_properties,
+    retry_queue_arguments,
+)
+from ._app import load_object
+from ._common import (
+    EXIT_DIFFERENT,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    CLIError,
+    fail,
+    format_age,
+    open_client,
+    parse_duration,
+    print_json,
+    print_table,
+)
+from ._progress import Progress
+
+log = logging.getLogger("ojs_anyio.cli")
+
+T = TypeVar("T")
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(f"ojs-anyio: {text}\n")
+
+
+# ------------------------------------------------------------------ plumbing
+
+
+class Probe:
+    """Passive declares on a channel that is reopened after each 404 (which closes it)."""
+
+    def __init__(self, client: Client) -> None:
+        self.conn = client.conn
+        self._ch: amqp.Channel | None = None
+
+    async def _channel(self) -> amqp.Channel:
+        if self._ch is None or not self._ch.is_open:
+            self._ch = self.conn.channel(confirms=False)
+            await self._ch.open()
+        return self._ch
+
+    async def queue(self, name: str) -> amqp.QueueInfo | None:
+        ch = await self._channel()
+        try:
+            return await ch.queue_declare(name, passive=True)
+        except amqp.NotFound:
+            self._ch = None
+            return None
+
+    async def exchange(self, name: str) -> bool:
+        ch = await self._channel()
+        try:
+            await ch.exchange_declare(name, passive=True)
+        except amqp.NotFound:
+            self._ch = None
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        if self._ch is not None and self._ch.is_open:
+            with anyio.CancelScope(shield=True):
+                await self._ch.aclose()
+
+
+@dataclass
+class Interrupt:
+    """Set by the first SIGINT/SIGTERM: long operations stop after the current step."""
+
+    requested: bool = False
+
+
+async def interruptible(fn: Callable[[Interrupt], Awaitable[int]]) -> int:
+    """Run ``fn``: a first SIGINT/SIGTERM asks it to stop after the step it is on (it
+    checks ``interrupt.requested``); a second one cancels it at once."""
+    interrupt = Interrupt()
+    hard = False
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            nonlocal hard
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    if not interrupt.requested:
+                        interrupt.requested = True
+                        _err("interrupted: finishing the current job, then stopping (again to stop at once)")
+                    else:
+                        hard = True
+                        tg.cancel_scope.cancel()
+                        return
+
+        tg.start_soon(watch)
+        rc = await fn(interrupt)
+        tg.cancel_scope.cancel()
+    if hard:
+        raise CLIError("interrupted again: stopped at once (the job being moved may be duplicated)", 130)
+    return rc
+
+
+def confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        fail(f"{question}: refusing without --yes (standard input is not a terminal)", EXIT_USAGE)
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise CLIError("cancelled: nothing changed", EXIT_USAGE)
+
+
+async def _need_queue(probe: Probe, name: str, what: str) -> amqp.QueueInfo:
+    info = await probe.queue(name)
+    if info is None:
+        raise CLIError(f"{what} {name!r} does not exist", EXIT_NOT_FOUND)
+    return info
+
+
+# -------------------------------------------------------------------- queues
+
+
+async def cmd_queues(args: Any) -> int:
+    queues: list[str] = list(args.queue or [])
+    if args.app:
+        queues += [
+            q for q in load_object(args.app, Worker, show_traceback=args.traceback).queues if q not in queues
+        ]
+    if not queues:
+        fail(
+            "name the queues (ojs-anyio queues email reports) or give --app module:worker; "
+            "AMQP cannot list a broker's queues",
+            EXIT_USAGE,
+        )
+    async with open_client(args.url, args.prefix) as client:
+        names = client.names
+        for q in queues:
+            names.job_queue(q)  # validates the name before anything is sent
+        probe = Probe(client)
+        try:
+            rows: list[dict[str, Any]] = []
+            missing: list[str] = []
+            for q in queues:
+                job = await probe.queue(names.job_queue(q))
+                if job is None:
+                    missing.append(q)
+                    continue
+                dlq = await probe.queue(names.dlx_queue(q))
+                retry: dict[str, int] = {}
+                for ms in RETRY_LADDER_MS:
+                    info = await probe.queue(names.retry_queue(q, ms))
+                    if info is not None:
+                        retry[str(ms)] = info.message_count
+                rows.append(
+                    {
+                        "queue": q,
+                        "ready": job.message_count,
+                        "consumers": job.consumer_count,
+                        "dead": None if dlq is None else dlq.message_count,
+                        "retrying": sum(retry.values()),
+                        "retry_queues": retry,
+                    }
+                )
+            scheduled = 0
+            levels = 0
+            for k in range(DELAY_LEVELS):
+                info = await probe.queue(names.delay_queue(k))
+                if info is not None:
+                    levels += 1
+                    scheduled += info.message_count
+        finally:
+            await probe.aclose()
+    if args.json:
+        print_json(
+            {
+                "source": "AMQP passive declares (ready = messages ready for delivery; "
+                "jobs being run are unacked and not counted)",
+                "queues": rows,
+                "missing": missing,
+                "scheduled_in_delay_levels": scheduled if levels else None,
+            }
+        )
+    elif rows:
+        print_table(
+            ["QUEUE", "READY", "CONSUMERS", "DEAD", "RETRYING", "RETRY QUEUES"],
+            [
+                [r["queue"], r["ready"], r["consumers"], r["dead"], r["retrying"], len(r["retry_queues"])]
+                for r in rows
+            ],
+        )
+        if levels:
+            print(f"scheduled jobs waiting in the shared delay levels (all queues): {scheduled}")
+        print(
+            "(figures from AMQP passive declares; READY excludes jobs being run, which AMQP does not count)"
+        )
+    for q in missing:
+        _err(f"queue {q!r} does not exist ({client.names.job_queue(q)})")
+    return EXIT_NOT_FOUND if missing else EXIT_OK
+
+
+# ----------------------------------------------------------------------- dlq
+
+
+def _dead_row(msg: amqp.IncomingMessage, now: datetime) -> dict[str, Any]:
+    props = msg.properties
+    headers = props.headers or {}
+    when = died_at(props)
+    attempt = headers.get("x-ojs-attempt")
+    return {
+        "id": props.message_id,
+        "type": props.type,
+        "attempt": attempt if isinstance(attempt, int) else None,
+        "reason": death_reason(props),
+        "died_at": when.isoformat() if when else None,
+        "age_seconds": None if when is None else round((now - when).total_seconds(), 3),
+    }
+
+
+async def cmd_dlq_peek(args: Any) -> int:
+    async with open_client(args.url, args.prefix) as client:
+        name = client.names.dlx_queue(args.queue)
+        probe = Probe(client)
+        try:
+            total = (await _need_queue(probe, name, "dead-letter queue")).message_count
+        finally:
+            await probe.aclose()
+        rows: list[dict[str, Any]] = []
+        now = datetime.now(UTC)
+        async with client.conn.channel(confirms=False) as ch:
+            held: list[amqp.IncomingMessage] = []
+            try:
+                for _ in range(args.n):
+                    msg = await ch.get(name)
+                    if msg is None:
+                        break
+                    held.append(msg)
+                    rows.append(_dead_row(msg, now))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for msg in held:
+                        await msg.reject(requeue=True)
+    if args.json:
+        print_json({"queue": args.queue, "total": total, "jobs": rows})
+    else:
+        print_table(
+            ["JOB ID", "TYPE", "ATTEMPT", "AGE", "REASON"],
+            [[r["id"], r["type"], r["attempt"], format_age(r["age_seconds"]), r["reason"]] for r in rows],
+        )
+        print(f"({len(rows)} of {total} dead jobs in {name}, oldest first)")
+    return EXIT_OK
+
+
+async def cmd_dlq_requeue(args: Any) -> int:
+    ids: set[str] = set(args.id or [])
+    if not ids and not args.all:
+        fail("say which jobs: --id ID (repeatable) or --all", EXIT_USAGE)
+    if ids and args.all:
+        fail("give --id or --all, not both", EXIT_USAGE)
+
+    async def run(interrupt: Interrupt) -> int:
+        async with open_client(args.url, args.prefix) as client:
+            names = client.names
+            dlq = names.dlx_queue(args.queue)
+            probe = Probe(client)
+            try:
+                total = (await _need_queue(probe, dlq, "dead-letter queue")).message_count
+                await _need_queue(probe, names.job_queue(args.queue), "job queue")
+            finally:
+                await probe.aclose()
+            if args.all:
+                confirm(
+                    f"Requeue all {total} dead jobs of {args.queue!r} to {names.job_queue(args.queue)}?",
+                    args.yes,
+                )
+            moved, scanned = 0, 0
+            wanted = set(ids)
+            progress = Progress(len(ids) if ids else total, "requeue", enabled=not args.json)
+            async with client.conn.channel(confirms=True) as ch:
+                held: list[amqp.IncomingMessage] = []
+                try:
+                    # At most the jobs there at the start: a job that fails again and comes
+                    # back is not moved twice in one run.
+                    while scanned < total and not interrupt.requested and (args.all or wanted):
+                        msg = await ch.get(dlq)
+                        if msg is None:
+                            break
+                        scanned += 1
+                        job_id = msg.properties.message_id
+                        if not args.all and job_id not in wanted:
+                            held.append(msg)  # not ours: kept unacked, put back at the end
+                            continue
+                        try:
+                            await ch.publish(
+                                msg.body,
+                                exchange=names.direct_exchange,
+                                routing_key=args.queue,
+                                properties=requeue_properties(
+                                    msg.properties, reset_attempts=args.reset_attempts
+                                ),
+                                mandatory=True,
+                            )
+                        except BaseException:
+                            held.append(msg)
+                            raise
+                        # Confirmed by the broker: now the dead copy may go.
+                        await msg.ack()
+                        moved += 1
+                        wanted.discard(job_id or "")
+                        progress.update(moved)
+                finally:
+                    progress.close()
+                    with anyio.CancelScope(shield=True):
+                        for msg in held:
+                            await msg.reject(requeue=True)
+        result = {
+            "queue": args.queue,
+            "requeued": moved,
+            "not_found": sorted(wanted),
+            "interrupted": interrupt.requested,
+        }
+        if args.json:
+            print_json(result)
+        else:
+            print(f"requeued {moved} dead job(s) to {names.job_queue(args.queue)}")
+        if interrupt.requested:
+            _err(f"interrupted after {moved} job(s); the rest are still in {dlq}")
+            return EXIT_INTERRUPTED
+        if wanted:
+            _err(f"not in {dlq}: {', '.join(sorted(wanted))}")
+            return EXIT_NOT_FOUND
+        return EXIT_OK
+
+    return await interruptible(run)
+
+
+async def cmd_dlq_purge(args: Any) -> int:
+    async with open_client(args.url, args.prefix) as client:
+        name = client.names.dlx_queue(args.queue)
+        probe = Probe(client)
+        try:
+            total = (await _need_queue(probe, name, "dead-letter queue")).message_count
+        finally:
+            await probe.aclose()
+        confirm(f"Delete all {total} dead jobs in {name}?", args.yes)
+        # Queue.Purge is one broker operation: it happens whole or not at all.
+        async with client.conn.channel(confirms=False) as ch:
+            purged = await ch.queue_purge(name)
+    if args.json:
+        print_json({"queue": args.queue, "purged": purged})
+    else:
+        print(f"purged {purged} dead job(s) from {name}")
+    return EXIT_OK
+
+
+async def cmd_dlq_prune(args: Any) -> int:
+    max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
+    max_count: int | None = args.max_count
+    if max_age is None and max_count is None:
+        fail("give --max-age and/or --max-count", EXIT_USAGE)
+
+    async def run(interrupt: Interrupt) -> int:
+        async with open_client(args.url, args.prefix) as client:
+            name = client.names.dlx_queue(args.queue)
+            probe = Probe(client)
+            try:
+                total = (await _need_queue(probe, name, "dead-letter queue")).message_count
+            finally:
+                await probe.aclose()
+            excess = max(0, total - max_count) if max_count is not None else 0
+            rules = []
+            if max_age is not None:
+                rules.append(f"older than {args.max_age}")
+            if max_count is not None:
+                rules.append(f"beyond the newest {max_count}")
+            confirm(f"Delete the dead jobs in {name} {' or '.join(rules)} (of {total})?", args.yes)
+            cutoff = datetime.now(UTC) - max_age if max_age is not None else None
+            dropped = 0
+            progress = Progress(total, "prune", enabled=not args.json)
+            async with client.conn.channel(confirms=False) as ch:
+                try:
+                    while dropped < total and not interrupt.requested:
+                        msg = await ch.get(name)
+                        if msg is None:
+                            break
+                        when = died_at(msg.properties)
+                        too_old = cutoff is not None and when is not None and when < cutoff
+                        if not (too_old or dropped < excess):
+                            # The queue is oldest first: everything after this is kept too.
+                            with anyio.CancelScope(shield=True):
+                                await msg.reject(requeue=True)
+                            break
+                        await msg.ack()
+                        dropped += 1
+                        progress.update(dropped)
+                finally:
+                    progress.close()
+        if args.json:
+            print_json({"queue": args.queue, "pruned": dropped, "interrupted": interrupt.requested})
+        else:
+            print(f"pruned {dropped} dead job(s) from {name}")
+        return EXIT_INTERRUPTED if interrupt.requested else EXIT_OK
+
+    return await interruptible(run)
+
+
+# -------------------------------------------------------------- push / cancel / info
+
+
+def _json_arg(text: str, what: str, kind: type[T]) -> T:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CLIError(
+            f"{what} is not valid JSON: {exc.msg} at character {exc.pos} of {text!r}", EXIT_USAGE
+        ) from None
+    if not isinstance(value, kind):
+        raise CLIError(
+            f"{what} must be a JSON {'array' if kind is list else 'object'}, got {text!r}", EXIT_USAGE
+        )
+    return value
+
+
+def _retry_arg(text: str) -> RetryPolicy:
+    if text.strip().isdigit():
+        return RetryPolicy(max_attempts=int(text))
+    data = _json_arg(text, "--retry", dict)
+    try:
+        return msgspec.convert(data, RetryPolicy)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise CLIError(f"--retry: {exc}", EXIT_USAGE) from None
+
+
+def _at_arg(text: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise CLIError(
+            f"--at: {text!r} is not an ISO 8601 time (e.g. 2026-05-01T09:00:00Z)", EXIT_USAGE
+        ) from None
+    if when.tzinfo is None:
+        raise CLIError(f"--at: {text!r} has no time zone; add Z or an offset such as +02:00", EXIT_USAGE)
+    return when
+
+
+async def cmd_push(args: Any) -> int:
+    job_args = _json_arg(args.args, "--args", list)
+    meta = _json_arg(args.meta, "--meta", dict) if args.meta else None
+    retry = _retry_arg(args.retry) if args.retry else None
+    if args.delay and args.at:
+        fail("give --delay or --at, not both", EXIT_USAGE)
+    delay = parse_duration(args.delay, "--delay") if args.delay else None
+    at = _at_arg(args.at) if args.at else None
+    timeout = None
+    if args.timeout:
+        timeout = max(1, round(parse_duration(args.timeout, "--timeout").total_seconds()))
+    async with open_client(args.url, args.prefix) as client:
+        if args.declare:
+            await client.declare_queue(args.queue)
+        else:
+            try:
+                await client.use_existing_queue(args.queue)
+            except amqp.NotFound:
+                raise CLIError(
+                    f"queue {args.queue!r} does not exist ({client.names.job_queue(args.queue)}); "
+                    f"declare it (ojs-anyio topology declare {args.queue}) or pass --declare",
+                    EXIT_NOT_FOUND,
+                ) from None
+        job = await client.push(
+            args.type,
+            job_args,
+            queue=args.queue,
+            priority=args.priority,
+            timeout=timeout,
+            retry=retry,
+            meta=meta,
+            scheduled_at=at,
+            delay=delay,
+            id=args.id,
+        )
+    if args.json:
+        print_json(
+            {
+                "id": job.id,
+                "type": job.type,
+                "queue": job.queue,
+                "scheduled_at": job.scheduled_at if isinstance(job.scheduled_at, str) else None,
+            }
+        )
+    else:
+        print(job.id)
+    return EXIT_OK
+
+
+def _info_dict(info: Any) -> dict[str, Any]:
+    return {
+        "job_id": info.job_id,
+        "state": info.state,
+        "attempt": info.attempt,
+        "worker_id": info.worker_id,
+        "started_at": info.started_at,
+        "finished_at": info.finished_at,
+    }
+
+
+def _print_info(data: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(data)
+    else:
+        print_table(["FIELD", "VALUE"], [[k, v] for k, v in data.items() if v is not None])
+
+
+async def cmd_info(args: Any) -> int:
+    timeout = parse_duration(args.timeout, "--timeout").total_seconds()
+    async with open_client(args.url, args.prefix) as client:
+        info = await client.info(args.job_id, queue=args.queue, timeout=timeout)
+    if info.state == "unknown":
+        raise CLIError(
+            f"job {args.job_id}: no worker of queue {args.queue!r} answered within {timeout:g}s "
+            "(it is not running, and no live worker finished it recently)",
+            EXIT_NOT_FOUND,
+        )
+    _print_info(_info_dict(info), args.json)
+    return EXIT_OK
+
+
+async def cmd_cancel(args: Any) -> int:
+    timeout = parse_duration(args.timeout, "--timeout").total_seconds()
+    async with open_client(args.url, args.prefix) as client:
+        await client.cancel(args.job_id, queue=args.queue)
+        info = None
+        with anyio.move_on_after(timeout):
+            while True:
+                info = await client.info(args.job_id, queue=args.queue, timeout=timeout)
+                if info.state != "active":
+                    break
+                await anyio.sleep(0.1)  # the handler is being cancelled: ask again shortly
+    if info is None or info.state == "unknown":
+        raise CLIError(
+            f"cancel sent, but no worker of queue {args.queue!r} reported job {args.job_id} within "
+            f"{timeout:g}s; the workers skip it if it arrives within the next hour",
+            EXIT_NOT_FOUND,
+        )
+    _print_info(_info_dict(info), args.json)
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------- cron
+
+
+async def cmd_cron(args: Any) -> int:
+    scheduler = load_object(args.scheduler, Scheduler, show_traceback=args.traceback)
+    stopping = False
+    async with open_client(args.url, args.prefix, recovery=True) as client, anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            nonlocal stopping
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if not stopping:
+                        stopping = True
+                        log.warning("received %s: stopping the scheduler (again to stop at once)", name)
+                        scheduler.stop()
+                    else:
+                        tg.cancel_scope.cancel()
+                        return
+
+        tg.start_soon(watch)
+        log.info(
+            "scheduler %r: %d schedule(s), broker %s",
+            scheduler.name,
+            len(scheduler.schedules),
+            client.conn.url.redacted(),
+        )
+        await scheduler.run(client)
+        tg.cancel_scope.cancel()
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------- topology
+
+
+async def cmd_topology_declare(args: Any) -> int:
+    async with open_client(args.url, args.prefix) as client:
+        for q in args.queue:
+            await client.declare_queue(q)
+            await client.declare_control_queue(q)
+        names = client.names
+    declared = [
+        {"queue": q, "entities": [names.job_queue(q), names.dlx_queue(q), names.control_queue(q)]}
+        for q in args.queue
+    ]
+    if args.json:
+        print_json({"declared": declared})
+    else:
+        for d in declared:
+            print(f"{d['queue']}: declared {', '.join(d['entities'])} and their bindings")
+    return EXIT_OK
+
+
+@dataclass
+class _Check:
+    entity: str
+    kind: str
+    status: str  # ok | missing | different | absent
+    detail: str = ""
+
+
+async def _check_queue(
+    client: Client, probe: Probe, name: str, arguments: dict[str, Any], required: bool
+) -> _Check:
+    if await probe.queue(name) is None:
+        return _Check(
+            name,
+            "queue",
+            "missing" if required else "absent",
+            "" if required else "not declared yet (declared on first use)",
+        )
+    # Redeclare-equivalence: a declare with the spec's properties changes nothing when the
+    # queue is equivalent, and is refused (406, channel closed) when it is not.
+    try:
+        async with client.conn.channel(confirms=False) as ch:
+            await ch.queue_declare(name, durable=True, arguments=arguments or None)
+    except (amqp.PreconditionFailed, amqp.ResourceLocked) as exc:
+        return _Check(name, "queue", "different", str(getattr(exc, "reply_text", exc)))
+    return _Check(
+        name, "queue", "ok", f"durable, arguments {arguments}" if arguments else "durable, no arguments"
+    )
+
+
+async def _check_exchange(client: Client, probe: Probe, name: str, kind: str, required: bool) -> _Check:
+    if not await probe.exchange(name):
+        return _Check(
+            name,
+            "exchange",
+            "missing" if required else "absent",
+            "" if required else "not declared yet (declared on first use)",
+        )
+    try:
+        async with client.conn.channel(confirms=False) as ch:
+            await ch.exchange_declare(name, kind, durable=True)
+    except amqp.PreconditionFailed as exc:
+        return _Check(name, "exchange", "different", str(exc.reply_text))
+    return _Check(name, "exchange", "ok", f"{kind}, durable")
+
+
+def _summarise_levels(prefix: str, shared: list[_Check]) -> list[_Check]:
+    """The 33 delay exchanges and 32 delay queues (shared by every queue) as two lines when
+    they are all fine; each one that is not, on its own line."""
+    out = [c for c in shared if c.status != "ok"]
+    for kind, pattern in (("exchange", "ojs.exchange.delay.*"), ("queue", "ojs.queue.delay.00-31")):
+        good = [c for c in shared if c.kind == kind and c.status == "ok"]
+        if good:
+            out.append(
+                _Check(f"{prefix}{pattern}", kind, "ok", f"{len(good)} scheduling delay {kind}s, shared")
+            )
+    return out
+
+
+async def cmd_topology_check(args: Any) -> int:
+    checks: list[_Check] = []
+    async with open_client(args.url, args.prefix) as client:
+        names = client.names
+        for q in args.queue:
+            names.job_queue(q)
+        probe = Probe(client)
+        try:
+            specs = exchanges(names)
+            for spec in specs[:3]:
+                checks.append(await _check_exchange(client, probe, spec.name, spec.type, True))
+            for q in args.queue:
+                checks.append(
+                    await _check_queue(client, probe, names.job_queue(q), job_queue_arguments(names, q), True)
+                )
+                checks.append(
+                    await _check_queue(client, probe, names.dlx_queue(q), dlx_queue_arguments(names, q), True)
+                )
+                checks.append(
+                    await _check_queue(
+                        client, probe, names.control_queue(q), control_queue_arguments(), False
+                    )
+                )
+                for ms in RETRY_LADDER_MS:
+                    if await probe.queue(names.retry_queue(q, ms)) is not None:
+                        checks.append(
+                            await _check_queue(
+                                client,
+                                probe,
+                                names.retry_queue(q, ms),
+                                retry_queue_arguments(names, q, ms),
+                                False,
+                            )
+                        )
+                if await probe.queue(names.delay_landing_queue(q)) is not None:
+                    checks.append(
+                        await _check_queue(
+                            client,
+                            probe,
+                            names.delay_landing_queue(q),
+                            delay_landing_queue_arguments(names, q),
+                            False,
+                        )
+                    )
+            if await probe.exchange(names.delay_entry_exchange):
+                shared: list[_Check] = []
+                for spec in specs[3:]:
+                    shared.append(await _check_exchange(client, probe, spec.name, spec.type, False))
+                for k in range(DELAY_LEVELS):
+                    args_k = delay_level_queue_arguments(names, k)
+                    shared.append(await _check_queue(client, probe, names.delay_queue(k), args_k, False))
+                checks += _summarise_levels(names.prefix, shared)
+        finally:
+            await probe.aclose()
+    bad = [c for c in checks if c.status in ("missing", "different")]
+    if args.json:
+        print_json({"ok": not bad, "bindings_checked": False, "entities": [c.__dict__ for c in checks]})
+    else:
+        print_table(
+            ["ENTITY", "KIND", "STATUS", "DETAIL"], [[c.entity, c.kind, c.status, c.detail] for c in checks]
+        )
+        print("(bindings are not checked: AMQP cannot read them without creating missing ones)")
+    if bad:
+        _err(
+            f"{len(bad)} difference(s) from the OJS declarations: "
+            + "; ".join(f"{c.entity} {c.status}" for c in bad)
+        )
+        return EXIT_DIFFERENT
+    return EXIT_OK
