@@ -145,7 +145,8 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'codec'}"}
     with anyio.fail_after(60):
         done = await anyio.run_process(
-            [sys.executable, "-m", "ojs_anyio.cli", "dlq", "prune", q, "--url", URL, "--max-count", "1", "--yes"],
+            [sys.executable, "-m", "ojs_anyio.cli", "dlq", "prune", q,
+             "--url", URL, "--max-count", "1", "--yes"],  # fmt: skip
             env=env,
         )
     assert done.stdout.decode().strip() == f"pruned 1 dead job(s) from {client.names.dlx_queue(q)}"
