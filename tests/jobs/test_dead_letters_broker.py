@@ -146,7 +146,7 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
     with anyio.fail_after(60):
         done = await anyio.run_process(
             [sys.executable, "-m", "ojs_anyio.cli", "dlq", "prune", q,
-             "--url", URL, "--max-count", "1", "--yes"],  # fmt: skip
+             "--url", URL, "--max-count", "1", "--yes"],
             env=env,
         )
     assert done.stdout.decode().strip() == f"pruned 1 dead job(s) from {client.names.dlx_queue(q)}"
