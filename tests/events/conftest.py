@@ -3,8 +3,8 @@
 * ``names``: a fresh exchange and queue tag per test; ``names.sub(name)`` registers a
   subscription whose queue, dead-letter queue and wait queues are deleted after the test
   (the exchange too).
-* ``vhosts(n)``: ``n`` fresh vhosts (guest has full rights), deleted after the test; returns
-  their URLs.
+* ``vhosts(n)``: the URLs of ``n`` vhosts made for this session (guest has full rights),
+  deleted at its end.
 """
 
 from __future__ import annotations
@@ -29,19 +29,20 @@ async def names() -> AsyncIterator[Names]:
             await n.cleanup()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def vhosts() -> Iterator[Callable[[int], list[str]]]:
+    """``vhosts(n)``: the URLs of ``n`` fresh vhosts, made once per session (rabbitmqctl takes
+    seconds a call on a loaded machine) and deleted at its end.  Tests on them use their
+    own names, or names a rerun may find again (durable, empty queues)."""
     made: list[str] = []
 
     def make(n: int) -> list[str]:
-        urls = []
-        for _ in range(n):
+        while len(made) < n:
             name = f"ojs-test-ev-{uuid.uuid4().hex[:10]}"
             rabbitmqctl_sync("add_vhost", name)
             made.append(name)
             rabbitmqctl_sync("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-            urls.append(vhost_url(name))
-        return urls
+        return [vhost_url(name) for name in made[:n]]
 
     try:
         yield make

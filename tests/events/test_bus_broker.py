@@ -3,9 +3,11 @@ redelivery with backoff, dead letters."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 from harness.broker import list_connections
@@ -154,7 +156,7 @@ async def test_competing_instances_handle_each_event_once(names: Names) -> None:
     def handler_for(instance: str) -> events.Handler:
         async def handler(event: dict[str, int]) -> None:
             seen[instance].add(event["i"])
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
         return handler
 
@@ -181,25 +183,27 @@ async def test_subscription_limit_opens_more_connections(names: Names) -> None:
         seen.add((event["q"], ctx.message.channel))
 
     conn_name = f"ojs-test-ev-{names.tag}"
-    async with events.connect(
-        URL, **names.bus_options(max_subscriptions_per_connection=2, connection_name=conn_name)
-    ) as bus:
-        async with bus.subscribe(names.sub("pool"), handler, consumers=3):  # 2 + 1: two connections
+    async with (
+        events.connect(
+            URL, **names.bus_options(max_subscriptions_per_connection=2, connection_name=conn_name)
+        ) as bus,
+        bus.subscribe(names.sub("pool"), handler, consumers=3),
+    ):  # 2 + 1: two connections
+        assert len(bus.subscriber_connections) == 2
+        async with bus.subscribe(names.sub("one"), handler):  # fits on the second
             assert len(bus.subscriber_connections) == 2
-            async with bus.subscribe(names.sub("one"), handler):  # fits on the second
-                assert len(bus.subscriber_connections) == 2
-                async with bus.subscribe(names.sub("two"), handler):  # a third one opens
-                    assert len(bus.subscriber_connections) == 3
-                    rows = await list_connections()
-                    ours = {
-                        item[2]
-                        for row in rows
-                        for item in row.get("client_properties", [])
-                        if item[0] == "connection_name" and str(item[2]).startswith(conn_name)
-                    }
-                    assert ours == {f"{conn_name}-pub", *(f"{conn_name}-sub-{i}" for i in (1, 2, 3))}
-                    await bus.publish_many([("pool", {"q": "pool"})] * 60 + [("two", {"q": "two"})])
-                    await seen.wait(61)
+            async with bus.subscribe(names.sub("two"), handler):  # a third one opens
+                assert len(bus.subscriber_connections) == 3
+                rows = await list_connections()
+                ours = {
+                    item[2]
+                    for row in rows
+                    for item in row.get("client_properties", [])
+                    if item[0] == "connection_name" and str(item[2]).startswith(conn_name)
+                }
+                assert ours == {f"{conn_name}-pub", *(f"{conn_name}-sub-{i}" for i in (1, 2, 3))}
+                await bus.publish_many([("pool", {"q": "pool"})] * 60 + [("two", {"q": "two"})])
+                await seen.wait(61)
     channels = {ch for q, ch in seen.items if q == "pool"}
     assert len(channels) >= 2  # the pool's consumers shared the events
 
@@ -228,7 +232,7 @@ async def test_backoff_timings_then_dead_letter_with_reason(names: Names) -> Non
     times = [t for t, _, _ in calls.items]
     assert [a for _, a, _ in calls.items] == [1, 2, 3, 4]
     assert {k for _, _, k in calls.items} == {"rec.write"}  # the original key, also after a wait
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     expected = [policy.wait_ms(n) / 1000 for n in (1, 2, 3)]
     assert expected == [0.0, 0.63, 1.0]
     # Lower bounds strict (the TTL never fires early); upper bounds generous (a loaded machine).

@@ -59,9 +59,10 @@ async def test_pool_connections_recover_together(names: Names) -> None:
     async def handler(event: dict[str, str]) -> None:
         seen.add(event["q"])
 
-    async with FaultProxy() as proxy:
+    options = names.bus_options(max_subscriptions_per_connection=1)
+    async with FaultProxy() as proxy:  # noqa: SIM117 (the proxy's URL is needed below)
         async with (
-            events.connect(proxy.url(), **names.bus_options(max_subscriptions_per_connection=1)) as bus,
+            events.connect(proxy.url(), **options) as bus,
             bus.subscribe(names.sub("a"), handler),
             bus.subscribe(names.sub("b"), handler),
         ):

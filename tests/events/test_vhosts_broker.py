@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -24,7 +25,9 @@ async def test_vhosts_isolate_environments(vhosts: Callable[[int], list[str]]) -
         qa_seen.add(event)
 
     # Same exchange, same tag, same queue name: only the vhost differs.
-    options = {"exchange": "beds.events", "queue_tag": "prod_"}
+    token = uuid.uuid4().hex[:8]
+    tag = f"prod{token}_"
+    options = {"exchange": f"events-{token}", "queue_tag": tag}
     async with (
         events.connect(prod_url, **options) as prod,
         events.connect(qa_url, **options) as qa,
@@ -32,8 +35,8 @@ async def test_vhosts_isolate_environments(vhosts: Callable[[int], list[str]]) -
     ):
         await prod.publish("rec.read", {"env": "prod"})
         assert await prod_seen.wait(1) == [{"env": "prod"}]
-        assert await queue_exists(prod_url, "prod_rec.read")
-        assert not await queue_exists(qa_url, "prod_rec.read")
+        assert await queue_exists(prod_url, f"{tag}rec.read")
+        assert not await queue_exists(qa_url, f"{tag}rec.read")
         with pytest.raises(amqp.UnroutableError):  # nothing is bound in qa
             await qa.publish("rec.read", {"env": "qa"})
         async with qa.subscribe("rec.read", qa_handler):
