@@ -112,10 +112,27 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
 tracer = trace.get_tracer("ojs_anyio.events", "0.1.0")
 
 
+_recording_known = False
+_recording_checked_at = -1.0
+
+
 def _recording() -> bool:
-    """Whether anything records spans (an SDK tracer provider is installed)."""
+    """Whether anything records spans (an SDK tracer provider is installed).
+
+    Asking OpenTelemetry reads the environment each time (microseconds, once per event),
+    so the answer is kept: "yes" for good (a global provider is set once), "no" for a
+    second, so that a provider installed later takes effect within a second.
+    """
+    global _recording_known, _recording_checked_at
+    if _recording_known:
+        return True
+    now = time.monotonic()
+    if now - _recording_checked_at < 1.0:
+        return False
+    _recording_checked_at = now
     provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    _recording_known = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return _recording_known
 
 
 def trace_headers() -> dict[str, str] | None:
