@@ -316,14 +316,22 @@ class EventBus:
                     sub.connections.append(slot.conn)
                 deliveries = await stack.enter_async_context(ch.consume(sub.queue, prefetch=prefetch))
                 streams.append((ch, deliveries))
-            async with anyio.create_task_group() as tg:
-                for ch, deliveries in streams:
-                    for _ in range(concurrency):
-                        tg.start_soon(sub.pull, ch, deliveries)
-                try:
-                    yield sub
-                finally:
-                    tg.cancel_scope.cancel()
+            try:
+                async with anyio.create_task_group() as tg:
+                    for ch, deliveries in streams:
+                        for _ in range(concurrency):
+                            tg.start_soon(sub.pull, ch, deliveries)
+                    try:
+                        yield sub
+                    finally:
+                        tg.cancel_scope.cancel()
+            except BaseExceptionGroup as eg:
+                # A consumer that ended for good (its queue could not be restored, recovery
+                # gave up) or the block's own error: raise that one error, not a group.
+                single = _unwrap(eg)
+                if single is None:
+                    raise
+                raise single from single.__cause__
 
     def _release(self, slot: _Slot) -> None:
         slot.subscriptions -= 1

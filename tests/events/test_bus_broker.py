@@ -309,3 +309,24 @@ async def test_a_redelivered_event_can_succeed(names: Names) -> None:
             while sub.handled < 1:  # noqa: ASYNC110
                 await anyio.sleep(0.01)  # the ack follows the handler's return
     assert calls.items == [1, 2, 3] and sub.dead_lettered == 0
+
+
+# ---------------------------------------------------------------------- errors surface
+
+
+async def test_errors_leave_the_blocks_as_themselves(names: Names) -> None:
+    async def handler(event: Any) -> None:
+        pass
+
+    no_recovery = amqp.RecoveryPolicy(enabled=False)
+    with pytest.raises(amqp.ConsumerCancelledError):  # one error, not an exception group
+        async with (
+            events.connect(URL, **names.bus_options(recovery=no_recovery)) as bus,
+            bus.subscribe(names.sub("gone"), handler) as sub,
+        ):
+            async with amqp.connect(URL) as conn, conn.channel() as ch:
+                await ch.queue_delete(sub.queue)  # the broker cancels our consumer
+            await anyio.sleep_forever()  # until the subscription fails
+    with pytest.raises(KeyError, match="mine"):
+        async with events.connect(URL, **names.bus_options()) as bus, bus.subscribe(names.sub("x"), handler):
+            raise KeyError("mine")
