@@ -384,8 +384,18 @@ class EventWindow:
         return self._window.in_flight
 
     async def wait_all(self) -> list[EventHandle]:
+        """Flush, wait for every confirm; return the failed events (``[]``: all confirmed).
+
+        A returned (unroutable) event's ``message_id`` is known from the broker's return;
+        for other failures it is ``""``: keep the handles ``publish`` gave if you need it.
+        """
         failed = await self._window.wait_all()
-        return [EventHandle(h, "") for h in failed]
+        out = []
+        for h in failed:
+            props = getattr(h.error, "properties", None)
+            mid = getattr(props, "message_id", None) or ""
+            out.append(EventHandle(h, mid))
+        return out
 
 
 class EventHandle:

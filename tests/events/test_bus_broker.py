@@ -139,9 +139,10 @@ async def test_bulk_path_and_publisher_pool(names: Names) -> None:
             await window.publish("bulk", {"i": i})
         assert await window.wait_all() == []
         window = bus.publish_window()
-        await window.publish("nobody.listens", {"i": -1})
+        lost = await window.publish("nobody.listens", {"i": -1})
         failed = await window.wait_all()
         assert [type(h.error) for h in failed] == [amqp.UnroutableError]
+        assert failed[0].message_id == lost.message_id and failed[0].routing_key == "nobody.listens"
 
         async with anyio.create_task_group() as tg:  # 60 concurrent publishers over the pool
             for i in range(600, 660):
