@@ -331,3 +331,21 @@ async def test_errors_leave_the_blocks_as_themselves(names: Names) -> None:
     with pytest.raises(KeyError, match="mine"):
         async with events.connect(URL, **names.bus_options()) as bus, bus.subscribe(names.sub("x"), handler):
             raise KeyError("mine")
+
+
+async def test_a_pool_channel_the_broker_closed_is_replaced(names: Names) -> None:
+    async def handler(event: Any) -> None:
+        pass
+
+    async with (
+        events.connect(URL, **names.bus_options(publisher_pool_size=1)) as bus,
+        bus.subscribe(names.sub("re"), handler),
+    ):
+        async with amqp.connect(URL) as conn, conn.channel() as ch:
+            await ch.exchange_delete(names.exchange)  # publishes now get 404: the channel closes
+            with pytest.raises(amqp.PublishError) as info:
+                await bus.publish("re", {"n": 1})
+            assert "404 NOT_FOUND" in str(info.value)
+            await ch.exchange_declare(names.exchange, "topic", durable=True)
+            await ch.queue_bind(f"{names.tag}re", names.exchange, "re")
+        await bus.publish("re", {"n": 2})  # on a fresh channel of the pool
