@@ -71,6 +71,10 @@ async def main(url: str = "amqp://guest:guest@localhost:5672/", fast: bool = Fal
     async def ignore(message: Any) -> None:
         pass
 
+    def on_outcome(outcome: str, message: Any) -> None:
+        if outcome == "dead_lettered":
+            dead_lettered.set()
+
     handlers: dict[str, events.Handler] = {"orb.operation": on_operation, "orb.anchor": on_anchor}
     async with events.connect(
         url,
@@ -85,6 +89,7 @@ async def main(url: str = "amqp://guest:guest@localhost:5672/", fast: bool = Fal
             async def run(queue: str, pool: int, ready: anyio.Event) -> None:
                 async with bus.subscribe(queue, handlers.get(queue, ignore), consumers=pool) as sub:
                     subs[queue] = sub
+                    sub.add_listener(on_outcome)
                     ready.set()
                     await anyio.sleep_forever()
 
@@ -100,10 +105,7 @@ async def main(url: str = "amqp://guest:guest@localhost:5672/", fast: bool = Fal
                 publishers.start_soon(bus.publish, "orb.operation", Operation("did:orb:bad", poison=True))
             with anyio.fail_after(60):
                 await done.wait()
-                op_sub = subs["orb.operation"]
-                while op_sub.dead_lettered < 1:  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
-                dead_lettered.set()
+                await dead_lettered.wait()
             tg.cancel_scope.cancel()
     summary = {
         "connections": connections,

@@ -180,6 +180,18 @@ class Subscription:
         self.dead_lettered = 0
         #: The AMQP connections this subscription's consumers run on.
         self.connections: list[amqp.Connection] = []
+        self._listeners: list[Callable[[str, amqp.IncomingMessage], None]] = []
+
+    def add_listener(self, callback: Callable[[str, amqp.IncomingMessage], None]) -> Callable[[], None]:
+        """Call ``callback(outcome, message)`` after each event is settled; ``outcome`` is
+        ``"handled"``, ``"redelivered"`` or ``"dead_lettered"``.  Returns a remover.
+        Called synchronously: keep it short, and don't raise."""
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback)
+
+    def _report(self, outcome: str, msg: amqp.IncomingMessage) -> None:
+        for callback in self._listeners:
+            callback(outcome, msg)
 
     def wait_queue_name(self, wait_ms: int) -> str:
         return f"{self.queue}.wait.{wait_ms}"
@@ -255,6 +267,8 @@ class Subscription:
                     continue
                 await msg.ack()
                 self.handled += 1
+                if self._listeners:
+                    self._report("handled", msg)
             except _SETTLE_LOST as exc:
                 # Not settled: the broker puts the event back and redelivers it.
                 log.warning(
@@ -291,6 +305,7 @@ class Subscription:
             return
         await msg.ack()
         self.redelivered += 1
+        self._report("redelivered", msg)
         log.info(
             "event %s on %s rejected (attempt %d): %s; redelivered in %d ms",
             msg.properties.message_id, self.queue, attempt, error, wait_ms,
@@ -328,6 +343,7 @@ class Subscription:
         else:
             await msg.ack()
         self.dead_lettered += 1
+        self._report("dead_lettered", msg)
         log.warning(
             "event %s on %s dead-lettered (%s, attempt %d): %s",
             msg.properties.message_id, self.queue, reason, attempt, error,
