@@ -16,9 +16,10 @@
         await worker.run(client)
 
 The AMQP client underneath is :mod:`ojs_anyio.amqp`; the sans-IO protocol is :mod:`ojs_codec`.
+The event bus (topic pub/sub with redelivery) is :mod:`ojs_anyio.events`.
 """
 
-from . import amqp
+from . import amqp, events
 from .jobs._client import Client, DeadJob, DeadLetters, PushResult, connect
 from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
 from .jobs._dedup import DuplicateJobError
@@ -80,6 +81,7 @@ __all__ = [
     "Worker",
     "amqp",
     "connect",
+    "events",
     "decode_job",
     "encode_job",
     "new_job",

@@ -1,0 +1,465 @@
+"""The event bus: a topic exchange, a publisher channel pool, a subscriber connection pool.
+
+``async with events.connect(url, exchange="beds.events", queue_tag="prod_") as bus:``
+
+The bus owns a task group.  Every AMQP connection it opens (one for publishing, and as
+many for subscribing as the per-connection subscription limit requires) is held by one
+task of that group, inside ``amqp.connect(...)`` with recovery on, so no connection
+outlives the block, and each recovers on its own after a connection loss: topology
+(exchange, queues, bindings), channels, consumers.  If one gives up, the block exits with
+its ``RecoveryFailedError``.  The bus uses only the public API of ``ojs_anyio.amqp``; the
+URL picks the transport and the vhost, so ``memory://`` needs nothing special here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any, NoReturn
+
+import anyio
+import anyio.abc
+
+from .. import amqp
+from ._redelivery import RedeliveryPolicy
+from ._subscriber import Handler, Subscription
+from ._wire import encode_payload, event_properties, new_message_id, producer_span, trace_headers
+
+__all__ = ["DEFAULT_URL", "EventBus", "EventHandle", "EventWindow", "connect"]
+
+DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+#: Recovery for every connection of the bus, unless ``recovery=`` says otherwise.
+DEFAULT_RECOVERY = amqp.RecoveryPolicy()
+
+
+class _Slot:
+    """One AMQP connection of the bus and the subscriptions (consumers) it carries."""
+
+    __slots__ = ("conn", "stop", "subscriptions")
+
+    def __init__(self, conn: amqp.Connection) -> None:
+        self.conn = conn
+        self.subscriptions = 0
+        self.stop = anyio.Event()
+
+
+class EventBus:
+    """Publish events to a topic exchange and subscribe queues to it.  Use :func:`connect`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        exchange: str = "events",
+        queue_tag: str = "",
+        mandatory: bool = True,
+        publisher_pool_size: int = 4,
+        max_subscriptions_per_connection: int = 100,
+        redelivery: RedeliveryPolicy | None = None,
+        recovery: amqp.RecoveryPolicy | None = None,
+        connection_name: str = "ojs-events",
+        **connect_options: Any,
+    ) -> None:
+        if publisher_pool_size < 1:
+            raise ValueError("publisher_pool_size must be >= 1")
+        if max_subscriptions_per_connection < 1:
+            raise ValueError("max_subscriptions_per_connection must be >= 1")
+        if not exchange:
+            raise ValueError("the exchange needs a name (the default exchange is not a topic exchange)")
+        self.url = url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
+        self.exchange = exchange
+        self.queue_tag = queue_tag
+        self.mandatory = mandatory
+        self.publisher_pool_size = publisher_pool_size
+        self.max_subscriptions_per_connection = max_subscriptions_per_connection
+        self.redelivery = redelivery or RedeliveryPolicy()
+        self.recovery = recovery or DEFAULT_RECOVERY
+        self.connection_name = connection_name
+        self._connect_options = connect_options
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._publisher: _Slot | None = None
+        self._channels: list[amqp.Channel] = []
+        self._next = 0
+        self._reopen_lock = anyio.Lock()
+        self._subscriber_slots: list[_Slot] = []
+        self._pool_lock = anyio.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<EventBus exchange={self.exchange!r} queue_tag={self.queue_tag!r}>"
+
+    def queue_name(self, name: str) -> str:
+        """The AMQP queue of a subscription: ``{queue_tag}{name}`` (``prod_rec.read``)."""
+        return f"{self.queue_tag}{name}"
+
+    @property
+    def publisher_connection(self) -> amqp.Connection:
+        if self._publisher is None:
+            raise amqp.UsageError("the bus is not connected")
+        return self._publisher.conn
+
+    @property
+    def subscriber_connections(self) -> list[amqp.Connection]:
+        """The connections opened for subscriptions so far (the subscriber pool)."""
+        return [slot.conn for slot in self._subscriber_slots]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _start(self, tg: anyio.abc.TaskGroup) -> None:
+        self._tg = tg
+        self._publisher = await self._open_slot(f"{self.connection_name}-pub")
+        conn = self._publisher.conn
+        for _ in range(self.publisher_pool_size):
+            ch = conn.channel(confirms=True)
+            await ch.open()
+            self._channels.append(ch)
+        # The exchange exists before anyone publishes (queues are the subscribers' business).
+        await self._channels[0].exchange_declare(self.exchange, "topic", durable=True)
+
+    async def _open_slot(self, name: str) -> _Slot:
+        assert self._tg is not None
+        slot: _Slot = await self._tg.start(self._hold, name)
+        return slot
+
+    async def _hold(self, name: str, *, task_status: anyio.abc.TaskStatus[_Slot]) -> None:
+        async with amqp.connect(self.url, recovery=self.recovery, name=name, **self._connect_options) as conn:
+            slot = _Slot(conn)
+            task_status.started(slot)
+            await slot.stop.wait()
+
+    async def aclose(self) -> None:
+        """Close the publisher channels and every connection (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for ch in self._channels:
+                await ch.aclose()
+        for slot in (self._publisher, *self._subscriber_slots):
+            if slot is not None:
+                slot.stop.set()
+
+    # ------------------------------------------------------------------ publishing
+
+    async def _channel(self) -> amqp.Channel:
+        i = self._next = (self._next + 1) % len(self._channels)
+        ch = self._channels[i]
+        if ch.closed_error is not None:
+            ch = await self._reopen(i)
+        return ch
+
+    async def _reopen(self, i: int) -> amqp.Channel:
+        """Replace a pool channel the broker closed (a 404 on a publish, say)."""
+        async with self._reopen_lock:
+            ch = self._channels[i]
+            if ch.closed_error is None:
+                return ch
+            if self._publisher is None or self._closed:
+                raise amqp.ChannelClosedError("the event bus is closed")
+            fresh = self._publisher.conn.channel(confirms=True)
+            await fresh.open()
+            self._channels[i] = fresh
+            return fresh
+
+    def _headers(self, extra: dict[str, Any] | None) -> dict[str, Any] | None:
+        traced = trace_headers()
+        if traced is None:
+            return dict(extra) if extra else None
+        if extra:
+            traced.update(extra)
+        return traced
+
+    async def publish(
+        self,
+        routing_key: str,
+        payload: object,
+        *,
+        headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        mandatory: bool | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Publish one event and wait for the broker's confirm; return its message id.
+
+        ``payload``: a msgspec Struct or a dict (JSON), or bytes.  Persistent, with
+        ``message_id``, ``timestamp``, ``content_type`` and the current trace context.
+        Raises ``amqp.UnroutableError`` when no queue is bound to the key (``mandatory``,
+        on by default), ``amqp.PublishNackedError``, ``amqp.PublishOutcomeUnknownError``
+        (the connection died first: publish again, with the same ``message_id``, if a
+        duplicate is acceptable) or ``amqp.PublishTimeoutError``.
+        """
+        body, content_type = encode_payload(payload)
+        mid = message_id or new_message_id()
+        ch = await self._channel()
+        with producer_span(self.exchange, routing_key, mid):
+            props = event_properties(content_type, mid, self._headers(headers))
+            await ch.publish(
+                body,
+                exchange=self.exchange,
+                routing_key=routing_key,
+                properties=props,
+                mandatory=self.mandatory if mandatory is None else mandatory,
+                timeout=timeout,
+            )
+        return mid
+
+    def publish_window(self, max_in_flight: int = 1024) -> EventWindow:
+        """The bulk path: many events in flight from one task, no task per event."""
+        if not self._channels:
+            raise amqp.UsageError("the bus is not connected")
+        i = self._next = (self._next + 1) % len(self._channels)
+        return EventWindow(self, self._channels[i], max_in_flight)
+
+    async def publish_many(
+        self, events: Iterable[tuple[str, object]], *, max_in_flight: int = 1024
+    ) -> list[str]:
+        """Publish ``(routing_key, payload)`` pairs through a window; return their ids.
+
+        Every event is sent; then, if any failed, the first failure is raised (its note
+        says how many failed).
+        """
+        window = self.publish_window(max_in_flight)
+        ids = [(await window.publish(key, payload)).message_id for key, payload in events]
+        failed = await window.wait_all()
+        if failed:
+            error = failed[0].error
+            assert error is not None
+            error.add_note(f"{len(failed)} of {len(ids)} events failed")
+            raise error
+        return ids
+
+    # ------------------------------------------------------------------ subscribing
+
+    async def _acquire_slot(self) -> _Slot:
+        """A subscriber connection with room for one more subscription (opens one if none)."""
+        async with self._pool_lock:
+            for slot in self._subscriber_slots:
+                if slot.subscriptions < self.max_subscriptions_per_connection:
+                    slot.subscriptions += 1
+                    return slot
+            if self._closed:
+                raise amqp.UsageError("the event bus is closed")
+            n = len(self._subscriber_slots) + 1
+            slot = await self._open_slot(f"{self.connection_name}-sub-{n}")
+            slot.subscriptions = 1
+            self._subscriber_slots.append(slot)
+            return slot
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        bindings: Iterable[str] | None = None,
+        payload_type: Any = None,
+        concurrency: int = 1,
+        prefetch: int | None = None,
+        consumers: int = 1,
+        redelivery: RedeliveryPolicy | None = None,
+    ) -> AsyncIterator[Subscription]:
+        """Consume queue ``{queue_tag}{name}`` with ``handler`` for the duration of the block.
+
+        On entry the queue, its dead-letter queue and its bindings (``bindings``, by
+        default ``[name]``: the routing key the queue is named after; ``*`` and ``#``
+        wildcards allowed) are declared and the consumers registered: the queue's presence
+        means "ready".  Instances that subscribe with the same name share the queue, and
+        each event goes to one of them.
+
+        ``handler(payload)`` or ``handler(payload, ctx: EventContext)``, a coroutine
+        function.  ``payload_type`` (or the handler's first parameter annotated with a
+        msgspec Struct) decodes the JSON body into that type; ``bytes`` gives the body as
+        it is; ``None`` gives JSON events decoded (dicts) and other events as bytes.
+
+        ``consumers`` AMQP consumers, each on its own channel (Orb's subscriber pool),
+        each running ``concurrency`` handlers at once with ``prefetch`` deliveries
+        buffered (default ``max(2 * concurrency, 8)``).  Each consumer counts against the
+        bus's ``max_subscriptions_per_connection``; past it, a new connection opens.
+
+        A handler that raises rejects the event (redelivery with backoff, then the
+        dead-letter queue); ``raise DeadLetter(reason)`` dead-letters it at once; a body
+        that does not decode is dead-lettered as ``invalid_payload``.  Leaving the block
+        cancels the handlers still running; their events were not acked and come again.
+        """
+        if concurrency < 1 or consumers < 1:
+            raise ValueError("concurrency and consumers must be >= 1")
+        if prefetch is None:
+            prefetch = max(2 * concurrency, 8)
+        if prefetch < concurrency:
+            raise ValueError(f"prefetch ({prefetch}) must be >= concurrency ({concurrency})")
+        if isinstance(bindings, str):
+            raise TypeError("bindings is a list of patterns, not one string")
+        patterns = [name] if bindings is None else list(bindings)
+        sub = Subscription(
+            self,
+            name,
+            handler,
+            bindings=patterns,
+            payload_type=payload_type,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            consumers=consumers,
+            redelivery=redelivery or self.redelivery,
+        )
+        async with AsyncExitStack() as stack:
+            declared: set[int] = set()
+            streams: list[tuple[amqp.Channel, amqp.Consumer]] = []
+            for _ in range(consumers):
+                slot = await self._acquire_slot()
+                stack.callback(self._release, slot)
+                ch = await stack.enter_async_context(slot.conn.channel(confirms=True))
+                if id(slot) not in declared:
+                    # On every connection it uses, so each one's recovery restores it.
+                    await sub.declare(ch)
+                    declared.add(id(slot))
+                    sub.connections.append(slot.conn)
+                deliveries = await stack.enter_async_context(ch.consume(sub.queue, prefetch=prefetch))
+                streams.append((ch, deliveries))
+            try:
+                async with anyio.create_task_group() as tg:
+                    for ch, deliveries in streams:
+                        for _ in range(concurrency):
+                            tg.start_soon(sub.pull, ch, deliveries)
+                    try:
+                        yield sub
+                    finally:
+                        tg.cancel_scope.cancel()
+            except BaseExceptionGroup as eg:
+                # A consumer that ended for good (its queue could not be restored, recovery
+                # gave up) or the block's own error: raise that one error, not a group.
+                single = _unwrap(eg)
+                if single is None:
+                    raise
+                raise single from single.__cause__
+
+    def _release(self, slot: _Slot) -> None:
+        slot.subscriptions -= 1
+
+    async def serve(self, name: str, handler: Handler, **options: Any) -> NoReturn:
+        """``subscribe(name, handler, **options)`` until cancelled."""
+        async with self.subscribe(name, handler, **options):
+            await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class EventWindow:
+    """Keep up to ``max_in_flight`` events unconfirmed from one task (``bus.publish_window()``).
+
+    ``await window.publish(key, payload)`` waits only when the window is full and returns
+    an ``amqp.PublishHandle`` (with ``message_id`` added); ``await window.wait_all()``
+    returns the handles that failed (unroutable, nacked, outcome unknown).
+    """
+
+    __slots__ = ("_bus", "_window", "channel")
+
+    def __init__(self, bus: EventBus, channel: amqp.Channel, max_in_flight: int) -> None:
+        self._bus = bus
+        self.channel = channel
+        self._window = channel.publish_window(max_in_flight)
+
+    async def publish(
+        self,
+        routing_key: str,
+        payload: object,
+        *,
+        headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        mandatory: bool | None = None,
+    ) -> EventHandle:
+        bus = self._bus
+        body, content_type = encode_payload(payload)
+        mid = message_id or new_message_id()
+        handle = await self._window.publish(
+            body,
+            exchange=bus.exchange,
+            routing_key=routing_key,
+            properties=event_properties(content_type, mid, bus._headers(headers)),
+            mandatory=bus.mandatory if mandatory is None else mandatory,
+        )
+        return EventHandle(handle, mid)
+
+    @property
+    def in_flight(self) -> int:
+        return self._window.in_flight
+
+    async def wait_all(self) -> list[EventHandle]:
+        """Flush, wait for every confirm; return the failed events (``[]``: all confirmed).
+
+        A returned (unroutable) event's ``message_id`` is known from the broker's return;
+        for other failures it is ``""``: keep the handles ``publish`` gave if you need it.
+        """
+        failed = await self._window.wait_all()
+        out = []
+        for h in failed:
+            props = getattr(h.error, "properties", None)
+            mid = getattr(props, "message_id", None) or ""
+            out.append(EventHandle(h, mid))
+        return out
+
+
+class EventHandle:
+    """A published event's :class:`amqp.PublishHandle` and message id."""
+
+    __slots__ = ("handle", "message_id")
+
+    def __init__(self, handle: amqp.PublishHandle, message_id: str) -> None:
+        self.handle = handle
+        self.message_id = message_id
+
+    @property
+    def done(self) -> bool:
+        return self.handle.done
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.handle.error
+
+    @property
+    def routing_key(self) -> str:
+        return self.handle.routing_key
+
+    async def wait(self) -> None:
+        await self.handle.wait()
+
+    def __repr__(self) -> str:
+        return f"<EventHandle {self.message_id!r} {self.handle!r}>"
+
+
+def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one real error of a task-group failure (ignoring cancellations), or None."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        elif not isinstance(e, anyio.get_cancelled_exc_class()):
+            leaves.append(e)
+
+    walk(eg)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+@asynccontextmanager
+async def connect(url: str | None = None, **options: Any) -> AsyncIterator[EventBus]:
+    """Open an :class:`EventBus` for the block (``url``: ``$OJS_AMQP_URL`` or localhost).
+
+    Options: ``exchange`` (default ``"events"``), ``queue_tag`` (``""``), ``mandatory``
+    (True), ``publisher_pool_size`` (4), ``max_subscriptions_per_connection`` (100),
+    ``redelivery`` (:class:`RedeliveryPolicy`), ``recovery`` (``amqp.RecoveryPolicy``, on
+    by default), ``connection_name``; anything else goes to ``amqp.connect``.
+    """
+    bus = EventBus(url, **options)
+    try:
+        async with anyio.create_task_group() as tg:
+            try:
+                await bus._start(tg)
+                yield bus
+            finally:
+                await bus.aclose()
+    except BaseExceptionGroup as eg:
+        single = _unwrap(eg)
+        if single is None:
+            raise
+        raise single from single.__cause__

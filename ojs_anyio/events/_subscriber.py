@@ -1,0 +1,350 @@
+"""A subscription: one durable queue, its bindings, its consumers, redelivery and dead letters.
+
+Queues (``q`` is ``{queue_tag}{name}``):
+
+* ``q``: durable, bound to the bus's topic exchange with the subscription's patterns, with
+  ``x-dead-letter-exchange ""`` and ``x-dead-letter-routing-key {q}.dlq`` (a message the
+  broker dead-letters still lands in the DLQ).
+* ``{q}.dlq``: durable, no arguments.  Dead letters, each with its reason.
+* ``{q}.wait.{ms}``: durable, ``x-message-ttl`` ms, dead-lettering back into ``q`` through
+  the default exchange.  Declared on first use; at most one per rung of the wait ladder.
+
+Every publish here goes through the default exchange straight to one queue, so a
+redelivery reaches this subscription only, never the other queues bound to the same key.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import typing
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from .. import amqp
+from ._redelivery import RedeliveryPolicy
+from ._wire import (
+    CONTENT_JSON,
+    H_ATTEMPT,
+    H_DEAD_LETTERED_AT,
+    H_ERROR,
+    H_QUEUE,
+    H_REASON,
+    H_ROUTING_KEY,
+    consumer_span,
+)
+
+if TYPE_CHECKING:
+    from ._bus import EventBus
+
+__all__ = ["DeadLetter", "EventContext", "Handler", "Subscription"]
+
+log = logging.getLogger("ojs_anyio.events")
+
+Handler = Callable[..., Awaitable[None]]
+
+#: Errors that mean "this delivery can no longer be settled": the broker redelivers it.
+_SETTLE_LOST: Final = (
+    amqp.PublishOutcomeUnknownError,
+    amqp.StaleDeliveryError,
+    amqp.ChannelClosedError,
+    amqp.ConnectionLostError,
+)
+_MAX_ERROR_TEXT: Final = 1000
+
+
+class DeadLetter(Exception):
+    """Raise from a handler to send the event to the dead-letter queue at once, no retry."""
+
+
+class EventContext:
+    """What a handler that takes a second argument gets besides the payload."""
+
+    __slots__ = ("attempt", "body", "message", "queue", "routing_key")
+
+    def __init__(self, message: amqp.IncomingMessage, queue: str, routing_key: str, attempt: int) -> None:
+        #: The AMQP delivery (properties, headers, ``redelivered``).
+        self.message = message
+        self.body = message.body
+        self.queue = queue
+        #: The routing key the event was published with (also after a redelivery).
+        self.routing_key = routing_key
+        #: 1 for the first delivery, n+1 after n redeliveries by the bus.
+        self.attempt = attempt
+
+    @property
+    def message_id(self) -> str | None:
+        return self.message.properties.message_id
+
+    @property
+    def timestamp(self) -> datetime | None:
+        return self.message.properties.timestamp
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return self.message.properties.headers or {}
+
+    def __repr__(self) -> str:
+        return (
+            f"<EventContext queue={self.queue!r} routing_key={self.routing_key!r} "
+            f"message_id={self.message_id!r} attempt={self.attempt}>"
+        )
+
+
+def _wants_context(fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    positional = 0
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            return True
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return positional >= 2
+
+
+def _annotated_struct(fn: Callable[..., Any]) -> type[msgspec.Struct] | None:
+    """The Struct type of the handler's first parameter, if it is annotated with one."""
+    try:
+        hints = typing.get_type_hints(fn)
+        first = next(iter(inspect.signature(fn).parameters))
+    except Exception:  # unresolvable annotations, no parameters: just no inference
+        return None
+    hint = hints.get(first)
+    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+        return hint
+    return None
+
+
+def _decoder(payload_type: Any) -> Callable[[bytes, str | None], Any]:
+    if payload_type is bytes:
+        return lambda body, _ct: body
+    if payload_type is None:
+        decode_any = msgspec.json.decode
+
+        def untyped(body: bytes, content_type: str | None) -> Any:
+            if content_type == CONTENT_JSON:
+                return decode_any(body)
+            return body  # bytes events (application/octet-stream, or no content type)
+
+        return untyped
+    decode_typed = msgspec.json.Decoder(payload_type).decode
+    return lambda body, _ct: decode_typed(body)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_TEXT]
+
+
+class Subscription:
+    """A running subscription (the value of ``async with bus.subscribe(...)``)."""
+
+    def __init__(
+        self,
+        bus: EventBus,
+        name: str,
+        handler: Handler,
+        *,
+        bindings: list[str],
+        payload_type: Any,
+        concurrency: int,
+        prefetch: int,
+        consumers: int,
+        redelivery: RedeliveryPolicy,
+    ) -> None:
+        self.bus = bus
+        self.name = name
+        self.queue = bus.queue_name(name)
+        self.dead_letter_queue = f"{self.queue}.dlq"
+        self.bindings = bindings
+        self.handler = handler
+        if payload_type is None:
+            payload_type = _annotated_struct(handler)
+        self.payload_type = payload_type
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.consumers = consumers
+        self.redelivery = redelivery
+        self._decode = _decoder(payload_type)
+        self._wants_context = _wants_context(handler)
+        #: Wait queues declared, per channel (recovery re-declares them).
+        self._wait_declared: set[tuple[int, int]] = set()
+        #: Events handled (acked), redelivered by the bus, and dead-lettered.
+        self.handled = 0
+        self.redelivered = 0
+        self.dead_lettered = 0
+        #: The AMQP connections this subscription's consumers run on.
+        self.connections: list[amqp.Connection] = []
+        self._listeners: list[Callable[[str, amqp.IncomingMessage], None]] = []
+
+    def add_listener(self, callback: Callable[[str, amqp.IncomingMessage], None]) -> Callable[[], None]:
+        """Call ``callback(outcome, message)`` after each event is settled; ``outcome`` is
+        ``"handled"``, ``"redelivered"`` or ``"dead_lettered"``.  Returns a remover.
+        Called synchronously: keep it short, and don't raise."""
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback)
+
+    def _report(self, outcome: str, msg: amqp.IncomingMessage) -> None:
+        for callback in self._listeners:
+            callback(outcome, msg)
+
+    def wait_queue_name(self, wait_ms: int) -> str:
+        return f"{self.queue}.wait.{wait_ms}"
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.queue!r} bindings={self.bindings!r}>"
+
+    # ------------------------------------------------------------------ topology
+
+    async def declare(self, ch: amqp.Channel) -> None:
+        """Exchange, DLQ, queue and bindings, idempotently (recorded for recovery)."""
+        bus = self.bus
+        await ch.exchange_declare(bus.exchange, "topic", durable=True)
+        await ch.queue_declare(self.dead_letter_queue, durable=True)
+        await ch.queue_declare(
+            self.queue,
+            durable=True,
+            arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": self.dead_letter_queue},
+        )
+        for pattern in self.bindings:
+            await ch.queue_bind(self.queue, bus.exchange, pattern)
+
+    async def _wait_queue(self, ch: amqp.Channel, wait_ms: int) -> str:
+        name = self.wait_queue_name(wait_ms)
+        key = (id(ch), wait_ms)
+        if key not in self._wait_declared:
+            await ch.queue_declare(
+                name,
+                durable=True,
+                arguments={
+                    "x-message-ttl": wait_ms,
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": self.queue,
+                },
+            )
+            self._wait_declared.add(key)
+        return name
+
+    # ------------------------------------------------------------------ consuming
+
+    async def pull(self, ch: amqp.Channel, deliveries: amqp.Consumer) -> None:
+        """One of ``concurrency`` loops sharing a consumer's bounded delivery stream."""
+        decode = self._decode
+        handler = self.handler
+        wants_context = self._wants_context
+        queue = self.queue
+        async for msg in deliveries:
+            props = msg.properties
+            headers = props.headers
+            attempt = 1
+            routing_key = msg.routing_key
+            if headers:
+                attempt = int(headers.get(H_ATTEMPT, 1))
+                routing_key = str(headers.get(H_ROUTING_KEY, routing_key))
+            try:
+                try:
+                    payload = decode(msg.body, props.content_type)
+                except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+                    error = _error_text(exc)
+                    await self._dead_letter(ch, msg, routing_key, attempt, "invalid_payload", error)
+                    continue
+                try:
+                    with consumer_span(headers, queue, routing_key, props.message_id, attempt):
+                        if wants_context:
+                            await handler(payload, EventContext(msg, queue, routing_key, attempt))
+                        else:
+                            await handler(payload)
+                except DeadLetter as exc:
+                    await self._dead_letter(ch, msg, routing_key, attempt, "rejected", _error_text(exc))
+                    continue
+                except Exception as exc:
+                    await self._rejected(ch, msg, routing_key, attempt, exc)
+                    continue
+                await msg.ack()
+                self.handled += 1
+                if self._listeners:
+                    self._report("handled", msg)
+            except _SETTLE_LOST as exc:
+                # Not settled: the broker puts the event back and redelivers it.
+                log.warning(
+                    "could not settle event %s on %s: %s; the broker will redeliver it",
+                    props.message_id, queue, exc,
+                )  # fmt: skip
+
+    async def _rejected(
+        self, ch: amqp.Channel, msg: amqp.IncomingMessage, routing_key: str, attempt: int, exc: Exception
+    ) -> None:
+        policy = self.redelivery
+        error = _error_text(exc)
+        if policy.exhausted(attempt):
+            await self._dead_letter(
+                ch, msg, routing_key, attempt, "max_attempts",
+                f"{error} (after {policy.max_attempts} redeliveries)",
+            )  # fmt: skip
+            return
+        wait_ms = policy.wait_ms(attempt)
+        target = self.queue if wait_ms == 0 else await self._wait_queue(ch, wait_ms)
+        headers = dict(msg.properties.headers or {})
+        headers[H_ATTEMPT] = attempt + 1
+        headers[H_ROUTING_KEY] = routing_key
+        headers[H_ERROR] = error
+        props = msgspec.structs.replace(msg.properties, headers=headers)
+        try:
+            # Confirmed before the original is acked: a crash in between duplicates, never loses.
+            await ch.publish(msg.body, exchange="", routing_key=target, properties=props, mandatory=True)
+        except (amqp.UnroutableError, amqp.PublishNackedError) as pub_exc:
+            await self._dead_letter(
+                ch, msg, routing_key, attempt, "max_attempts",
+                f"{error} (the redelivery could not be queued: {pub_exc})",
+            )  # fmt: skip
+            return
+        await msg.ack()
+        self.redelivered += 1
+        self._report("redelivered", msg)
+        log.info(
+            "event %s on %s rejected (attempt %d): %s; redelivered in %d ms",
+            msg.properties.message_id, self.queue, attempt, error, wait_ms,
+        )  # fmt: skip
+
+    async def _dead_letter(
+        self,
+        ch: amqp.Channel,
+        msg: amqp.IncomingMessage,
+        routing_key: str,
+        attempt: int,
+        reason: str,
+        error: str,
+    ) -> None:
+        headers = dict(msg.properties.headers or {})
+        headers.update(
+            {
+                H_REASON: reason,
+                H_ERROR: error,
+                H_ATTEMPT: attempt,
+                H_ROUTING_KEY: routing_key,
+                H_QUEUE: self.queue,
+                H_DEAD_LETTERED_AT: datetime.now(UTC).isoformat(timespec="milliseconds"),
+            }
+        )
+        props = msgspec.structs.replace(msg.properties, headers=headers)
+        try:
+            await ch.publish(
+                msg.body, exchange="", routing_key=self.dead_letter_queue, properties=props, mandatory=True
+            )
+        except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
+            # The queue's own dead-letter arguments still take it to the DLQ (with x-death).
+            log.error("dead letter copy for %s refused (%s); rejected without the reason", self.queue, exc)
+            await msg.reject(requeue=False)
+        else:
+            await msg.ack()
+        self.dead_lettered += 1
+        self._report("dead_lettered", msg)
+        log.warning(
+            "event %s on %s dead-lettered (%s, attempt %d): %s",
+            msg.properties.message_id, self.queue, reason, attempt, error,
+        )  # fmt: skip
