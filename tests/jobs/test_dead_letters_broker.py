@@ -40,7 +40,11 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
     names = client.names
     async with running(worker, client):
         # Distinct priorities (AMQP 1, 5, 9): the dead letter and its requeue keep them.
-        jobs = [await client.push("fragile.job", [n], queue=q, priority=p) for n, p in enumerate((1, 5, 9))]
+        # max_attempts set by the job: the header travels (as int32) through the requeue.
+        jobs = [
+            await client.push("fragile.job", [n], queue=q, priority=p, retry=ojs.RetryPolicy(max_attempts=4))
+            for n, p in enumerate((1, 5, 9))
+        ]
         for job in jobs:
             assert (await outcomes.wait_final(job.id)).outcome == "dead_lettered"
         await wait_message_count(raw, names.dlx_queue(q), 3)
