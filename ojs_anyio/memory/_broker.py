@@ -101,6 +101,51 @@ class MemoryBroker:
     def exchanges(self, vhost: str = "/") -> dict[str, Any]:
         return dict(self.state.vhosts[vhost].exchanges)
 
+    def unacked_count(self, queue: str, vhost: str = "/") -> int:
+        """Messages of ``queue`` delivered and not yet settled, on every connection."""
+        q = self.state.vhosts[vhost].queues.get(queue)
+        return sum(
+            1
+            for stream in self._streams
+            for ch in stream._session.channels.values()
+            for _, owner, _ in ch.unacked.values()
+            if owner is q
+        )
+
+    def connection_rows(self) -> list[dict[str, Any]]:
+        """The open connections as ``rabbitmqctl list_connections`` describes them (JSON form)."""
+        rows = []
+        for stream in self._streams:
+            s = stream._session
+            rows.append(
+                {
+                    "name": s.name,
+                    "user": s.user,
+                    "vhost": s.vhost.name if s.vhost else "",
+                    "timeout": s.heartbeat,
+                    "frame_max": s.frame_max,
+                    "channel_max": s.channel_max,
+                    "channels": len(s.channels),
+                    "client_properties": [
+                        [k, "longstr" if isinstance(v, str) else "table", v]
+                        for k, v in s.client_properties.items()
+                    ],
+                }
+            )
+        return rows
+
+    def close_connections(self, explanation: str = "closed by the broker", *, connection_name: str | None = None) -> int:
+        """Force connections closed from the broker's side (clients get 320 CONNECTION_FORCED),
+        those whose ``connection_name`` client property matches, or all.  Returns how many."""
+        closed = 0
+        for stream in list(self._streams):
+            s = stream._session
+            if connection_name is not None and s.client_properties.get("connection_name") != connection_name:
+                continue
+            s.force_close(explanation)
+            closed += 1
+        return closed
+
     @property
     def connections(self) -> int:
         return len(self._streams)
@@ -134,7 +179,7 @@ class MemoryBroker:
     # ------------------------------------------------------------------ connections
 
     def _open(self, name: str) -> MemoryStream:
-        session = Session(self.state, name=name)
+        session = Session(self.state, name=f"{name}#{next(_names)}")
         stream = MemoryStream(self, session)
         self._streams.add(stream)
         return stream

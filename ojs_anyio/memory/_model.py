@@ -302,6 +302,19 @@ class Queue:
         self.ready += 1
         self.ready_bytes += len(msg.body)
 
+    def _insert(self, msg: Message) -> None:
+        """Back at its original position (RabbitMQ classic queues keep publish order)."""
+        level = self.levels[min(msg.priority, self.max_priority)]
+        seq = msg.seq
+        i = 0
+        for other in level:
+            if other.seq > seq:
+                break
+            i += 1
+        level.insert(i, msg)
+        self.ready += 1
+        self.ready_bytes += len(msg.body)
+
     def messages(self) -> list[Message]:
         """Ready messages in delivery order (for introspection)."""
         out: list[Message] = []
@@ -466,10 +479,10 @@ class State:
         """Put delivered messages back, in their original order, ahead of newer ones."""
         if q.deleted or not msgs:
             return
-        for msg in sorted(msgs, key=lambda m: m.seq, reverse=True):
+        for msg in msgs:
             msg.redelivered = True
             msg.delivery_count += 1
-            q._push(msg, front=True)
+            q._insert(msg)
         self.expire_head(q, now, inclusive=False)
         self.dispatch(q, now)
 

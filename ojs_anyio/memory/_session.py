@@ -81,10 +81,12 @@ FRAME_MAX = 131072
 HEARTBEAT = 60
 
 SERVER_PROPERTIES: dict[str, Any] = {
-    "product": "ojs-anyio memory broker",
-    "platform": "Python",
-    "version": "3.10-compatible",
-    "information": "in-process emulation of RabbitMQ 3.10 (memory://)",
+    # The client must not be able to tell (docs/testing.md): RabbitMQ's product name, and the
+    # truth in "information" and "platform".
+    "product": "RabbitMQ",
+    "version": "3.10.0",
+    "platform": "ojs-anyio memory:// (Python)",
+    "information": "ojs_anyio.memory: an in-process emulation of RabbitMQ 3.10 for development and tests",
     "capabilities": {
         "publisher_confirms": True,
         "exchange_exchange_bindings": True,
@@ -231,6 +233,7 @@ class Session:
         self._reader = FrameReader(FRAME_MAX)
         self.frame_max = FRAME_MAX
         self.channel_max = CHANNEL_MAX
+        self.heartbeat = 0
         self.channels: dict[int, ChannelState] = {}
         self.vhost: VHost | None = None
         self.user = ""
@@ -289,6 +292,10 @@ class Session:
             queues = {id(c.queue): c.queue for ch in self.channels.values() for c in ch.consumers.values()}
             for q in queues.values():
                 self.state.dispatch(q, now)
+
+    def force_close(self, explanation: str) -> None:
+        """Close the connection from the broker's side (320 CONNECTION_FORCED)."""
+        self._connection_error(320, f"CONNECTION_FORCED - {explanation}", 0, 0)
 
     def abort(self) -> None:
         self.aborted = True
@@ -389,6 +396,7 @@ class Session:
         if name == "Connection.StartOk" and stage == "start-ok":
             self._start_ok(method)
         elif name == "Connection.TuneOk" and stage == "tune-ok":
+            self.heartbeat = method.heartbeat
             self.channel_max = method.channel_max or CHANNEL_MAX
             if method.frame_max:
                 self.frame_max = method.frame_max
