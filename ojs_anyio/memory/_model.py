@@ -369,6 +369,8 @@ class State:
         self.clock = clock
         self.vhosts: dict[str, VHost] = {"/": VHost("/")}
         self.users: dict[str, str] = {"guest": "guest"}
+        #: Direct reply-to: token -> the channel consuming amq.rabbitmq.reply-to.
+        self.reply_to: dict[str, ChannelState] = {}
         self._timers: list[tuple[float, int, int, Queue]] = []
         self._seq = itertools.count()
         self._msg_seq = itertools.count(1)
@@ -848,7 +850,8 @@ class State:
                     raise AMQPFail(
                         PRECONDITION_FAILED,
                         f"inequivalent arg '{arg}' for {_q(name, vhost.name)}: received "
-                        f"{_fmt(arguments.get(arg))} but current is {_fmt(existing.arguments.get(arg))}",
+                        f"{_typed_value(arguments.get(arg))} but current is "
+                        f"{_typed_value(existing.arguments.get(arg))}",
                     )
             self._touch(existing, now)
             return existing
@@ -931,6 +934,19 @@ def _is_cycle(queue: str, deaths: list[Any]) -> bool:
         if death.get("queue") == queue:
             return all(d.get("reason") != "rejected" for d in deaths[: i + 1])
     return False
+
+
+def _typed_value(value: object) -> str:
+    """RabbitMQ's wording: ``the value '5' of type 'signedint'`` (or ``none``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return f"the value '{_fmt(value)}' of type 'bool'"
+    if isinstance(value, int):
+        return f"the value '{value}' of type '{'signedint' if -(2**31) <= value < 2**31 else 'long'}'"
+    if isinstance(value, str | bytes):
+        return f"the value '{value if isinstance(value, str) else value.decode(errors='replace')}' of type 'longstr'"
+    return f"the value '{value}' of type '{type(value).__name__}'"
 
 
 def _fmt(value: object) -> str:

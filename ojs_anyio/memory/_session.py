@@ -96,7 +96,7 @@ SERVER_PROPERTIES: dict[str, Any] = {
         "consumer_priorities": True,
         "authentication_failure_close": True,
         "per_consumer_qos": True,
-        "direct_reply_to": False,
+        "direct_reply_to": True,
     },
     "cluster_name": "memory",
 }
@@ -169,6 +169,8 @@ class ChannelState:
         self.global_prefetch = 0
         self.content: _Content | None = None
         self.last_queue = ""
+        self.reply_token: str | None = None  # direct reply-to consumer of this channel
+        self.reply_tag = ""
         self.tx_publishes: list[tuple[str, str, bool, Message]] = []
         self.tx_settles: list[tuple[str, int, bool, bool]] = []
 
@@ -199,6 +201,16 @@ class ChannelState:
         out += _FRAME_HDR.pack(FRAME_METHOD, self.id, len(payload))
         out += payload
         out += _END
+        s.write_content(self.id, msg)
+
+    def deliver_direct(self, msg: Message) -> None:
+        """Direct reply-to: a reply goes straight to the channel's pseudo-consumer (no ack)."""
+        self.next_tag += 1
+        s = self.session
+        s.out += method_frame(
+            self.id, commands.Basic.Deliver, consumer_tag=self.reply_tag, delivery_tag=self.next_tag,
+            redelivered=False, exchange=msg.exchange, routing_key=msg.routing_key,
+        )
         s.write_content(self.id, msg)
 
     def broker_cancel(self, consumer: Consumer) -> None:
@@ -595,6 +607,13 @@ class Session:
                 f"user_id property set to '{props.user_id}' but authenticated user was '{self.user}'",
             )
         msg = Message(body, content.header, props, content.exchange, content.routing_key)
+        if props.reply_to == REPLY_TO:
+            if ch.reply_token is None:
+                raise AMQPFail(PRECONDITION_FAILED, "fast reply consumer does not exist")
+            import msgspec
+
+            msg = msg.with_props(msgspec.structs.replace(props, reply_to=f"{REPLY_TO}.{ch.reply_token}"))
+            msg.exchange, msg.routing_key = content.exchange, content.routing_key
         if ch.tx:
             ch.tx_publishes.append((content.exchange, content.routing_key, content.mandatory, msg))
             return
@@ -608,7 +627,12 @@ class Session:
         if ch.confirm:
             ch.publish_seq += 1
         rejected = False
-        if not queues:
+        direct = None
+        if exchange == "" and msg.routing_key.startswith(REPLY_TO + "."):
+            direct = state.reply_to.get(msg.routing_key[len(REPLY_TO) + 1 :])
+            if direct is not None:
+                direct.deliver_direct(msg)
+        if not queues and direct is None:
             if mandatory:
                 self.write(
                     method_frame(
@@ -731,6 +755,9 @@ class Session:
     def _close_channel(self, ch: ChannelState) -> None:
         """Cancel the channel's consumers, then return its unacked messages."""
         ch.content = None
+        if ch.reply_token is not None:
+            self.state.reply_to.pop(ch.reply_token, None)
+            ch.reply_token = None
         ch.tx_publishes.clear()
         ch.tx_settles.clear()
         now = self.state.clock.now()
@@ -878,6 +905,16 @@ class Session:
 
     def _h_basic_consume(self, ch: ChannelState, m: Any) -> None:
         assert self.vhost is not None
+        if m.queue == REPLY_TO:
+            if not m.no_ack:
+                raise AMQPFail(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+            if ch.reply_token is not None:
+                raise AMQPFail(PRECONDITION_FAILED, "reply consumer already set")
+            ch.reply_token = secrets.token_urlsafe(24)
+            ch.reply_tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)[:22]
+            self.state.reply_to[ch.reply_token] = ch
+            self._reply(ch, m, commands.Basic.ConsumeOk, consumer_tag=ch.reply_tag)
+            return
         q = self.state.queue(self.vhost, self._queue_name(ch, m.queue), self)
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)[:22]
         if tag in ch.consumers:
@@ -893,6 +930,9 @@ class Session:
         self.state.add_consumer(consumer, self.state.clock.now())
 
     def _h_basic_cancel(self, ch: ChannelState, m: Any) -> None:
+        if ch.reply_token is not None and m.consumer_tag == ch.reply_tag:
+            self.state.reply_to.pop(ch.reply_token, None)
+            ch.reply_token = None
         consumer = ch.consumers.pop(m.consumer_tag, None)
         self._reply(ch, m, commands.Basic.CancelOk, consumer_tag=m.consumer_tag)
         if consumer is not None:
@@ -971,6 +1011,7 @@ class Session:
 
 
 FRAME_ERROR_CODE = 501
+REPLY_TO = "amq.rabbitmq.reply-to"
 
 _HANDLERS: dict[str, Any] = {
     "Channel.Open": Session._h_channel_open,
