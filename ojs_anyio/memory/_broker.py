@@ -147,6 +147,11 @@ class MemoryBroker:
         return closed
 
     @property
+    def activity(self) -> int:
+        """Grows with every batch of frames a client sends (quiescence checks)."""
+        return self.state.activity
+
+    @property
     def connections(self) -> int:
         return len(self._streams)
 

@@ -369,6 +369,8 @@ class State:
         self.clock = clock
         self.vhosts: dict[str, VHost] = {"/": VHost("/")}
         self.users: dict[str, str] = {"guest": "guest"}
+        #: Counts the frames batches clients sent (tests wait for it to stand still).
+        self.activity = 0
         #: Direct reply-to: token -> the channel consuming amq.rabbitmq.reply-to.
         self.reply_to: dict[str, ChannelState] = {}
         self._timers: list[tuple[float, int, int, Queue]] = []

@@ -320,6 +320,7 @@ class Session:
         if self._stage in ("closed",) or self.aborted or self.lost:
             return
         state = self.state
+        state.activity += 1
         deadline = state.next_deadline()
         if deadline is not None and deadline <= state.clock.now():
             state.run_due()
