@@ -51,7 +51,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     with the same assertions; ``@pytest.mark.rabbitmq_only("why")`` keeps one on RabbitMQ."""
     if "amqp_url" not in metafunc.fixturenames:
         return
-    brokers = [b for b in TEST_BROKERS if b == "rabbitmq" or not metafunc.definition.get_closest_marker("rabbitmq_only")]
+    only_rabbitmq = metafunc.definition.get_closest_marker("rabbitmq_only") is not None
+    brokers = [b for b in TEST_BROKERS if b == "rabbitmq" or not only_rabbitmq]
     metafunc.parametrize("amqp_url", brokers, indirect=True)
 
 

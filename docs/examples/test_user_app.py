@@ -19,6 +19,7 @@ pytestmark = pytest.mark.anyio
 sent: list[str] = []
 attempts: dict[str, int] = {}
 
+
 async def send_email(ctx: ojs.JobContext, to: str) -> None:
     attempts[to] = attempts.get(to, 0) + 1
     if to.startswith("flaky") and attempts[to] < 4:

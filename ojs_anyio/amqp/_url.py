@@ -119,7 +119,9 @@ def _int_param(name: str, value: str, lo: int, hi: int) -> int:
 
 
 def parse_url(url: str) -> AMQPURL:
-    """Parse an ``amqp://``, ``amqps://`` or ``memory://NAME`` URL.  Raises :class:`InvalidURL` naming the problem."""
+    """Parse an ``amqp://``, ``amqps://`` or ``memory://NAME`` URL.
+
+    Raises :class:`InvalidURL` naming the problem."""
     if not isinstance(url, str):
         raise _bad(f"expected a string, got {type(url).__name__}")
     scheme, sep, rest = url.partition("://")

@@ -134,7 +134,9 @@ class MemoryBroker:
             )
         return rows
 
-    def close_connections(self, explanation: str = "closed by the broker", *, connection_name: str | None = None) -> int:
+    def close_connections(
+        self, explanation: str = "closed by the broker", *, connection_name: str | None = None
+    ) -> int:
         """Force connections closed from the broker's side (clients get 320 CONNECTION_FORCED),
         those whose ``connection_name`` client property matches, or all.  Returns how many."""
         closed = 0

@@ -422,9 +422,7 @@ class State:
                     q._head_timer = None
                 self.expire_head(q, now, inclusive=True)
                 self.dispatch(q, now)
-            elif (
-                q.expires is not None and not q.consumers and q.last_used + q.expires / 1000 <= now
-            ):
+            elif q.expires is not None and not q.consumers and q.last_used + q.expires / 1000 <= now:
                 self.delete_queue(q, now)
         return ran
 
@@ -678,9 +676,7 @@ class State:
         if kind not in EXCHANGE_TYPES:
             raise AMQPFail(COMMAND_INVALID, f"unknown exchange type '{kind}'")
         if existing is None and name.startswith("amq."):
-            raise AMQPFail(
-                ACCESS_REFUSED, f"{_x(name, vhost.name)} contains reserved prefix 'amq.*'"
-            )
+            raise AMQPFail(ACCESS_REFUSED, f"{_x(name, vhost.name)} contains reserved prefix 'amq.*'")
         if existing is not None:
             for field, have, want in (
                 ("type", existing.kind, kind),
@@ -695,21 +691,25 @@ class State:
                         f"received '{_fmt(want)}' but current is '{_fmt(have)}'",
                     )
             if _args_key(existing.arguments) != _args_key(arguments):
-                raise AMQPFail(
-                    PRECONDITION_FAILED, f"inequivalent arguments for {_x(name, vhost.name)}"
-                )
+                raise AMQPFail(PRECONDITION_FAILED, f"inequivalent arguments for {_x(name, vhost.name)}")
             return
         alt = arguments.get("alternate-exchange")
         if alt is not None and not isinstance(alt, str):
-            raise AMQPFail(PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for {_x(name, vhost.name)}")
+            raise AMQPFail(
+                PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for {_x(name, vhost.name)}"
+            )
         vhost.exchanges[name] = Exchange(
             name, kind, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
         )
 
     def delete_exchange(self, vhost: VHost, name: str, *, if_unused: bool) -> None:
         if name == "" or name.startswith("amq."):
-            raise AMQPFail(ACCESS_REFUSED, f"operation not permitted on {_x(name, vhost.name)}"
-                           if name else "operation not permitted on the default exchange")
+            raise AMQPFail(
+                ACCESS_REFUSED,
+                f"operation not permitted on {_x(name, vhost.name)}"
+                if name
+                else "operation not permitted on the default exchange",
+            )
         x = vhost.exchanges.get(name)
         if x is None:
             return
@@ -758,8 +758,9 @@ class State:
                 for key in [k for k in other.bindings if not k[0] and k[1] == x.name]:
                     del other.bindings[key]
 
-    def check_queue_arguments(self, vhost: VHost, name: str, args: dict[str, Any], durable: bool,
-                              exclusive: bool, auto_delete: bool) -> None:
+    def check_queue_arguments(
+        self, vhost: VHost, name: str, args: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool
+    ) -> None:
         where = _q(name, vhost.name)
 
         def bad(arg: str, why: str) -> AMQPFail:
@@ -837,8 +838,10 @@ class State:
                     "originally declared on another connection or the exclusive property value does "
                     "not match that of the original declaration.",
                 )
-            for field, have, want in (("durable", existing.durable, durable),
-                                      ("auto_delete", existing.auto_delete, auto_delete)):
+            for field, have, want in (
+                ("durable", existing.durable, durable),
+                ("auto_delete", existing.auto_delete, auto_delete),
+            ):
                 if have != want:
                     raise AMQPFail(
                         PRECONDITION_FAILED,
@@ -947,7 +950,8 @@ def _typed_value(value: object) -> str:
     if isinstance(value, int):
         return f"the value '{value}' of type '{'signedint' if -(2**31) <= value < 2**31 else 'long'}'"
     if isinstance(value, str | bytes):
-        return f"the value '{value if isinstance(value, str) else value.decode(errors='replace')}' of type 'longstr'"
+        text = value if isinstance(value, str) else value.decode(errors="replace")
+        return f"the value '{text}' of type 'longstr'"
     return f"the value '{value}' of type '{type(value).__name__}'"
 
 

@@ -41,6 +41,7 @@ from ._model import (
     INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
+    NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     SYNTAX_ERROR,
@@ -208,15 +209,22 @@ class ChannelState:
         self.next_tag += 1
         s = self.session
         s.out += method_frame(
-            self.id, commands.Basic.Deliver, consumer_tag=self.reply_tag, delivery_tag=self.next_tag,
-            redelivered=False, exchange=msg.exchange, routing_key=msg.routing_key,
+            self.id,
+            commands.Basic.Deliver,
+            consumer_tag=self.reply_tag,
+            delivery_tag=self.next_tag,
+            redelivered=False,
+            exchange=msg.exchange,
+            routing_key=msg.routing_key,
         )
         s.write_content(self.id, msg)
 
     def broker_cancel(self, consumer: Consumer) -> None:
         """The queue is gone: tell the client (consumer_cancel_notify)."""
         if self.consumers.pop(consumer.tag, None) is not None and not self.closing:
-            self.session.write(method_frame(self.id, commands.Basic.Cancel, consumer_tag=consumer.tag, nowait=True))
+            self.session.write(
+                method_frame(self.id, commands.Basic.Cancel, consumer_tag=consumer.tag, nowait=True)
+            )
 
 
 def _with_delivery_count(msg: Message) -> Message:
@@ -389,8 +397,12 @@ class Session:
         self._stage = "closing"
         self.write(
             method_frame(
-                0, commands.Connection.Close, reply_code=code, reply_text=_reply_text(code, text),
-                class_id=class_id, method_id=method_id,
+                0,
+                commands.Connection.Close,
+                reply_code=code,
+                reply_text=_reply_text(code, text),
+                class_id=class_id,
+                method_id=method_id,
             )
         )
         self._cleanup()
@@ -494,7 +506,8 @@ class Session:
         if ch.content is not None:
             raise AMQPFail(
                 UNEXPECTED_FRAME,
-                f"expected content header for class 60, got non content header frame instead (channel {channel})",
+                "expected content header for class 60, got non content header frame instead "
+                f"(channel {channel})",
             )
         if index == _PUBLISH:
             self._publish_method(ch, payload)
@@ -518,8 +531,12 @@ class Session:
         ch.closing = True
         self.write(
             method_frame(
-                ch.id, commands.Channel.Close, reply_code=code, reply_text=_reply_text(code, text),
-                class_id=class_id, method_id=method_id,
+                ch.id,
+                commands.Channel.Close,
+                reply_code=code,
+                reply_text=_reply_text(code, text),
+                class_id=class_id,
+                method_id=method_id,
             )
         )
 
@@ -566,8 +583,11 @@ class Session:
             if size > MAX_MESSAGE_SIZE:
                 ch.content = None
                 self._channel_error(
-                    ch, PRECONDITION_FAILED,
-                    f"message size {size} is larger than configured max size {MAX_MESSAGE_SIZE}", 60, 40,
+                    ch,
+                    PRECONDITION_FAILED,
+                    f"message size {size} is larger than configured max size {MAX_MESSAGE_SIZE}",
+                    60,
+                    40,
                 )
                 return
         else:
@@ -637,8 +657,12 @@ class Session:
             if mandatory:
                 self.write(
                     method_frame(
-                        ch.id, commands.Basic.Return, reply_code=NO_ROUTE, reply_text="NO_ROUTE",
-                        exchange=exchange, routing_key=msg.routing_key,
+                        ch.id,
+                        commands.Basic.Return,
+                        reply_code=NO_ROUTE,
+                        reply_text="NO_ROUTE",
+                        exchange=exchange,
+                        routing_key=msg.routing_key,
                     )
                 )
                 self.write_content(ch.id, msg)
@@ -691,7 +715,9 @@ class Session:
             method_id = {"ack": 80, "reject": 90, "nack": 120}[kind]
             self._channel_error(ch, exc.code, exc.text, 60, method_id)
 
-    def _take(self, ch: ChannelState, tag: int, multiple: bool) -> list[tuple[Message, Queue, Consumer | None]]:
+    def _take(
+        self, ch: ChannelState, tag: int, multiple: bool
+    ) -> list[tuple[Message, Queue, Consumer | None]]:
         unacked = ch.unacked
         if not multiple:
             entry = unacked.pop(tag, None)
@@ -824,8 +850,14 @@ class Session:
     def _h_exchange_declare(self, ch: ChannelState, m: Any) -> None:
         assert self.vhost is not None
         self.state.declare_exchange(
-            self.vhost, m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
-            auto_delete=m.auto_delete, internal=m.internal, arguments=dict(m.arguments or {}),
+            self.vhost,
+            m.exchange,
+            m.exchange_type,
+            passive=m.passive,
+            durable=m.durable,
+            auto_delete=m.auto_delete,
+            internal=m.internal,
+            arguments=dict(m.arguments or {}),
         )
         self._reply(ch, m, commands.Exchange.DeclareOk)
 
@@ -847,12 +879,23 @@ class Session:
     def _h_queue_declare(self, ch: ChannelState, m: Any) -> None:
         assert self.vhost is not None
         q = self.state.declare_queue(
-            self.vhost, m.queue, self, passive=m.passive, durable=m.durable, exclusive=m.exclusive,
-            auto_delete=m.auto_delete, arguments=dict(m.arguments or {}),
+            self.vhost,
+            m.queue,
+            self,
+            passive=m.passive,
+            durable=m.durable,
+            exclusive=m.exclusive,
+            auto_delete=m.auto_delete,
+            arguments=dict(m.arguments or {}),
         )
         ch.last_queue = q.name
         self._reply(
-            ch, m, commands.Queue.DeclareOk, queue=q.name, message_count=q.ready, consumer_count=len(q.consumers)
+            ch,
+            m,
+            commands.Queue.DeclareOk,
+            queue=q.name,
+            message_count=q.ready,
+            consumer_count=len(q.consumers),
         )
 
     def _h_queue_bind(self, ch: ChannelState, m: Any) -> None:
@@ -923,7 +966,12 @@ class Session:
         if q.consumers and (m.exclusive or any(o.exclusive for o in q.consumers)):
             raise AMQPFail(ACCESS_REFUSED, f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
         consumer = Consumer(
-            tag, ch, q, no_ack=m.no_ack, exclusive=m.exclusive, prefetch=ch.prefetch,
+            tag,
+            ch,
+            q,
+            no_ack=m.no_ack,
+            exclusive=m.exclusive,
+            prefetch=ch.prefetch,
             arguments=dict(m.arguments or {}),
         )
         ch.consumers[tag] = consumer
@@ -955,8 +1003,13 @@ class Session:
             msg = _with_delivery_count(msg)
         self.write(
             method_frame(
-                ch.id, commands.Basic.GetOk, delivery_tag=tag, redelivered=msg.redelivered,
-                exchange=msg.exchange, routing_key=msg.routing_key, message_count=q.ready,
+                ch.id,
+                commands.Basic.GetOk,
+                delivery_tag=tag,
+                redelivered=msg.redelivered,
+                exchange=msg.exchange,
+                routing_key=msg.routing_key,
+                message_count=q.ready,
             )
         )
         self.write_content(ch.id, msg)

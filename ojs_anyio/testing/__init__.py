@@ -112,7 +112,9 @@ class JobTester:
         count: int | None = None,
     ) -> list[Job]:
         """Assert that matching jobs are ready (``count``: exactly that many; default ≥ 1)."""
-        found = [j for j in self.enqueued(queue=queue, type=type) if args is None or list(j.args) == list(args)]
+        found = [
+            j for j in self.enqueued(queue=queue, type=type) if args is None or list(j.args) == list(args)
+        ]
         if (count is None and not found) or (count is not None and len(found) != count):
             have = [(j.queue, j.type, j.args) for j in self.enqueued()]
             want = "at least one" if count is None else f"exactly {count}"
@@ -194,10 +196,7 @@ class JobTester:
             raise ValueError("drain() needs a worker: job_tester(worker=...) or drain(worker)")
         outcomes: list[JobOutcome] = []
         remove = worker.add_listener(outcomes.append)
-        if worker is not self.worker:
-            remove_all = worker.add_listener(self.outcomes.append)
-        else:
-            remove_all = None
+        remove_all = worker.add_listener(self.outcomes.append) if worker is not self.worker else None
         try:
             with anyio.fail_after(timeout):
                 async with anyio.create_task_group() as tg:
@@ -323,7 +322,9 @@ async def job_tester(
 
 def _current() -> JobTester:
     if not _active:
-        raise RuntimeError("no job tester is active: use `async with job_tester(...)` or the job_tester fixture")
+        raise RuntimeError(
+            "no job tester is active: use `async with job_tester(...)` or the job_tester fixture"
+        )
     return _active[-1]
 
 
@@ -332,18 +333,28 @@ def enqueued(*, queue: str | None = None, type: str | None = None) -> list[Job]:
 
 
 def assert_enqueued(
-    *, queue: str | None = None, type: str | None = None, args: Sequence[Any] | None = None, count: int | None = None
+    *,
+    queue: str | None = None,
+    type: str | None = None,
+    args: Sequence[Any] | None = None,
+    count: int | None = None,
 ) -> list[Job]:
     """:meth:`JobTester.assert_enqueued` on the innermost active tester."""
     return _current().assert_enqueued(queue=queue, type=type, args=args, count=count)
 
 
-def refute_enqueued(*, queue: str | None = None, type: str | None = None, args: Sequence[Any] | None = None) -> None:
+def refute_enqueued(
+    *, queue: str | None = None, type: str | None = None, args: Sequence[Any] | None = None
+) -> None:
     _current().refute_enqueued(queue=queue, type=type, args=args)
 
 
 def assert_performed(
-    *, type: str | None = None, queue: str | None = None, outcome: str | None = "completed", count: int | None = None
+    *,
+    type: str | None = None,
+    queue: str | None = None,
+    outcome: str | None = "completed",
+    count: int | None = None,
 ) -> list[JobOutcome]:
     return _current().assert_performed(type=type, queue=queue, outcome=outcome, count=count)
 

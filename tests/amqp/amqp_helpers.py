@@ -134,7 +134,9 @@ async def force_close_on(url: str, explanation: str, *, connection_name: str) ->
     if url.startswith("memory://"):
         from ojs_anyio.memory import get_broker
 
-        return get_broker(amqp.parse_url(url).host).close_connections(explanation, connection_name=connection_name)
+        return get_broker(amqp.parse_url(url).host).close_connections(
+            explanation, connection_name=connection_name
+        )
     from harness import close_connections
 
     return await close_connections(explanation, connection_name=connection_name)

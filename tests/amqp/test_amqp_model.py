@@ -47,7 +47,8 @@ async def test_exchange_declare_every_type_and_flag(amqp_url: str, unique: Uniqu
             await ch.exchange_declare(fanout, "fanout", auto_delete=True)
             await ch.exchange_declare(topic, "topic", internal=True)
             await ch.exchange_declare(headers, "headers")
-            rows = await _list(amqp_url, "exchanges", "type", "durable", "auto_delete", "internal", "arguments")
+            columns = ("type", "durable", "auto_delete", "internal", "arguments")
+            rows = await _list(amqp_url, "exchanges", *columns)
             assert rows[direct]["type"] == "direct" and rows[direct]["durable"] is True
             assert rows[direct]["arguments"] == [["alternate-exchange", "longstr", alternate]]
             assert rows[fanout]["type"] == "fanout" and rows[fanout]["auto_delete"] is True
