@@ -36,7 +36,11 @@ async def test_message_ttl_dead_letters_with_x_death(amqp_url: str, unique: Uniq
         async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
             async with deleted_afterwards(conn, queues=[source, target]):
                 await ch.queue_declare(target)
-                args = {"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
+                args = {
+                    "x-message-ttl": 50,
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": target,
+                }
                 await ch.queue_declare(source, arguments=args)
                 await ch.publish(b"late", routing_key=source, mandatory=True)
                 await wait_for_message_count(ch, target, 1)
@@ -63,8 +67,12 @@ async def test_per_message_expiration_applies_only_at_the_head(amqp_url: str, un
                 await ch.queue_declare(
                     queue, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
                 )
-                await ch.publish(b"long", routing_key=queue, properties=amqp.BasicProperties(expiration="60000"))
-                await ch.publish(b"short", routing_key=queue, properties=amqp.BasicProperties(expiration="10"))
+                await ch.publish(
+                    b"long", routing_key=queue, properties=amqp.BasicProperties(expiration="60000")
+                )
+                await ch.publish(
+                    b"short", routing_key=queue, properties=amqp.BasicProperties(expiration="10")
+                )
                 await anyio.sleep(0.3)  # the time that passes is what is tested
                 # "short" is overdue but not at the head: it is still counted.
                 assert (await ch.queue_declare(queue, passive=True)).message_count == 2
@@ -119,7 +127,9 @@ async def test_rejected_twice_counts_two_deaths(amqp_url: str, unique: Unique) -
                 await (await _get(ch, queue)).reject(requeue=False)
                 await wait_for_message_count(ch, target, 1)
                 twice = await _get(ch, target)
-                assert [(d["reason"], d["queue"], d["count"]) for d in _death(twice)] == [("rejected", queue, 2)]
+                assert [(d["reason"], d["queue"], d["count"]) for d in _death(twice)] == [
+                    ("rejected", queue, 2)
+                ]
                 await twice.ack()
 
 
@@ -130,7 +140,9 @@ async def test_priority_queue_delivers_highest_first(amqp_url: str, unique: Uniq
             async with deleted_afterwards(conn, queues=[queue]):
                 await ch.queue_declare(queue, arguments={"x-max-priority": 5})
                 for body, priority in ((b"p1", 1), (b"none", None), (b"p9", 9), (b"p3", 3), (b"p5", 5)):
-                    await ch.publish(body, routing_key=queue, properties=amqp.BasicProperties(priority=priority))
+                    await ch.publish(
+                        body, routing_key=queue, properties=amqp.BasicProperties(priority=priority)
+                    )
                 order = []
                 while (msg := await ch.get(queue, no_ack=True)) is not None:
                     order.append(msg.body)
@@ -166,44 +178,42 @@ async def test_single_active_consumer_gets_everything_until_it_leaves(amqp_url: 
 async def test_quorum_queue_rules(amqp_url: str, unique: Unique) -> None:
     queue = unique("quorum")
     with anyio.fail_after(20):
-        async with amqp.connect(amqp_url) as conn:
-            async with deleted_afterwards(conn, queues=[queue]):
-                async with conn.channel() as ch:
-                    with pytest.raises(amqp.PreconditionFailed):
-                        await ch.queue_declare(queue, durable=False, arguments={"x-queue-type": "quorum"})
-                async with conn.channel() as ch:
-                    with pytest.raises(amqp.PreconditionFailed):
-                        await ch.queue_declare(
-                            queue, durable=True, arguments={"x-queue-type": "quorum", "x-max-priority": 5}
-                        )
-                async with conn.channel() as ch:
-                    await ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
-                    await ch.publish(b"q", routing_key=queue)
-                    msg = await _get(ch, queue)
-                    await msg.nack(requeue=True)
-                    await wait_for_message_count(ch, queue, 1)
-                    again = await _get(ch, queue)
-                    assert again.redelivered
-                    assert (again.properties.headers or {}).get("x-delivery-count") == 1
-                    await again.ack()
+        async with amqp.connect(amqp_url) as conn, deleted_afterwards(conn, queues=[queue]):
+            async with conn.channel() as ch:
+                with pytest.raises(amqp.PreconditionFailed):
+                    await ch.queue_declare(queue, durable=False, arguments={"x-queue-type": "quorum"})
+            async with conn.channel() as ch:
+                with pytest.raises(amqp.PreconditionFailed):
+                    await ch.queue_declare(
+                        queue, durable=True, arguments={"x-queue-type": "quorum", "x-max-priority": 5}
+                    )
+            async with conn.channel() as ch:
+                await ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+                await ch.publish(b"q", routing_key=queue)
+                msg = await _get(ch, queue)
+                await msg.nack(requeue=True)
+                await wait_for_message_count(ch, queue, 1)
+                again = await _get(ch, queue)
+                assert again.redelivered
+                assert (again.properties.headers or {}).get("x-delivery-count") == 1
+                await again.ack()
 
 
 async def test_inequivalent_redeclare_and_reserved_names(amqp_url: str, unique: Unique) -> None:
     queue = unique("q")
     with anyio.fail_after(10):
-        async with amqp.connect(amqp_url) as conn:
-            async with deleted_afterwards(conn, queues=[queue]):
-                async with conn.channel() as ch:
-                    await ch.queue_declare(queue, arguments={"x-max-length": 5})
-                    with pytest.raises(amqp.PreconditionFailed) as info:
-                        await ch.queue_declare(queue, arguments={"x-max-length": 6})
-                    assert "inequivalent arg 'x-max-length'" in info.value.reply_text
-                async with conn.channel() as ch:
-                    with pytest.raises(amqp.AccessRefused):
-                        await ch.queue_declare("amq.mine")
-                async with conn.channel() as ch:
-                    with pytest.raises(amqp.PreconditionFailed):
-                        await ch.queue_declare(unique("bad"), arguments={"x-message-ttl": -1})
-                async with conn.channel() as ch:
-                    with pytest.raises(amqp.AccessRefused):
-                        await ch.queue_bind(queue, "")
+        async with amqp.connect(amqp_url) as conn, deleted_afterwards(conn, queues=[queue]):
+            async with conn.channel() as ch:
+                await ch.queue_declare(queue, arguments={"x-max-length": 5})
+                with pytest.raises(amqp.PreconditionFailed) as info:
+                    await ch.queue_declare(queue, arguments={"x-max-length": 6})
+                assert "inequivalent arg 'x-max-length'" in info.value.reply_text
+            async with conn.channel() as ch:
+                with pytest.raises(amqp.AccessRefused):
+                    await ch.queue_declare("amq.mine")
+            async with conn.channel() as ch:
+                with pytest.raises(amqp.PreconditionFailed):
+                    await ch.queue_declare(unique("bad"), arguments={"x-message-ttl": -1})
+            async with conn.channel() as ch:
+                with pytest.raises(amqp.AccessRefused):
+                    await ch.queue_bind(queue, "")
