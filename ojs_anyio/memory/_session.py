@@ -21,6 +21,7 @@ from ojs_codec import (
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     AMQPError,
     BasicProperties,
@@ -385,6 +386,10 @@ class Session:
             if frame_type == FRAME_METHOD:
                 self._on_method(channel, payload)
             elif frame_type == FRAME_HEARTBEAT:
+                # RabbitMQ sends its own heartbeats on a timer; we answer the client's, so an
+                # idle connection never looks dead to it (and need no timer task).
+                if self._stage == "running":
+                    self.write(HEARTBEAT_FRAME)
                 continue
             else:
                 self._on_content(frame_type, channel, payload)
