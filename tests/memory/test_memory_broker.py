@@ -85,8 +85,12 @@ async def test_no_task_outlives_the_connection() -> None:
 
 
 async def test_virtual_clock_moves_only_when_advanced() -> None:
-    async with MemoryBroker(clock=VirtualClock()) as broker, amqp.connect(broker.url) as conn:
-        async with conn.channel() as ch:
+    async with (
+        MemoryBroker(clock=VirtualClock()) as broker,
+        amqp.connect(broker.url) as conn,
+        conn.channel() as ch,
+    ):
+        if True:  # keeps the block's shape
             await ch.queue_declare("dead")
             await ch.queue_declare(
                 "wait",
