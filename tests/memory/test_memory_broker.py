@@ -90,29 +90,28 @@ async def test_virtual_clock_moves_only_when_advanced() -> None:
         amqp.connect(broker.url) as conn,
         conn.channel() as ch,
     ):
-        if True:  # keeps the block's shape
-            await ch.queue_declare("dead")
-            await ch.queue_declare(
-                "wait",
-                arguments={
-                    "x-message-ttl": 1000,
-                    "x-dead-letter-exchange": "",
-                    "x-dead-letter-routing-key": "dead",
-                },
-            )
-            await ch.queue_declare("temporary", arguments={"x-expires": 5000})
-            await ch.publish(b"later", routing_key="wait")
-            await anyio.sleep(0.05)  # real time passes: nothing happens
-            assert [m.body for m in broker.queue_messages("wait")] == [b"later"]
-            broker.advance_to(0.999)
-            assert [m.body for m in broker.queue_messages("wait")] == [b"later"]
-            broker.advance_to(1.0)
-            assert broker.queue_messages("wait") == []
-            assert [m.body for m in broker.queue_messages("dead")] == [b"later"]
-            # x-expires: an unused queue goes after its time.
-            assert "temporary" in broker.queues()
-            broker.advance_to(6.0)
-            assert "temporary" not in broker.queues()
+        await ch.queue_declare("dead")
+        await ch.queue_declare(
+            "wait",
+            arguments={
+                "x-message-ttl": 1000,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": "dead",
+            },
+        )
+        await ch.queue_declare("temporary", arguments={"x-expires": 5000})
+        await ch.publish(b"later", routing_key="wait")
+        await anyio.sleep(0.05)  # real time passes: nothing happens
+        assert [m.body for m in broker.queue_messages("wait")] == [b"later"]
+        broker.advance_to(0.999)
+        assert [m.body for m in broker.queue_messages("wait")] == [b"later"]
+        broker.advance_to(1.0)
+        assert broker.queue_messages("wait") == []
+        assert [m.body for m in broker.queue_messages("dead")] == [b"later"]
+        # x-expires: an unused queue goes after its time.
+        assert "temporary" in broker.queues()
+        broker.advance_to(6.0)
+        assert "temporary" not in broker.queues()
 
 
 async def test_a_protocol_violation_closes_only_that_connection() -> None:
