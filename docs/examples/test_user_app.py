@@ -10,8 +10,11 @@ from datetime import timedelta
 import pytest
 
 import ojs_anyio as ojs
+from ojs_anyio import testing
 from ojs_anyio.testing import JobTester, job_tester
 
+# The fixtures job_tester / ojs_client / memory_broker (put this line in your conftest.py).
+pytest_plugins = ["ojs_anyio.testing.pytest_plugin"]
 pytestmark = pytest.mark.anyio
 
 # ---------------------------------------------------------------- the "app" under test
@@ -56,8 +59,14 @@ def worker() -> ojs.Worker:
     return build_worker()
 
 
+@pytest.fixture
+def ojs_worker(worker: ojs.Worker) -> ojs.Worker:
+    """The worker the plugin's job_tester fixture drains."""
+    return worker
+
+
 async def test_sign_up_enqueues_then_sends_the_welcome_email(worker: ojs.Worker) -> None:
-    async with job_tester(worker=worker) as jobs:
+    async with job_tester(worker=worker) as jobs:  # or the job_tester fixture
         await sign_up(jobs.client, "ada@example.com")
         jobs.assert_enqueued(queue="email", type="email.send", args=["ada@example.com"])
         outcomes = await jobs.drain()
@@ -89,6 +98,16 @@ async def test_a_reminder_a_day_ahead_runs_only_when_the_day_has_passed(worker: 
         jobs.assert_enqueued(queue="email", type="email.send", args=["bob@example.com"])
         await jobs.drain()
         assert sent == ["bob@example.com"]
+
+
+async def test_with_the_fixtures_and_the_module_level_helpers(ojs_client: ojs.Client) -> None:
+    await sign_up(ojs_client, "kim@example.com")
+    testing.assert_enqueued(queue="email", type="email.send", args=["kim@example.com"], count=1)
+    outcomes = await testing.drain()
+    assert [(o.type, o.outcome) for o in outcomes] == [("email.send", "completed")]
+    testing.assert_performed(type="email.send", count=1)
+    await testing.advance(3600)  # nothing was waiting: time just moves
+    assert sent == ["kim@example.com"]
 
 
 async def test_inline_mode_runs_the_handler_at_push(job_tester_inline: JobTester) -> None:
