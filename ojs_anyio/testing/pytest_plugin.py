@@ -31,7 +31,7 @@ def _optional_worker(request: pytest.FixtureRequest) -> Worker | None:
     except pytest.FixtureLookupError:
         return None
     if not isinstance(worker, Worker):
-        raise TypeError(f"the ojs_worker fixture must return an ojs_anyio.Worker, not {type(worker).__name__}")
+        raise TypeError(f"the ojs_worker fixture must return a Worker, not {type(worker).__name__}")
     return worker
 
 
