@@ -375,14 +375,11 @@ class Session:
             if not data:
                 return
         reader = self._reader
-        reader.feed(data)
-        while True:
+        # Whole frames at once (the codec's C splitter when built).  On a malformed frame
+        # this raises before any frame of ``data`` runs: the connection closes either way.
+        for frame_type, channel, payload in reader.frames(data):
             if self._stage == "closed" or self.aborted:
                 return
-            frame = reader.next_frame()
-            if frame is None:
-                return
-            frame_type, channel, payload = frame
             if frame_type == FRAME_METHOD:
                 self._on_method(channel, payload)
             elif frame_type == FRAME_HEARTBEAT:
