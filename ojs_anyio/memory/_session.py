@@ -840,6 +840,8 @@ class Session:
         self.write(method_frame(ch.id, commands.Channel.CloseOk))
 
     def _h_channel_flow(self, ch: ChannelState, m: Any) -> None:
+        if not m.active:
+            raise AMQPFail(NOT_IMPLEMENTED, "active=false")  # as RabbitMQ: no client-side flow
         self.write(method_frame(ch.id, commands.Channel.FlowOk, active=m.active))
 
     def _h_channel_close_ok(self, ch: ChannelState, m: Any) -> None:
