@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
+import anyio
 import pytest
 
 import ojs_anyio as ojs
@@ -108,6 +109,16 @@ async def test_with_the_fixtures_and_the_module_level_helpers(ojs_client: ojs.Cl
     testing.assert_performed(type="email.send", count=1)
     await testing.advance(3600)  # nothing was waiting: time just moves
     assert sent == ["kim@example.com"]
+
+
+async def test_a_cron_schedule_fires_on_the_virtual_clock(worker: ojs.Worker) -> None:
+    async with job_tester(worker=worker) as jobs, anyio.create_task_group() as tg:
+        digest = ojs.Scheduler("digest", clock=jobs.scheduler_clock)
+        digest.add("email.send", "*/10 * * * *", args=["digest@example.com"], queue="email", name="digest")
+        tg.start_soon(digest.run, jobs.client)
+        await jobs.advance(3600)  # one virtual hour: six ten-minute ticks
+        jobs.assert_enqueued(queue="email", type="email.send", args=["digest@example.com"], count=6)
+        tg.cancel_scope.cancel()
 
 
 async def test_inline_mode_runs_the_handler_at_push(job_tester_inline: JobTester) -> None:

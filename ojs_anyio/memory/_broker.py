@@ -178,7 +178,7 @@ class MemoryBroker:
         if not isinstance(clock, VirtualClock):
             raise TypeError("advance() needs a broker with a VirtualClock")
         while (deadline := self.state.next_deadline()) is not None and deadline <= when:
-            clock._set(deadline)
+            clock._set(max(deadline, clock.now()))
             self.run_due()
         clock._set(when)
         self.run_due()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -34,6 +35,7 @@ from ..memory import MemoryBroker, VirtualClock
 
 __all__ = [
     "JobTester",
+    "VirtualSchedulerClock",
     "advance",
     "assert_enqueued",
     "assert_performed",
@@ -52,6 +54,31 @@ _MARK = "q0placeholder0q"
 _QUIET = 0.005
 
 
+class VirtualSchedulerClock:
+    """A cron :class:`~ojs_anyio.Scheduler` clock on the broker's virtual clock: wall time is
+    the tester's start plus virtual seconds, and the scheduler's waits end when
+    :meth:`JobTester.advance` reaches them.  ``Scheduler(..., clock=jobs.scheduler_clock)``."""
+
+    def __init__(self, clock: VirtualClock, start: datetime | None = None) -> None:
+        self._clock = clock
+        self._origin = (start or datetime.now(UTC)) - timedelta(seconds=clock.now())
+
+    def now(self) -> datetime:
+        return self._origin + timedelta(seconds=self._clock.now())
+
+    async def wait(self, changed: anyio.Event, seconds: float) -> None:
+        timer = anyio.Event()
+        self._clock.wake_at(self._clock.now() + seconds, timer)
+
+        async def either(event: anyio.Event, scope: anyio.CancelScope) -> None:
+            await event.wait()
+            scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(either, changed, tg.cancel_scope)
+            await either(timer, tg.cancel_scope)
+
+
 class JobTester:
     """A client, optionally a worker, and the memory broker under them; see :func:`job_tester`."""
 
@@ -65,6 +92,9 @@ class JobTester:
         self._performed: list[tuple[JobOutcome, Job | None]] = []
         if worker is not None:
             worker.add_listener(self.outcomes.append)
+        clock = broker.clock
+        #: For ``ojs_anyio.Scheduler(clock=...)``: cron ticks on the virtual clock (None if real).
+        self.scheduler_clock = VirtualSchedulerClock(clock) if isinstance(clock, VirtualClock) else None
 
     @property
     def names(self) -> Names:
@@ -179,10 +209,15 @@ class JobTester:
         way (each step lets the worker and clients react before time moves on)."""
         if not self.virtual:
             raise TypeError("advance() needs job_tester(virtual_time=True)")
-        target = self.broker.clock.now() + seconds
+        clock = self.broker.clock
+        assert isinstance(clock, VirtualClock)
+        target = clock.now() + seconds
         await self.settle()
-        while (due := self.broker.due()) is not None and due <= target:
-            self.broker.advance_to(due)
+        while True:
+            due = [t for t in (self.broker.due(), clock.next_wakeup()) if t is not None and t <= target]
+            if not due:
+                break
+            self.broker.advance_to(max(min(due), clock.now()))
             await self.settle()
         self.broker.advance_to(target)
         await self.settle()

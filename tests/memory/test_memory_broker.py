@@ -246,4 +246,4 @@ def test_the_example_user_test_module_passes() -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "10 passed" in result.stdout
+    assert "12 passed" in result.stdout
