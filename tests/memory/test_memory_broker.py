@@ -9,6 +9,7 @@ The behaviour it shares with RabbitMQ is tested on both brokers by the shared su
 from __future__ import annotations
 
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -247,3 +248,146 @@ def test_the_example_user_test_module_passes() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "12 passed" in result.stdout
+
+
+def _open_frames() -> list[bytes]:
+    from pamqp import commands
+
+    frame = session_module.method_frame
+    return [
+        frame(
+            0,
+            commands.Connection.StartOk,
+            client_properties={},
+            mechanism="PLAIN",
+            response=b"\x00guest\x00guest",
+            locale="en_US",
+        ),
+        frame(0, commands.Connection.TuneOk, channel_max=0, frame_max=131072, heartbeat=0),
+        frame(0, commands.Connection.Open, virtual_host="/"),
+        frame(1, commands.Channel.Open),
+        frame(1, commands.Queue.Declare, queue="q1"),
+        frame(1, commands.Queue.Declare, queue="q2", arguments={"x-max-priority": 3}),
+        frame(1, commands.Exchange.Declare, exchange="x1", exchange_type="fanout"),
+        frame(1, commands.Queue.Bind, queue="q1", exchange="x1"),
+    ]
+
+
+OPEN = _open_frames()
+
+
+async def test_random_bytes_never_crash_the_broker() -> None:
+    """Garbage, and well-framed nonsense (random method ids and fields, content out of
+    place), on fresh connections: each is closed or ignored, nothing escapes into the broker,
+    and a healthy connection carries on."""
+    rng = random.Random(12)
+    async with MemoryBroker() as broker, amqp.connect(broker.url) as healthy, healthy.channel() as ch:
+        await ch.queue_declare("survivor")
+        for _ in range(300):
+            stream = await open_stream(broker.name)
+            session = stream._session  # type: ignore[attr-defined]
+            handshake = [PROTOCOL_HEADER, *OPEN] if rng.random() < 0.9 else [PROTOCOL_HEADER]
+            chunks: list[bytes] = []
+            for _ in range(rng.randint(1, 6)):
+                kind = rng.random()
+                if kind < 0.3:
+                    chunks.append(rng.randbytes(rng.randint(1, 40)))
+                else:
+                    ftype = rng.choice([1, 1, 1, 2, 3, 8])
+                    channel = rng.choice([0, 1, 1, 1, 2])
+                    payload = struct.pack(
+                        ">HH", rng.choice([10, 20, 40, 50, 60, 85, 90]), rng.randint(0, 130)
+                    )
+                    payload += rng.randbytes(rng.randint(0, 30))
+                    chunks.append(struct.pack(">BHI", ftype, channel, len(payload)) + payload + b"\xce")
+            for data in handshake + chunks:
+                session.feed(data)  # never raises: errors become Connection.Close
+                assert b"INTERNAL_ERROR" not in session.out, (handshake, chunks)
+            await stream.aclose()
+        await ch.publish(b"alive", routing_key="survivor")
+        assert (await ch.queue_declare("survivor", passive=True)).message_count == 1
+        assert broker.connections == 1
+
+
+def _random_method(rng: random.Random) -> bytes:
+    """A well-formed method frame of a random client method with random field values."""
+    from pamqp import commands
+
+    from ojs_codec._frames import _spec
+
+    classes = [
+        commands.Exchange.Declare, commands.Exchange.Delete, commands.Exchange.Bind,
+        commands.Exchange.Unbind, commands.Queue.Declare, commands.Queue.Bind,
+        commands.Queue.Unbind, commands.Queue.Purge, commands.Queue.Delete,
+        commands.Basic.Qos, commands.Basic.Consume, commands.Basic.Cancel,
+        commands.Basic.Publish, commands.Basic.Get, commands.Basic.Ack, commands.Basic.Nack,
+        commands.Basic.Reject, commands.Basic.Recover, commands.Confirm.Select,
+        commands.Tx.Select, commands.Tx.Commit, commands.Tx.Rollback, commands.Channel.Flow,
+        commands.Channel.Close, commands.Channel.Open,
+    ]  # fmt: skip
+    names = ["", "q1", "q2", "amq.direct", "amq.topic", "amq.gen-x", "x1", "amq.rabbitmq.reply-to", "é"]
+    tables: list[dict[str, object]] = [
+        {},
+        {"x-message-ttl": rng.choice([0, 5, -1])},
+        {"x-max-priority": rng.choice([3, 300])},
+        {"x-queue-type": rng.choice(["quorum", "classic", "stream", "nope"])},
+        {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "q2"},
+        {"x-max-length": 1, "x-overflow": rng.choice(["reject-publish", "drop-head", "bad"])},
+        {"x-single-active-consumer": True},
+        {"x-match": rng.choice(["any", "all", "bad"]), "k": 1},
+        {"alternate-exchange": "x1"},
+        {"x-expires": rng.choice([1, 0])},
+    ]
+    cls = rng.choice(classes)
+    fields: dict[str, object] = {}
+    for name, kind in _spec(cls):
+        if kind == "bit":
+            fields[name] = rng.random() < 0.3
+        elif kind == "shortstr":
+            fields[name] = (
+                rng.choice(["direct", "fanout", "topic", "headers", "x-delayed-message"])
+                if name == "exchange_type"
+                else rng.choice(names)
+            )
+        elif kind == "table":
+            fields[name] = rng.choice(tables)
+        elif kind == "longlong":
+            fields[name] = rng.randint(0, 6)
+        elif kind in ("short", "long"):
+            fields[name] = rng.choice([0, 0, 1, 5])
+        elif kind == "octet":
+            fields[name] = 0
+        else:
+            fields[name] = None
+    frame = session_module.method_frame(1 if rng.random() < 0.97 else 2, cls, **fields)
+    if cls is commands.Basic.Publish and rng.random() < 0.8:
+        body = rng.randbytes(rng.randint(0, 20))
+        props = amqp.BasicProperties(
+            expiration=rng.choice([None, "0", "5", "x"]),
+            priority=rng.choice([None, 1, 9]),
+            reply_to=rng.choice([None, "amq.rabbitmq.reply-to"]),
+            headers=rng.choice([None, {"CC": ["q2"]}, {"BCC": ["q1"]}, {"k": 1}]),
+        )
+        from ojs_codec import encode_content
+
+        frame += encode_content(1, 60, props, body, 131072)
+    return frame
+
+
+async def test_random_methods_never_crash_the_broker() -> None:
+    """Well-formed methods in random order with random fields: RabbitMQ's errors or answers,
+    never a broker exception (541), and other connections carry on."""
+    rng = random.Random(int(os.environ.get("OJS_FUZZ_SEED", "7")))
+    async with MemoryBroker() as broker, amqp.connect(broker.url) as healthy, healthy.channel() as ch:
+        await ch.queue_declare("survivor")
+        for _ in range(int(os.environ.get("OJS_FUZZ_ROUNDS", "200"))):
+            stream = await open_stream(broker.name)
+            session = stream._session  # type: ignore[attr-defined]
+            frames = [_random_method(rng) for _ in range(rng.randint(1, 12))]
+            for data in [PROTOCOL_HEADER, *OPEN, *frames]:
+                session.feed(data)
+                assert b"INTERNAL_ERROR" not in session.out, frames
+            await stream.aclose()
+            broker.run_due()
+        await ch.publish(b"alive", routing_key="survivor")
+        assert (await ch.queue_declare("survivor", passive=True)).message_count == 1
