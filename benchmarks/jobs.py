@@ -827,9 +827,11 @@ def print_report(
     concurrencies: tuple[int, ...],
     elapsed: float,
     ceiling: Rates,
+    memory: dict[str, Rates] | None = None,
 ) -> None:
+    memory = memory or {}
     ran = [name for name, r in peers.items() if isinstance(r, Rates)]
-    cols = ["raw-socket"] + [f"ojs/{b}" for b in ours] + ran
+    cols = ["raw-socket"] + [f"ojs/{b}" for b in ours] + [f"memory://{b}" for b in memory] + ran
     width = max(12, *(len(c) + 2 for c in cols))
     keys = [(k, label) for k, label in SCENARIOS]
     keys += [(f"worker_c{c}", f"worker concurrency={c}") for c in concurrencies]
@@ -844,6 +846,8 @@ def print_report(
         cells = [_fmt(ceiling.values.get(key))]
         for b in ours:
             cells.append(_fmt(ours[b].values.get(key)))
+        for b in memory:
+            cells.append(_fmt(memory[b].values.get(key)))
         for name in ran:
             r = peers[name]
             assert isinstance(r, Rates)
@@ -858,8 +862,13 @@ def print_report(
     for b, r in ours.items():
         for key, note in r.notes.items():
             print(f"  ojs/{b} {key}: {note}")
+    for b, r in memory.items():
+        for key, note in r.notes.items():
+            print(f"  memory://{b} {key}: {note}")
     for key, note in ceiling.notes.items():
         print(f"  raw-socket {key}: {note}")
+    if memory:
+        print("  memory://: ours on the in-process broker (no network, no RabbitMQ); not compared with peers")
     print("  raw-socket: the ceiling, the same job messages and topology over a bare socket")
     loose = ceiling.values.get("enqueue_unconfirmed")
     if loose is not None:
@@ -1000,6 +1009,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ap.add_argument("--peers", default=None, help="all | none | comma list of " + ",".join(PEER_MODULES))
     ap.add_argument("--backends", default="asyncio,trio", help="our backends (asyncio,trio)")
+    ap.add_argument(
+        "--memory",
+        default="asyncio",
+        help="backends for the memory:// column (the in-process broker, no network; 'none' to skip)",
+    )
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)), help="worker concurrencies")
     ap.add_argument("--repeat", type=int, default=1, help="rounds; the best of each is reported (default 1)")
     ap.add_argument("--profile", choices=["asyncio", "trio"], help="cProfile our push_batch and worker; exit")
@@ -1036,6 +1050,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     failed = False
     ours: dict[str, Rates] = {b: Rates() for b in backends}
+    # The in-process memory:// broker: a column of its own, never compared with the peers
+    # (they all talk to RabbitMQ over TCP).
+    memory: dict[str, Rates] = {b: Rates() for b in args.memory.split(",") if b and b != "none"}
     ceiling = Rates()
     peers: dict[str, Rates | str] = {}
     for row, peer, _pool in PEER_ROWS:
@@ -1074,6 +1091,16 @@ def main(argv: list[str] | None = None) -> int:
                         ours[backend].notes[key] = ("error: " if final else "retried after: ") + repr(exc)
                         if not final:
                             wait_for_broker(args.url)
+            for backend, rates in memory.items():
+                log(f"round {rnd + 1}.{i + 1}: ojs-anyio/{backend} on memory://: {style} N={n}, worker c={c}")
+                try:
+                    run_ours("memory://bench", n, backend, c, style, rates)
+                    log("  " + ", ".join(f"{k} {v:,.0f}" for k, v in rates.values.items()))
+                except Exception as exc:
+                    log(f"  failed: {exc!r}")
+                    traceback.print_exc(file=sys.stderr)
+                    failed = True
+                    rates.notes[f"round {rnd + 1}.{i + 1}"] = "error: " + repr(exc)
             for row, peer, pool in PEER_ROWS:
                 rates = peers.get(row)
                 if not isinstance(rates, Rates):
@@ -1113,6 +1140,7 @@ def main(argv: list[str] | None = None) -> int:
                     "cpus": os.cpu_count(),
                     "seconds": round(elapsed, 1),
                     "ours": {b: {"rates": r.values, "notes": r.notes} for b, r in ours.items()},
+                    "memory": {b: {"rates": r.values, "notes": r.notes} for b, r in memory.items()},
                     "peers": {
                         name: (
                             {"rates": r.values, "notes": r.notes} if isinstance(r, Rates) else {"status": r}
@@ -1127,7 +1155,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     else:
-        print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling)
+        print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling, memory)
         print_cli_processes(cli_rates, args.cli_concurrency)
     return 1 if failed else 0
 

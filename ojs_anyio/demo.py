@@ -1,6 +1,8 @@
 """The README's demo: push a few hundred jobs, process them, report what happened.
 
-``python -m ojs_anyio.demo [--backend trio|asyncio] [--url amqp://…] [--jobs 300]``
+``python -m ojs_anyio.demo [--backend trio|asyncio] [--url amqp://…] [--memory] [--jobs 300]``
+
+``--memory`` runs it on the in-process ``memory://`` broker: no RabbitMQ needed.
 
 Two job types: ``demo.resize`` (every 10th fails once, then succeeds on retry) and
 ``demo.notify`` (always succeeds), plus one ``demo.explode`` job that always fails and
@@ -90,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL or amqp://guest:guest@localhost/)"
     )
+    parser.add_argument(
+        "--memory", action="store_true", help="use the in-process memory:// broker (no RabbitMQ needed)"
+    )
     parser.add_argument("--jobs", type=int, default=300, help="how many jobs to push (default 300)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every job outcome")
 
@@ -101,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    finished = anyio.run(run_demo, args.url, args.jobs, backend=args.backend)
+    url = "memory://demo" if args.memory else args.url
+    finished = anyio.run(run_demo, url, args.jobs, backend=args.backend)
     ok = finished["completed"] == args.jobs and finished["dead_lettered"] == 1
     print("demo OK" if ok else "demo FAILED")
     return 0 if ok else 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,12 +42,34 @@ def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TLSMaterial:
 # The real RabbitMQ the suite runs against, and unique names so tests never share entities.
 
 AMQP_URL = os.environ.get("OJS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+#: The brokers the shared suites run against: RabbitMQ and the in-process memory:// broker.
+TEST_BROKERS = tuple(b for b in os.environ.get("OJS_TEST_BROKERS", "rabbitmq,memory").split(",") if b)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses ``amqp_url`` runs once per broker (ids ``rabbitmq``, ``memory``),
+    with the same assertions; ``@pytest.mark.rabbitmq_only("why")`` keeps one on RabbitMQ."""
+    if "amqp_url" not in metafunc.fixturenames:
+        return
+    only_rabbitmq = metafunc.definition.get_closest_marker("rabbitmq_only") is not None
+    brokers = [b for b in TEST_BROKERS if b == "rabbitmq" or not only_rabbitmq]
+    metafunc.parametrize("amqp_url", brokers, indirect=True)
 
 
 @pytest.fixture
-def amqp_url() -> str:
-    """URL of the test broker (``OJS_AMQP_URL``, default the local RabbitMQ as guest)."""
-    return AMQP_URL
+def amqp_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of the test broker: ``OJS_AMQP_URL`` (default the local RabbitMQ as guest), or a
+    fresh private ``memory://`` broker that is dropped after the test."""
+    if getattr(request, "param", "rabbitmq") == "rabbitmq":
+        yield AMQP_URL
+        return
+    from ojs_anyio.memory import get_broker
+
+    broker = get_broker(f"test-{uuid.uuid4().hex[:12]}")
+    try:
+        yield broker.url
+    finally:
+        broker.close()
 
 
 @pytest.fixture

@@ -343,7 +343,7 @@ class Connection:
         """Connect the socket and complete the AMQP handshake (caller bounds the time)."""
         host, port = self.url.hosts[self._host_index % len(self.url.hosts)]
         try:
-            stream: anyio.abc.ByteStream = await anyio.connect_tcp(host, port)
+            stream: anyio.abc.ByteStream = await _open_byte_stream(self.url, host, port)
         except OSError as exc:
             raise ConnectionLostError(f"cannot connect to {host}:{port}: {exc}") from exc
         try:
@@ -720,6 +720,16 @@ class Connection:
 
     def _unregister(self, channel: Channel) -> None:
         self._channels.discard(channel)
+
+
+async def _open_byte_stream(url: AMQPURL, host: str, port: int) -> anyio.abc.ByteStream:
+    """The transport for one host of ``url``: TCP, or for ``memory://NAME`` an in-process
+    stream to the memory broker NAME (ojs_anyio.memory), which speaks the same frames."""
+    if url.memory:
+        from ojs_anyio.memory import open_stream
+
+        return await open_stream(host)
+    return await anyio.connect_tcp(host, port)
 
 
 def _unwrap(eg: BaseExceptionGroup[BaseException], preferred: BaseException | None) -> BaseException:

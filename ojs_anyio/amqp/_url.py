@@ -60,6 +60,11 @@ class AMQPURL:
     server_name_indication: str | None = None
 
     @property
+    def memory(self) -> bool:
+        """A ``memory://NAME`` URL: the in-process broker called NAME (``host``)."""
+        return self.scheme == "memory"
+
+    @property
     def tls(self) -> bool:
         return self.scheme == "amqps"
 
@@ -74,6 +79,8 @@ class AMQPURL:
     def redacted(self) -> str:
         """The URL with the password replaced by ``***`` (safe for logs)."""
         hosts = ",".join(f"{h}:{p}" for h, p in self.hosts)
+        if self.memory:
+            hosts = self.host
         return f"{self.scheme}://{self.username}:***@{hosts}/{self.virtual_host.replace('/', '%2F')}"
 
     def with_host(self, index: int) -> AMQPURL:
@@ -112,15 +119,17 @@ def _int_param(name: str, value: str, lo: int, hi: int) -> int:
 
 
 def parse_url(url: str) -> AMQPURL:
-    """Parse an ``amqp://`` or ``amqps://`` URL.  Raises :class:`InvalidURL` naming the problem."""
+    """Parse an ``amqp://``, ``amqps://`` or ``memory://NAME`` URL.
+
+    Raises :class:`InvalidURL` naming the problem."""
     if not isinstance(url, str):
         raise _bad(f"expected a string, got {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise _bad("missing '://' (expected amqp://user:pass@host:port/vhost)")
     scheme = scheme.lower()
-    if scheme not in ("amqp", "amqps"):
-        raise _bad(f"scheme must be 'amqp' or 'amqps', got {scheme!r}")
+    if scheme not in ("amqp", "amqps", "memory"):
+        raise _bad(f"scheme must be 'amqp', 'amqps' or 'memory', got {scheme!r}")
     default_port = 5671 if scheme == "amqps" else 5672
     if "#" in rest:
         raise _bad("fragments ('#…') are not allowed")
@@ -134,11 +143,17 @@ def parse_url(url: str) -> AMQPURL:
         user_raw, colon, pass_raw = userinfo.partition(":")
         username = unquote(user_raw)
         password = unquote(pass_raw) if colon else ""
-    hosts = (
-        tuple(_parse_host(h, default_port) for h in hostpart.split(","))
-        if hostpart
-        else (("localhost", default_port),)
-    )
+    if scheme == "memory":
+        # memory://NAME/vhost: NAME is the in-process broker's name (no port, one host).
+        if "," in hostpart or ":" in hostpart:
+            raise _bad("a memory:// URL names one broker: memory://NAME/vhost")
+        hosts: tuple[tuple[str, int], ...] = ((unquote(hostpart) or "default", 0),)
+    else:
+        hosts = (
+            tuple(_parse_host(h, default_port) for h in hostpart.split(","))
+            if hostpart
+            else (("localhost", default_port),)
+        )
     if slash:
         if "/" in path:
             raise _bad("the vhost must be one path segment; write '/' inside it as %2F")

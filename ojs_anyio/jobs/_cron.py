@@ -106,7 +106,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
@@ -288,6 +288,31 @@ _encode = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder(_TokenState)
 
 
+# ------------------------------------------------------------------ the clock seam
+
+
+class SchedulerClock(Protocol):
+    """Where a :class:`Scheduler` reads the time and waits for its next tick.  The default is
+    the wall clock; ``ojs_anyio.testing`` supplies a virtual one (time moves when a test says)."""
+
+    def now(self) -> datetime: ...
+
+    async def wait(self, changed: anyio.Event, seconds: float) -> None:
+        """Return when ``changed`` is set or ``seconds`` have passed (whichever is first)."""
+        ...
+
+
+class WallClock:
+    """The default :class:`SchedulerClock`: ``datetime.now(UTC)`` and the event loop's timeouts."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def wait(self, changed: anyio.Event, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
+            await changed.wait()
+
+
 # ------------------------------------------------------------------ the scheduler
 
 
@@ -301,6 +326,8 @@ class Scheduler:
     :param token_refresh: seconds between token swaps when nothing fires (well under the
         broker's ``consumer_timeout``).
     :param retry_delay: seconds before re-joining after the leadership channel failed.
+    :param clock: where ticks are read and waited for (default: the wall clock); tests pass
+        ``JobTester.scheduler_clock`` to fire ticks on a virtual clock.
     """
 
     def __init__(
@@ -312,8 +339,10 @@ class Scheduler:
         token_refresh: DurationLike = 60.0,
         retry_delay: DurationLike = 1.0,
         instance_id: str | None = None,
+        clock: SchedulerClock | None = None,
     ) -> None:
         self.name = _check_name("scheduler name", name)
+        self._clock: SchedulerClock = clock or WallClock()
         if misfire not in _MISFIRE_POLICIES:
             raise ValueError(f"misfire must be 'skip' or 'once', not {misfire!r}")
         self.misfire: Misfire = misfire
@@ -527,7 +556,7 @@ class Scheduler:
         if self._leading:
             self._leading = False
             log.log(level, "scheduler %s/%s is no longer leader: %s", self.name, self.instance_id, reason)
-            self._emit(LeadershipChanged(leader=False, at=datetime.now(UTC), reason=reason))
+            self._emit(LeadershipChanged(leader=False, at=self._clock.now(), reason=reason))
         self._wake()
 
     def _holding(self) -> amqp.IncomingMessage | None:
@@ -599,7 +628,7 @@ class Scheduler:
             log.warning("scheduler %s: re-creating the token failed (%s); re-joining", self.name, exc)
 
     async def _publish_token(self, ch: amqp.Channel) -> None:
-        now = datetime.now(UTC)
+        now = self._clock.now()
         self._prune(now)
         state = _TokenState(
             group=self.name,
@@ -656,7 +685,7 @@ class Scheduler:
         ahead = self._merge(msg.body)
         if not self._leading:
             self._leading = True
-            self._leader_since = datetime.now(UTC)
+            self._leader_since = self._clock.now()
             self._n_changes += 1
             log.info("scheduler %s/%s became leader", self.name, self.instance_id)
             self._emit(LeadershipChanged(leader=True, at=self._leader_since, reason="token received"))
@@ -748,7 +777,7 @@ class Scheduler:
                     if self._swapped_at == swapped_at and self._held is None:
                         await self._recover_token("the swapped token did not come back")
                 continue
-            now = datetime.now(UTC)
+            now = self._clock.now()
             fired = False
             for schedule in list(self._schedules.values()):
                 tick, late = due_tick(
@@ -774,12 +803,11 @@ class Scheduler:
                         if self._holding() is held_now:
                             await self._swap(held_now)
                 continue
-            now = datetime.now(UTC)
+            now = self._clock.now()
             delay = self._refresh_at - anyio.current_time()
             for schedule in self._schedules.values():
                 delay = min(delay, (schedule.next_tick(now) - now).total_seconds())
-            with anyio.move_on_after(max(delay, 0.001)):
-                await changed.wait()
+            await self._clock.wait(changed, max(delay, 0.001))
 
     async def _fire(self, client: Client, schedule: Schedule, tick: datetime, late: bool) -> bool:
         """Push one tick's job.  True when the tick is done with (pushed, or refused)."""

@@ -79,3 +79,79 @@ async def wait_for_message_count(ch: amqp.Channel, queue: str, count: int, *, ti
     with anyio.fail_after(timeout):
         while (await ch.queue_declare(queue, passive=True)).message_count != count:  # noqa: ASYNC110
             await anyio.sleep(0.02)
+
+
+def _typed(value: object) -> list[object]:
+    kind = "bool" if isinstance(value, bool) else "long" if isinstance(value, int) else "longstr"
+    return [kind, value]
+
+
+def memory_rows(url: str, kind: str) -> dict[str, dict[str, object]]:
+    """``rabbitmqctl list_{kind}``'s rows (same keys and argument form) for a memory:// broker."""
+    from ojs_anyio.memory import get_broker
+
+    parsed = amqp.parse_url(url)
+    broker = get_broker(parsed.host)
+    rows: dict[str, dict[str, object]] = {}
+    if kind == "exchanges":
+        for name, x in broker.exchanges(parsed.virtual_host).items():
+            rows[name] = {
+                "name": name,
+                "type": x.kind,
+                "durable": x.durable,
+                "auto_delete": x.auto_delete,
+                "internal": x.internal,
+                "arguments": [[k, *_typed(v)] for k, v in x.arguments.items()],
+            }
+    elif kind == "queues":
+        for name, q in broker.queues(parsed.virtual_host).items():
+            rows[name] = {
+                "name": name,
+                "durable": q.durable,
+                "auto_delete": q.auto_delete,
+                "exclusive": q.owner is not None,
+                "arguments": [[k, *_typed(v)] for k, v in q.arguments.items()],
+                "messages_ready": q.ready,
+                "messages_unacknowledged": sum(c.unacked for c in q.consumers),
+                "consumers": len(q.consumers),
+            }
+    else:
+        raise ValueError(kind)
+    return rows
+
+
+async def connections_on(url: str, *columns: str) -> list[dict[str, object]]:
+    """The broker's list of connections (``rabbitmqctl list_connections`` rows, JSON form)."""
+    if url.startswith("memory://"):
+        from ojs_anyio.memory import get_broker
+
+        return get_broker(amqp.parse_url(url).host).connection_rows()
+    return await list_connections(*columns)
+
+
+async def force_close_on(url: str, explanation: str, *, connection_name: str) -> int:
+    """Close connections from the broker's side (clients get 320 CONNECTION_FORCED)."""
+    if url.startswith("memory://"):
+        from ojs_anyio.memory import get_broker
+
+        return get_broker(amqp.parse_url(url).host).close_connections(
+            explanation, connection_name=connection_name
+        )
+    from harness import close_connections
+
+    return await close_connections(explanation, connection_name=connection_name)
+
+
+async def unacked_on(url: str, queue: str) -> int:
+    """``messages_unacknowledged`` of ``queue`` as the broker counts it."""
+    if url.startswith("memory://"):
+        from ojs_anyio.memory import get_broker
+
+        return get_broker(amqp.parse_url(url).host).unacked_count(queue, amqp.parse_url(url).virtual_host)
+    import json
+
+    from harness import rabbitmqctl
+
+    output = await rabbitmqctl("list_queues", "name", "messages_unacknowledged", "--formatter", "json", "-q")
+    rows = {row["name"]: row for row in json.loads(output)}
+    return int(rows[queue]["messages_unacknowledged"])

@@ -13,7 +13,11 @@ from harness import lowered_memory_watermark
 
 from ojs_anyio import amqp
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.broker,
+    pytest.mark.rabbitmq_only("lowers RabbitMQ's memory watermark (connection.blocked)"),
+]
 
 
 async def test_blocked_publish_times_out_and_resumes_after_unblock(amqp_url: str) -> None:

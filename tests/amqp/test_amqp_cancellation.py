@@ -39,6 +39,7 @@ async def test_cancel_a_publish_waiting_for_its_confirm() -> None:
                 assert conn.is_open and ch.is_open
 
 
+@pytest.mark.rabbitmq_only("needs network latency: memory:// confirms before the earliest cancel point")
 async def test_cancel_publishes_at_random_points(amqp_url: str) -> None:
     """Cancellation at any await of publish never corrupts the stream (sends are shielded)."""
     rng = random.Random(1234)

@@ -7,8 +7,15 @@ import uuid
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import broker_connection_names, closed_port, wait_broker_forgets, wait_until
-from harness import FaultProxy, close_connections, list_connections
+from amqp_helpers import (
+    broker_connection_names,
+    closed_port,
+    connections_on,
+    force_close_on,
+    wait_broker_forgets,
+    wait_until,
+)
+from harness import FaultProxy
 
 from ojs_anyio import amqp
 from ojs_codec import ConnectionState, NotAllowed
@@ -100,7 +107,7 @@ async def test_negotiated_values_from_options(amqp_url: str) -> None:
             assert tuned is not None
             assert (tuned.heartbeat, tuned.frame_max, tuned.channel_max) == (7, 65536, 100)
             # The broker agrees.
-            rows = await list_connections("timeout", "frame_max", "channel_max", "client_properties")
+            rows = await connections_on(amqp_url, "timeout", "frame_max", "channel_max", "client_properties")
             mine = [row for row in rows if ["connection_name", "longstr", name] in row["client_properties"]]
             assert len(mine) == 1
             assert (mine[0]["timeout"], mine[0]["frame_max"], mine[0]["channel_max"]) == (7, 65536, 100)
@@ -299,7 +306,7 @@ async def test_broker_forcing_the_connection_closed_ends_the_block(amqp_url: str
     with anyio.fail_after(30), pytest.raises(amqp.ConnectionForced) as info:
         async with amqp.connect(amqp_url, name=name) as conn, conn.channel() as ch:
             info_q = await ch.queue_declare("", exclusive=True)
-            assert await close_connections("closed by the test", connection_name=name) == 1
+            assert await force_close_on(amqp_url, "closed by the test", connection_name=name) == 1
             with anyio.fail_after(10):
                 async with ch.consume(info_q.name) as messages:
                     async for _ in messages:

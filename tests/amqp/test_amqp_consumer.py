@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, wait_for_message_count, wait_until
-from harness import rabbitmqctl
+from amqp_helpers import deleted_afterwards, unacked_on, wait_for_message_count, wait_until
 
 from ojs_anyio import amqp
 
 pytestmark = pytest.mark.anyio
-
-
-async def _unacked_on_broker(queue: str) -> int:
-    output = await rabbitmqctl("list_queues", "name", "messages_unacknowledged", "--formatter", "json", "-q")
-    rows = {row["name"]: row for row in json.loads(output)}
-    return int(rows[queue]["messages_unacknowledged"])
 
 
 async def test_delivery_fields(amqp_url: str) -> None:
@@ -107,7 +99,7 @@ async def test_stream_holds_at_most_prefetch(amqp_url: str, unique: Callable[[st
                 assert stats.max_buffer_size == 5
                 await wait_until(lambda: messages.statistics().current_buffer_used == 5, what="buffer full")
                 assert messages.unacked == 5
-                assert await _unacked_on_broker(queue) == 5
+                assert await unacked_on(amqp_url, queue) == 5
                 assert (await ch.queue_declare(queue, passive=True)).message_count == 45
                 # Reading and acking one lets exactly one more in.
                 first = await messages.__anext__()

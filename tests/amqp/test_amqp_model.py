@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, drain, wait_for_message_count
+from amqp_helpers import deleted_afterwards, drain, memory_rows, wait_for_message_count
 from harness import rabbitmqctl
 
 from ojs_anyio import amqp
@@ -18,8 +18,11 @@ pytestmark = pytest.mark.anyio
 Unique = Callable[[str], str]
 
 
-async def _list(kind: str, *columns: str) -> dict[str, dict[str, Any]]:
+async def _list(url: str, kind: str, *columns: str) -> dict[str, dict[str, Any]]:
     import json
+
+    if url.startswith("memory://"):
+        return memory_rows(url, kind)
 
     output = await rabbitmqctl(f"list_{kind}", "name", *columns, "--formatter", "json", "-q")
     return {row["name"]: row for row in json.loads(output)} if output.strip() else {}
@@ -44,7 +47,8 @@ async def test_exchange_declare_every_type_and_flag(amqp_url: str, unique: Uniqu
             await ch.exchange_declare(fanout, "fanout", auto_delete=True)
             await ch.exchange_declare(topic, "topic", internal=True)
             await ch.exchange_declare(headers, "headers")
-            rows = await _list("exchanges", "type", "durable", "auto_delete", "internal", "arguments")
+            columns = ("type", "durable", "auto_delete", "internal", "arguments")
+            rows = await _list(amqp_url, "exchanges", *columns)
             assert rows[direct]["type"] == "direct" and rows[direct]["durable"] is True
             assert rows[direct]["arguments"] == [["alternate-exchange", "longstr", alternate]]
             assert rows[fanout]["type"] == "fanout" and rows[fanout]["auto_delete"] is True
@@ -197,7 +201,7 @@ async def test_queue_declare_variants(amqp_url: str, unique: Unique) -> None:
                 assert passive.consumer_count == 1
                 assert passive.message_count == 1  # one is out with the consumer
 
-            rows = await _list("queues", "durable", "auto_delete", "exclusive", "arguments")
+            rows = await _list(amqp_url, "queues", "durable", "auto_delete", "exclusive", "arguments")
             assert rows[named]["durable"] is True and rows[named]["exclusive"] is False
             assert ["x-max-length", "byte", 2] in rows[named]["arguments"] or any(
                 arg[0] == "x-max-length" and arg[2] == 2 for arg in rows[named]["arguments"]

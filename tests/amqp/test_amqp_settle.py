@@ -67,6 +67,7 @@ async def test_recover_makes_earlier_deliveries_stale(amqp_url: str) -> None:
         await again.ack()
 
 
+@pytest.mark.rabbitmq_only("a host list with a dead TCP port first: memory:// has no ports")
 async def test_first_connect_tries_every_host(amqp_url: str, unique: Callable[[str], str]) -> None:
     parsed = amqp.parse_url(amqp_url)
     dead = closed_port()
@@ -87,6 +88,7 @@ async def test_first_connect_reports_the_last_failure_when_no_host_answers() -> 
             pass
 
 
+@pytest.mark.rabbitmq_only("cuts the TCP connection with a FaultProxy")
 async def test_batched_ack_is_sent_even_if_the_consumer_stops_iterating(
     amqp_url: str, unique: Callable[[str], str]
 ) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "bindings_to",
     "both",
     "consumer_facts",
+    "current_url",
     "header_type",
     "peek_raw",
     "queue_facts",
@@ -42,6 +43,26 @@ __all__ = [
 ]
 
 URL = os.environ.get("OJS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+#: The broker of the running test (RabbitMQ's URL or a memory:// one): set by the ``amqp_url``
+#: based fixtures of conftest.py (client, raw, cleanup, q, broker_url).
+_current = [URL]
+
+
+def current_url() -> str:
+    """The running test's broker URL (its ``amqp_url``: RabbitMQ or memory://)."""
+    return _current[0]
+
+
+def _memory_broker(vhost: str) -> Any:
+    if not current_url().startswith("memory://"):
+        return None
+    from ojs_anyio.memory import get_broker
+
+    broker = get_broker(amqp.parse_url(current_url()).host)
+    broker.add_vhost(vhost) if vhost not in broker.state.vhosts else None
+    return broker
+
+
 OJS_VHOST = "/ojs"
 OJS_VHOST_URL = os.environ.get("OJS_AMQP_VHOST_URL", "amqp://guest:guest@127.0.0.1:5672/%2Fojs")
 #: Bound on any single wait in these tests (seconds).
@@ -190,6 +211,22 @@ def _args(raw: list[list[Any]]) -> dict[str, Any]:
 async def queue_facts(*names: str, vhost: str = "/") -> dict[str, dict[str, Any]]:
     """``rabbitmqctl list_queues`` for ``names``: durable, auto_delete, exclusive, arguments
     (as a plain dict), type, messages_ready, messages_unacknowledged."""
+    broker = _memory_broker(vhost)
+    if broker is not None:
+        return {
+            name: {
+                "name": name,
+                "durable": q.durable,
+                "auto_delete": q.auto_delete,
+                "exclusive": q.owner is not None,
+                "arguments": dict(q.arguments),
+                "type": q.kind,
+                "messages_ready": q.ready,
+                "messages_unacknowledged": broker.unacked_count(name, vhost),
+            }
+            for name, q in broker.queues(vhost).items()
+            if name in names
+        }
     rows = await _ctl_json(
         "list_queues", "-p", vhost,
         "name", "durable", "auto_delete", "exclusive", "arguments", "type",
@@ -206,6 +243,13 @@ async def queue_facts(*names: str, vhost: str = "/") -> dict[str, dict[str, Any]
 
 async def consumer_facts(queue: str, vhost: str = "/") -> list[dict[str, Any]]:
     """``rabbitmqctl list_consumers`` rows of ``queue``: ack_required, prefetch_count."""
+    broker = _memory_broker(vhost)
+    if broker is not None:
+        found = broker.queues(vhost).get(queue)
+        return [
+            {"queue_name": queue, "ack_required": not c.no_ack, "prefetch_count": c.prefetch}
+            for c in (found.consumers if found is not None else [])
+        ]
     rows = await _ctl_json("list_consumers", "-p", vhost, "queue_name", "ack_required", "prefetch_count")
     return [row for row in rows if row["queue_name"] == queue]
 
@@ -213,6 +257,14 @@ async def consumer_facts(queue: str, vhost: str = "/") -> list[dict[str, Any]]:
 async def bindings_to(*destinations: str, vhost: str = "/") -> dict[str, set[tuple[str, str]]]:
     """``{destination: {(source exchange, routing key), ...}}`` for every binding to one of
     ``destinations`` (bindings of the default exchange left out), in one ``rabbitmqctl`` call."""
+    broker = _memory_broker(vhost)
+    if broker is not None:
+        found: dict[str, set[tuple[str, str]]] = {name: set() for name in destinations}
+        for x in broker.exchanges(vhost).values():
+            for _is_queue, dest, key, _ in x.bindings:
+                if dest in found and x.name:
+                    found[dest].add((x.name, key))
+        return found
     rows = await _ctl_json("list_bindings", "-p", vhost, "source_name", "destination_name", "routing_key")
     out: dict[str, set[tuple[str, str]]] = {name: set() for name in destinations}
     for row in rows:

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 import pytest
@@ -23,6 +23,7 @@ import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.jobs._retry import RETRY_LADDER_MS
 
+from . import broker_support
 from .broker_support import OJS_VHOST, OJS_VHOST_URL, URL
 
 
@@ -33,12 +34,12 @@ class Cleanup:
         self.ojs_queues: list[tuple[str, str, str]] = []  # (url, prefix, OJS queue)
         self.queues: list[tuple[str, str]] = []  # (url, AMQP queue name)
 
-    def ojs(self, queue: str, *, prefix: str = "", url: str = URL) -> str:
-        self.ojs_queues.append((url, prefix, queue))
+    def ojs(self, queue: str, *, prefix: str = "", url: str | None = None) -> str:
+        self.ojs_queues.append((url or broker_support.current_url(), prefix, queue))
         return queue
 
-    def queue(self, name: str, *, url: str = URL) -> str:
-        self.queues.append((url, name))
+    def queue(self, name: str, *, url: str | None = None) -> str:
+        self.queues.append((url or broker_support.current_url(), name))
         return name
 
     def _names_by_url(self) -> dict[str, list[str]]:
@@ -75,7 +76,18 @@ class Cleanup:
 
 
 @pytest.fixture
-async def cleanup() -> AsyncIterator[Cleanup]:
+def broker_url(amqp_url: str) -> Iterator[str]:
+    """The test's broker (RabbitMQ or memory://, see ``amqp_url``), also as
+    ``broker_support.current_url()`` for the helpers and the tests' own connections."""
+    broker_support._current[0] = amqp_url
+    try:
+        yield amqp_url
+    finally:
+        broker_support._current[0] = URL
+
+
+@pytest.fixture
+async def cleanup(broker_url: str) -> AsyncIterator[Cleanup]:
     done = Cleanup()
     try:
         yield done
@@ -85,10 +97,10 @@ async def cleanup() -> AsyncIterator[Cleanup]:
 
 
 @pytest.fixture
-def new_queue(cleanup: Cleanup) -> Callable[..., str]:
-    """``new_queue(prefix="", url=URL)``: a fresh OJS queue name, deleted after the test."""
+def new_queue(cleanup: Cleanup, broker_url: str) -> Callable[..., str]:
+    """``new_queue(prefix="", url=<the test's broker>)``: a fresh OJS queue name, deleted after the test."""
 
-    def make(*, prefix: str = "", url: str = URL) -> str:
+    def make(*, prefix: str = "", url: str = broker_url) -> str:
         return cleanup.ojs(f"t{uuid.uuid4().hex[:10]}", prefix=prefix, url=url)
 
     return make
@@ -100,20 +112,35 @@ def q(new_queue: Callable[..., str]) -> str:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[ojs.Client]:
-    async with ojs.connect(URL) as c:
+async def client(broker_url: str) -> AsyncIterator[ojs.Client]:
+    async with ojs.connect(broker_url) as c:
         yield c
 
 
 @pytest.fixture
-async def raw() -> AsyncIterator[amqp.Connection]:
-    async with amqp.connect(URL) as conn:
+async def raw(broker_url: str) -> AsyncIterator[amqp.Connection]:
+    async with amqp.connect(broker_url) as conn:
         yield conn
 
 
-@pytest.fixture(scope="session")
-def ojs_vhost() -> str:
+@pytest.fixture
+def ojs_vhost(broker_url: str) -> str:
     """Vhost ``/ojs`` with full permissions for guest; returns its URL.  Idempotent."""
+    if broker_url.startswith("memory://"):
+        from ojs_anyio.memory import get_broker
+
+        broker = get_broker(amqp.parse_url(broker_url).host)
+        broker.add_vhost(OJS_VHOST)
+        return broker.vhost_url(OJS_VHOST)
+    return _rabbitmq_ojs_vhost()
+
+
+_vhost_ready: list[str] = []
+
+
+def _rabbitmq_ojs_vhost() -> str:
+    if _vhost_ready:
+        return _vhost_ready[0]
     vhosts = rabbitmqctl_sync("list_vhosts", "-q").split()
     if OJS_VHOST not in vhosts:
         try:
@@ -122,4 +149,5 @@ def ojs_vhost() -> str:
             if "already exists" not in str(exc) and "vhost_already_exists" not in str(exc):
                 raise
     rabbitmqctl_sync("set_permissions", "-p", OJS_VHOST, "guest", ".*", ".*", ".*")
+    _vhost_ready.append(OJS_VHOST_URL)
     return OJS_VHOST_URL

@@ -25,7 +25,7 @@ from ojs_anyio import amqp
 from ojs_anyio.jobs._cron import Misfire, due_tick, leader_queue_name
 from ojs_anyio.jobs._envelope import decode_job, format_timestamp, parse_timestamp
 
-from .broker_support import URL, WAIT
+from .broker_support import WAIT, current_url
 from .conftest import Cleanup
 
 EVERY_SECOND = "* * * * * *"
@@ -216,13 +216,15 @@ async def instances(
             tg.cancel_scope.cancel()
 
 
-async def start_instance(tg: anyio.abc.TaskGroup, sched: ojs.Scheduler, url: str = URL) -> anyio.CancelScope:
+async def start_instance(
+    tg: anyio.abc.TaskGroup, sched: ojs.Scheduler, url: str | None = None
+) -> anyio.CancelScope:
     """Start ``sched`` on its own connection in ``tg``; cancel the returned scope to kill it
     (its connection block is cancelled and its connection closed)."""
 
     async def one(*, task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
         with anyio.CancelScope() as scope:
-            async with ojs.connect(url, recovery=FAST) as client:
+            async with ojs.connect(url or current_url(), recovery=FAST) as client:
                 task_status.started(scope)
                 await sched.run(client)
 
@@ -244,7 +246,7 @@ async def test_per_second_schedule_pushes_jobs_with_idempotency_keys(
     sched.add("cron.tick", EVERY_SECOND, args=["hello", 1], queue=q, name=f"{group}.tick")
     rec = Recorder(a=sched)
     received: list[amqp.IncomingMessage] = []
-    async with instances((sched, URL)):
+    async with instances((sched, current_url())):
         with anyio.fail_after(WAIT):
             async with (
                 raw.channel(confirms=False) as ch,
@@ -283,7 +285,7 @@ async def test_one_leader_fires_each_tick_and_the_other_takes_over(
     for sched in (a, b):
         sched.add("cron.tick", EVERY_SECOND, queue=q, name="tick")
     rec = Recorder(a=a, b=b)
-    async with instances((a, URL), (b, URL)) as scopes:
+    async with instances((a, current_url()), (b, current_url())) as scopes:
         await rec.wait_for(lambda: len(rec.fired()) >= 3)
         assert a.is_leader != b.is_leader  # exactly one leader
         leader, follower = (a, b) if a.is_leader else (b, a)
@@ -311,6 +313,7 @@ async def test_one_leader_fires_each_tick_and_the_other_takes_over(
 
 
 @pytest.mark.anyio
+@pytest.mark.rabbitmq_only("cuts the leader's TCP connection with a FaultProxy")
 async def test_leader_transport_cut_fails_over_and_the_old_leader_stands_by(
     q: str, cleanup: Cleanup, raw: amqp.Connection
 ) -> None:
@@ -355,10 +358,10 @@ async def run_gap(q: str, group: str, misfire: Misfire) -> Recorder:
     for sched in (a, b):
         sched.add("cron.tick", EVERY_SECOND, queue=q, name="tick")
     rec = Recorder(a=a, b=b)
-    async with instances((a, URL)):
+    async with instances((a, current_url())):
         await rec.wait_for(lambda: len(rec.fired("a")) >= 2)
     await anyio.sleep(2.5)  # the leadership gap is the behaviour under test
-    async with instances((b, URL)):
+    async with instances((b, current_url())):
         await rec.wait_for(lambda: len(rec.fired("b")) >= 2)
     return rec
 
@@ -421,7 +424,7 @@ async def test_duplicate_tokens_are_merged_into_one(q: str, cleanup: Cleanup, ra
     sched = ojs.Scheduler(group, instance_id="a")
     sched.add("cron.tick", EVERY_SECOND, queue=q, name="tick")
     rec = Recorder(a=sched)
-    async with instances((sched, URL)):
+    async with instances((sched, current_url())):
         await rec.wait_for(lambda: len(rec.fired()) >= 2)
         assert sched.statistics().duplicate_tokens == 2
         assert sched.last_fired("other") == parse_timestamp(newer)
@@ -437,7 +440,7 @@ async def test_stop_returns_and_gives_the_token_back(q: str, cleanup: Cleanup, r
     sched = ojs.Scheduler(group, token_refresh=0.2)  # no schedules: it only keeps the token fresh
     rec = Recorder(a=sched)
     with anyio.fail_after(WAIT):
-        async with ojs.connect(URL) as client, anyio.create_task_group() as tg:
+        async with ojs.connect(current_url()) as client, anyio.create_task_group() as tg:
             tg.start_soon(sched.run, client)
             await rec.wait_for(lambda: sched.is_leader)
             await anyio.sleep(1.0)  # time is the behaviour: the token is swapped every 0.2 s
@@ -461,7 +464,7 @@ async def test_cancellation_propagates_and_requeues_the_token(cleanup: Cleanup, 
         await sched.run(client)
         returned = True  # must not happen: run() re-raises the cancellation
 
-    async with ojs.connect(URL) as client:
+    async with ojs.connect(current_url()) as client:
         with anyio.fail_after(WAIT):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run, client)
@@ -486,7 +489,7 @@ async def test_a_deleted_leadership_queue_is_recreated(
     sched = ojs.Scheduler(group, retry_delay=0.1)
     sched.add("cron.tick", EVERY_SECOND, queue=q, name="tick")
     rec = Recorder(a=sched)
-    async with instances((sched, URL)):
+    async with instances((sched, current_url())):
         await rec.wait_for(lambda: len(rec.fired()) >= 1)
         async with raw.channel() as ch:
             await ch.queue_delete(leader_q)
@@ -504,7 +507,7 @@ async def test_stop_before_run_and_add_after_run(cleanup: Cleanup) -> None:
     register_leader_queue(cleanup, group)
     sched = ojs.Scheduler(group)
     sched.stop()
-    async with ojs.connect(URL) as client:
+    async with ojs.connect(current_url()) as client:
         with anyio.fail_after(WAIT):
             await sched.run(client)
     sched.add("cron.tick", "0 3 * * *")  # outside run(): nothing to wake, no event loop needed

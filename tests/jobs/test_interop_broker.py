@@ -25,7 +25,7 @@ from ojs_anyio.jobs._dedup import lock_queue
 from .broker_support import OJS_VHOST, WAIT, Outcomes, running
 from .conftest import Cleanup
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rabbitmq_only("plain pika connects over TCP to localhost")]
 
 SPEC_RETRY_DELAYS_MS = [1000, 2000, 4000, 8000, 16000, 32000, 60000]
 

@@ -31,7 +31,7 @@ from ojs_anyio import amqp
 from ojs_anyio.amqp import _metrics
 from ojs_anyio.jobs import _tracing
 
-from .broker_support import URL, WAIT, Outcomes, running
+from .broker_support import WAIT, Outcomes, current_url, running
 from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
@@ -297,12 +297,14 @@ async def test_metrics_basic_get_counts_under_its_queue(
         assert after.value(name, queue) - before.value(name, queue) == n, name
 
 
-async def test_metrics_connections_and_channels_active(metric_reader: InMemoryMetricReader) -> None:
+async def test_metrics_connections_and_channels_active(
+    metric_reader: InMemoryMetricReader, broker_url: str
+) -> None:
     """A connection counts in ojs_amqp_connections_active from its handshake until it
     closes; a channel in ojs_amqp_channels_active while open."""
     base = Snapshot(metric_reader)
     with anyio.fail_after(WAIT):
-        async with amqp.connect(URL) as conn:
+        async with amqp.connect(current_url()) as conn:
             opened = Snapshot(metric_reader)
             async with conn.channel():
                 with_channel = Snapshot(metric_reader)

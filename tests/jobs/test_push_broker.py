@@ -21,7 +21,7 @@ from ojs_anyio import amqp
 from ojs_anyio.jobs._dedup import lock_queue
 from ojs_anyio.jobs._envelope import parse_timestamp
 
-from .broker_support import URL, WAIT, header_type, peek_raw, wait_message_count
+from .broker_support import WAIT, current_url, header_type, peek_raw, wait_message_count
 from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
@@ -118,7 +118,7 @@ async def test_amqp_014_confirms_queue_full(raw: amqp.Connection, q: str) -> Non
     (QUEUE_FULL, DECISIONS 8) and the queue still holds exactly one job."""
     options = ojs.QueueOptions(max_length=1, overflow="reject-publish")
     with anyio.fail_after(WAIT):
-        async with ojs.connect(URL, queue_options=options) as client:
+        async with ojs.connect(current_url(), queue_options=options) as client:
             first = await client.push("a.job", [1], queue=q)
             with pytest.raises(ojs.QueueFullError) as info:
                 await client.push("a.job", [2], queue=q)

@@ -19,7 +19,7 @@ from ojs_anyio.jobs._client import Client
 from ojs_anyio.jobs._envelope import parse_timestamp
 from ojs_anyio.jobs._topology import MAX_DELAY_MS
 
-from .broker_support import URL, WAIT, Outcomes, running
+from .broker_support import WAIT, Outcomes, current_url, running
 
 pytestmark = pytest.mark.anyio
 
@@ -175,11 +175,11 @@ async def test_detect_delayed_plugin_false_and_connection_survives(
     assert ojs.decode_job(msg.body).id == job.id
 
 
-async def test_scheduler_plugin_without_plugin_raises() -> None:
+async def test_scheduler_plugin_without_plugin_raises(broker_url: str) -> None:
     """``connect(scheduler="plugin")`` on a broker without the plugin fails at connect with
     SchedulerUnavailableError saying what to do."""
     with pytest.raises(ojs.SchedulerUnavailableError) as info, anyio.fail_after(WAIT):
-        async with ojs.connect(URL, scheduler="plugin"):
+        async with ojs.connect(current_url(), scheduler="plugin"):
             pytest.fail("connect() should have raised")
     text = str(info.value)
     assert "rabbitmq_delayed_message_exchange" in text and "levels" in text
@@ -189,7 +189,7 @@ async def test_scheduler_auto_falls_back_to_levels(raw: amqp.Connection, q: str)
     """``scheduler="auto"`` without the plugin uses the delay levels, and scheduled jobs
     arrive through them."""
     with anyio.fail_after(WAIT):
-        async with ojs.connect(URL, scheduler="auto") as client:
+        async with ojs.connect(current_url(), scheduler="auto") as client:
             assert client.scheduler == "levels"
             await client.declare_delay_levels()
             job = await client.push("later.job", [], queue=q, delay=timedelta(milliseconds=200))

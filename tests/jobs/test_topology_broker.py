@@ -17,7 +17,7 @@ import pytest
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
-from .broker_support import URL, WAIT, Outcomes, bindings_to, both, queue_facts, running
+from .broker_support import WAIT, Outcomes, bindings_to, both, current_url, queue_facts, running
 
 pytestmark = pytest.mark.anyio
 
@@ -125,7 +125,7 @@ async def test_topology_conflict_error_names_queue_and_both_argument_sets(
     with anyio.fail_after(WAIT):
         async with raw.channel(confirms=False) as ch:
             await ch.queue_declare(job_queue, durable=True, arguments=theirs)
-        async with ojs.connect(URL) as client:
+        async with ojs.connect(current_url()) as client:
             with pytest.raises(ojs.TopologyConflictError) as info:
                 await client.declare_queue(q)
             err = info.value
@@ -160,7 +160,7 @@ async def test_amqp_029_length_limits_and_overflow_are_opt_in(raw: amqp.Connecti
     }
     names = ojs.Names()
     with anyio.fail_after(WAIT):
-        async with ojs.connect(URL, queue_options={q: options}) as client:
+        async with ojs.connect(current_url(), queue_options={q: options}) as client:
             await client.declare_queue(q)
         facts = await queue_facts(names.job_queue(q))
         async with raw.channel(confirms=False) as ch:
@@ -195,7 +195,7 @@ async def test_amqp_031_names_with_tenant_prefix(raw: amqp.Connection, new_queue
             raise RuntimeError("first attempt fails")
         raise ojs.Discard("then dead-lettered")
 
-    async with ojs.connect(URL, prefix=prefix) as client, running(worker, client):
+    async with ojs.connect(current_url(), prefix=prefix) as client, running(worker, client):
         job = await client.push("tenant.job", [], queue=q)
         final = await outcomes.wait_final(job.id)
         assert final.outcome == "dead_lettered"
@@ -250,7 +250,7 @@ async def test_amqp_032_quorum_queues_opt_in(raw: amqp.Connection, q: str) -> No
         if not ok:
             raise ojs.Discard("as asked")
 
-    async with ojs.connect(URL, queue_options=options) as client, running(worker, client):
+    async with ojs.connect(current_url(), queue_options=options) as client, running(worker, client):
         good = await client.push("quorum.job", [True], queue=q)
         bad = await client.push("quorum.job", [False], queue=q)
         assert (await outcomes.wait_final(good.id)).outcome == "completed"

@@ -21,12 +21,12 @@ from ojs_anyio import amqp
 from ojs_anyio.jobs._retry import resolve_retry, retry_queue_delay_ms
 
 from .broker_support import (
-    URL,
     WAIT,
     Outcomes,
     bindings_to,
     both,
     consumer_facts,
+    current_url,
     header_type,
     peek_raw,
     queue_facts,
@@ -575,7 +575,7 @@ async def test_dead_letter_of_a_full_queue_still_reaches_the_dlq(raw: amqp.Conne
         pass
 
     options = ojs.QueueOptions(max_length=1, overflow="reject-publish")
-    async with ojs.connect(URL, queue_options=options) as client, running(worker, client):
+    async with ojs.connect(current_url(), queue_options=options) as client, running(worker, client):
         a = await client.push("first.job", [], queue=q)
         with anyio.fail_after(WAIT):
             await started.wait()

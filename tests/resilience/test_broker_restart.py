@@ -16,7 +16,11 @@ from ojs_anyio import amqp
 
 from .resilience_helpers import EventLog
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.broker,
+    pytest.mark.rabbitmq_only("restarts the RabbitMQ broker"),
+]
 
 #: Small backoff, so the first attempt after the broker is back comes within ~0.2 s.
 POLICY = amqp.RecoveryPolicy(initial_delay=0.05, multiplier=2.0, max_delay=0.2, jitter=0.1)

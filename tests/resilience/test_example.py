@@ -13,7 +13,10 @@ from harness import FaultProxy
 
 from .resilience_helpers import observer, wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.rabbitmq_only("the example cuts TCP connections through a FaultProxy"),
+]
 
 EXAMPLE = Path(__file__).parents[2] / "docs" / "examples" / "failure_handling.py"
 

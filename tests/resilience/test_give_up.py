@@ -12,7 +12,10 @@ from ojs_anyio import amqp
 
 from .resilience_helpers import EventLog
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.rabbitmq_only("fault injection: TCP proxies and dead ports"),
+]
 
 
 async def test_gives_up_after_max_attempts(amqp_url: str, unique: Callable[[str], str]) -> None:

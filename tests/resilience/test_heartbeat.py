@@ -12,7 +12,10 @@ from ojs_anyio import amqp
 
 from .resilience_helpers import FAST, EventLog, message_count
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.rabbitmq_only("fault injection: a TCP proxy that stalls the broker"),
+]
 
 HEARTBEAT = 1  # seconds, negotiated down from the broker's 60
 

@@ -25,7 +25,10 @@ from .resilience_helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.rabbitmq_only("fault injection: TCP connection cuts and host lists"),
+]
 
 
 # ---------------------------------------------------------------------- backoff

@@ -22,7 +22,10 @@ from ojs_anyio import amqp
 
 from .resilience_helpers import FAST, EventLog, observer
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.rabbitmq_only("fault injection: repeated TCP connection cuts"),
+]
 
 MESSAGES = int(os.environ.get("OJS_SOAK_MESSAGES", "20000"))
 MIN_SECONDS = float(os.environ.get("OJS_SOAK_SECONDS", "10"))
