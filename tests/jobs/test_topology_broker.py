@@ -285,7 +285,7 @@ async def test_eager_declaration_declares_everything_at_connect_and_dlq_control_
     binding declares them (another implementation may declare them first or second)."""
     a, b = new_queue(), new_queue()
     names = ojs.Names()
-    async with ojs.connect(URL, declare="eager", queues=[a, b]):
+    async with ojs.connect(current_url(), declare="eager", queues=[a, b]):
         with anyio.fail_after(WAIT):
             wanted = [
                 n for q in (a, b) for n in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q))
