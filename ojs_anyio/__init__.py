@@ -36,7 +36,9 @@ from .jobs._exceptions import (
     UnroutableJobError,
 )
 from .jobs._retry import RetryPolicy
+from .jobs._sync import SyncClient
 from .jobs._topology import Names, QueueOptions
+from .jobs._typed import JobHandle
 from .jobs._worker import JobContext, JobOutcome, Worker
 
 __version__ = "0.1.0"
@@ -56,6 +58,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "JobHandle",
     "JobOutcome",
     "LeadershipChanged",
     "Names",
@@ -71,6 +74,7 @@ __all__ = [
     "SchedulerEvent",
     "SchedulerStatistics",
     "SchedulerUnavailableError",
+    "SyncClient",
     "TopologyConflictError",
     "TopologyError",
     "UniquePolicy",
