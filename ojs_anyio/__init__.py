@@ -35,6 +35,8 @@ from .jobs._exceptions import (
     TopologyConflictError,
     UnroutableJobError,
 )
+from .jobs._job_metrics import JobMetrics
+from .jobs._middleware import Middleware
 from .jobs._retry import RetryPolicy
 from .jobs._sync import SyncClient
 from .jobs._topology import Names, QueueOptions
@@ -59,8 +61,10 @@ __all__ = [
     "JobContext",
     "JobError",
     "JobHandle",
+    "JobMetrics",
     "JobOutcome",
     "LeadershipChanged",
+    "Middleware",
     "Names",
     "PushError",
     "PushOutcomeUnknownError",
