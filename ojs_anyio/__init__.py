@@ -37,8 +37,12 @@ from .jobs._exceptions import (
     TopologyConflictError,
     UnroutableJobError,
 )
+from .jobs._job_metrics import JobMetrics
+from .jobs._middleware import Middleware
 from .jobs._retry import RetryPolicy
+from .jobs._sync import SyncClient
 from .jobs._topology import Names, QueueOptions
+from .jobs._typed import JobHandle
 from .jobs._worker import JobContext, JobOutcome, Worker
 
 __version__ = "0.1.0"
@@ -59,8 +63,11 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "JobHandle",
+    "JobMetrics",
     "JobOutcome",
     "LeadershipChanged",
+    "Middleware",
     "Names",
     "PushError",
     "PushOutcomeUnknownError",
@@ -74,6 +81,7 @@ __all__ = [
     "SchedulerEvent",
     "SchedulerStatistics",
     "SchedulerUnavailableError",
+    "SyncClient",
     "TopologyConflictError",
     "TopologyError",
     "UniquePolicy",

@@ -76,6 +76,7 @@ from ._retry import (
     resolve_retry,
 )
 from ._topology import strip_dead_letter_headers
+from ._typed import JobDecorator, JobHandle, validate_options
 from ._wire import (
     H_ATTEMPT,
     H_DEAD_LETTER,
@@ -243,6 +244,35 @@ class Worker:
             return fn
 
         return register
+
+    def job(
+        self,
+        job_type: str,
+        *,
+        queue: str | None = None,
+        **push_options: Any,
+    ) -> JobDecorator:
+        """Decorator: register ``fn(ctx, ...)`` for ``job_type`` and return a typed handle.
+
+        ``await handle.push(client, *args, **kwargs)`` is checked by mypy against ``fn``'s
+        parameters (less the context).  ``queue`` defaults to this worker's queue when it
+        consumes exactly one; ``push_options`` are :meth:`Client.push`'s keyword arguments.
+        """
+        if queue is None:
+            if len(self.queues) != 1:
+                raise TypeError(
+                    f"job {job_type!r}: this worker consumes {len(self.queues)} queues; "
+                    "say which one the job goes to with queue=..."
+                )
+            queue = self.queues[0]
+        options = validate_options({**push_options, "queue": queue})
+
+        def register(fn: Callable[..., Any]) -> JobHandle[..., Any]:
+            handle: JobHandle[..., Any] = JobHandle(job_type, fn, options)
+            self.register(job_type, fn)
+            return handle
+
+        return register  # type: ignore[return-value]  # the overloads of JobDecorator
 
     def register(self, job_type: str, fn: Handler) -> None:
         """Register ``fn(ctx, *args)`` for ``job_type``.

@@ -1,0 +1,122 @@
+"""Middleware: typed around-hooks for the producer and the consumer.
+
+::
+
+    class Timing(ojs.Middleware):
+        async def around_handler(self, ctx, call_next):
+            started = time.perf_counter()
+            try:
+                return await call_next()
+            finally:
+                log.info("%s took %.3f s", ctx.job.type, time.perf_counter() - started)
+
+    worker = ojs.Worker(queues=["email"], middleware=[Timing()])
+    async with ojs.connect(url, middleware=[Timing()]) as client: ...
+
+* :meth:`Middleware.around_push` wraps one PUSH (``Client.push``/``push_job``): it sees the
+  job before it is published and may replace it (add ``meta``, say), raise to refuse it, or
+  observe the outcome of the publish.  ``push_batch`` calls it once per job, before the
+  batch goes out, with a ``call_next`` that only records the (possibly changed) job.
+* :meth:`Middleware.around_handler` wraps one handler call: it sees the
+  :class:`JobContext`, returns the handler's result (or another), or raises (a raise is the
+  handler's failure: retried or dead-lettered by the usual rules; :class:`Discard` and
+  :class:`Retry` work from here too).
+* :meth:`Middleware.on_outcome` is told what became of each attempt (completed, retried,
+  dead-lettered, cancelled, abandoned), synchronously, after the broker was told.
+
+The first middleware in the list is the outermost.  Hooks a middleware does not override
+cost nothing: the chains are built once, from the overridden hooks only, and with no
+middleware at all the worker calls the handler directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._envelope import Job
+    from ._worker import JobContext, JobOutcome
+
+__all__ = ["Middleware", "build_handler_chain", "build_push_chain"]
+
+log = logging.getLogger("ojs_anyio.middleware")
+
+PushNext = Callable[["Job"], Awaitable["Job"]]
+HandlerNext = Callable[[], Awaitable[Any]]
+
+
+class Middleware:
+    """Base class: override the hooks you need; the others pass straight through."""
+
+    async def around_push(self, job: Job, call_next: PushNext) -> Job:
+        return await call_next(job)
+
+    async def around_handler(self, ctx: JobContext, call_next: HandlerNext) -> Any:
+        return await call_next()
+
+    def on_outcome(self, outcome: JobOutcome) -> None:
+        return None
+
+
+def _overrides(mw: Middleware, name: str) -> bool:
+    return getattr(type(mw), name) is not getattr(Middleware, name)
+
+
+def check_middleware(middleware: Sequence[Middleware] | None) -> tuple[Middleware, ...]:
+    """Validate a ``middleware=`` argument (a list of :class:`Middleware` instances)."""
+    if middleware is None:
+        return ()
+    if isinstance(middleware, Middleware) or not isinstance(middleware, Sequence):
+        raise TypeError("middleware must be a list of ojs_anyio.Middleware instances")
+    for mw in middleware:
+        if not isinstance(mw, Middleware):
+            hint = " (an instance, not the class)" if isinstance(mw, type) else ""
+            raise TypeError(f"middleware items must be ojs_anyio.Middleware instances{hint}, got {mw!r}")
+    return tuple(middleware)
+
+
+def build_push_chain(middleware: Sequence[Middleware], publish: PushNext) -> PushNext:
+    """``publish`` wrapped by every middleware's ``around_push`` (first = outermost)."""
+    chain = publish
+    for mw in reversed([m for m in middleware if _overrides(m, "around_push")]):
+        chain = _push_link(mw, chain)
+    return chain
+
+
+def _push_link(mw: Middleware, inner: PushNext) -> PushNext:
+    async def link(job: Job) -> Job:
+        return await mw.around_push(job, inner)
+
+    return link
+
+
+HandlerChain = Callable[["JobContext", HandlerNext], Awaitable[Any]]
+
+
+def build_handler_chain(middleware: Sequence[Middleware]) -> HandlerChain | None:
+    """A function ``(ctx, call_handler) -> result`` running every ``around_handler``
+    (first = outermost), or None when no middleware overrides it (call the handler directly)."""
+    hooks = [m for m in middleware if _overrides(m, "around_handler")]
+    if not hooks:
+        return None
+
+    async def run(ctx: JobContext, call_handler: HandlerNext) -> Any:
+        call = call_handler
+        for mw in reversed(hooks):
+            call = _handler_link(mw, ctx, call)
+        return await call()
+
+    return run
+
+
+def _handler_link(mw: Middleware, ctx: JobContext, inner: HandlerNext) -> HandlerNext:
+    def link() -> Awaitable[Any]:
+        return mw.around_handler(ctx, inner)
+
+    return link
+
+
+def outcome_hooks(middleware: Sequence[Middleware]) -> tuple[Callable[[JobOutcome], None], ...]:
+    return tuple(m.on_outcome for m in middleware if _overrides(m, "on_outcome"))

@@ -1,0 +1,164 @@
+"""Typed job handles: a handler registered once, pushed with arguments mypy checks.
+
+::
+
+    @worker.job("email.send", queue="email")
+    async def send_email(ctx: ojs.JobContext, to: str, template: str = "welcome") -> None: ...
+
+    await send_email.push(client, "a@b.c", template="welcome")   # checked against the handler
+    await send_email.options(delay=30, priority=5).push(client, "a@b.c")
+
+The handle's parameter list is the handler's, less the leading :class:`JobContext`
+(``ParamSpec`` + ``Concatenate``), so a wrong argument type, a missing argument or a typo'd
+keyword is a type error at the call site instead of an ``INVALID_ARGS`` dead letter.
+
+OJS carries a job's arguments as a positional JSON array, so keyword arguments are bound to
+their positions with the handler's signature (defaults of skipped parameters filled in).
+Handlers of typed jobs therefore cannot have keyword-only or ``**kwargs`` parameters: that
+is refused when the handler is registered.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+
+from ._retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from ._client import Client
+    from ._envelope import Job
+    from ._worker import JobContext
+
+__all__ = ["JobDecorator", "JobHandle", "PushOptions"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The push options a handle carries (the keyword arguments of :meth:`Client.push`).
+_OPTION_NAMES = frozenset(
+    {
+        "queue",
+        "priority",
+        "timeout",
+        "retry",
+        "meta",
+        "scheduled_at",
+        "delay",
+        "expires_at",
+        "idempotency_key",
+    }
+)
+
+
+class PushOptions(dict[str, Any]):
+    """The keyword arguments a :class:`JobHandle` passes to :meth:`Client.push`."""
+
+
+class JobHandle(Generic[P, R]):
+    """A job type bound to its handler: ``push()`` takes exactly the handler's arguments.
+
+    Calling the handle calls the handler itself (useful in unit tests).
+    """
+
+    __slots__ = ("_positional", "_signature", "fn", "push_options", "type")
+
+    def __init__(
+        self,
+        job_type: str,
+        fn: Callable[Concatenate[JobContext, P], Any],
+        push_options: PushOptions,
+        *,
+        _signature: inspect.Signature | None = None,
+    ) -> None:
+        self.type = job_type
+        self.fn = fn
+        self.push_options = push_options
+        signature = _signature if _signature is not None else inspect.signature(fn)
+        check_typed_signature(job_type, signature)
+        self._signature = signature
+        self._positional = [p.name for p in list(signature.parameters.values())[1:]]
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.type!r} queue={self.push_options.get('queue', 'default')!r}>"
+
+    def __call__(self, ctx: JobContext, *args: P.args, **kwargs: P.kwargs) -> Any:
+        return self.fn(ctx, *args, **kwargs)
+
+    def options(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        timeout: int | None = None,
+        retry: RetryPolicy | None = None,
+        meta: dict[str, Any] | None = None,
+        scheduled_at: datetime | None = None,
+        delay: timedelta | float | str | None = None,
+        expires_at: datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> JobHandle[P, R]:
+        """A copy of this handle whose pushes use these options (over the handle's own)."""
+        given = {
+            "queue": queue,
+            "priority": priority,
+            "timeout": timeout,
+            "retry": retry,
+            "meta": meta,
+            "scheduled_at": scheduled_at,
+            "delay": delay,
+            "expires_at": expires_at,
+            "idempotency_key": idempotency_key,
+        }
+        merged = PushOptions(self.push_options)
+        merged.update({k: v for k, v in given.items() if v is not None})
+        return JobHandle(self.type, self.fn, merged, _signature=self._signature)
+
+    def args_for(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """The OJS ``args`` array for a call: keywords bound to their positions."""
+        try:
+            bound = self._signature.bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"job {self.type!r}: {exc}") from None
+        bound.apply_defaults()
+        return list(bound.args[1:])
+
+    async def push(self, client: Client, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """PUSH this job with these arguments; returns the job once the broker confirmed it."""
+        return await client.push(self.type, self.args_for(*args, **kwargs), **self.push_options)
+
+
+def check_typed_signature(job_type: str, signature: inspect.Signature) -> None:
+    """Refuse handler signatures whose arguments cannot travel as a positional array."""
+    params = list(signature.parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise TypeError(
+            f"job {job_type!r}: the handler's first parameter must take the JobContext positionally"
+        )
+    for p in params[1:]:
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD):
+            raise TypeError(
+                f"job {job_type!r}: parameter {p.name!r} is keyword-only; OJS job arguments are a "
+                "positional array, so a typed job's parameters must be positional (drop the '*')"
+            )
+
+
+def validate_options(options: dict[str, Any]) -> PushOptions:
+    unknown = set(options) - _OPTION_NAMES
+    if unknown:
+        raise TypeError(f"unknown push option(s): {', '.join(sorted(unknown))}")
+    return PushOptions({k: v for k, v in options.items() if v is not None})
+
+
+class JobDecorator(Protocol):
+    """What ``Worker.job(...)`` returns: turns a handler into a :class:`JobHandle`."""
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[JobContext, P], Awaitable[R]], /) -> JobHandle[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[JobContext, P], R], /) -> JobHandle[P, R]: ...

@@ -1,0 +1,18 @@
+"""Type-checked by tests/jobs/test_typed_broker.py: each marked line must be a mypy error."""
+
+from __future__ import annotations
+
+import ojs_anyio as ojs
+
+worker = ojs.Worker(queues=["email"])
+
+
+@worker.job("email.send")
+async def send_email(ctx: ojs.JobContext, to: str, template: str = "welcome") -> None:
+    pass
+
+
+async def main(client: ojs.Client) -> None:
+    await send_email.push(client, 42)  # error: wrong type
+    await send_email.push(client, "a@b.c", templat="x")  # error: unknown keyword
+    await send_email.push(client)  # error: missing argument
