@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, NoReturn
 
 import anyio
@@ -258,6 +258,7 @@ class EventBus:
         prefetch: int | None = None,
         consumers: int = 1,
         redelivery: RedeliveryPolicy | None = None,
+        grace_period: float = 10.0,
     ) -> AsyncIterator[Subscription]:
         """Consume queue ``{queue_tag}{name}`` with ``handler`` for the duration of the block.
 
@@ -279,8 +280,12 @@ class EventBus:
 
         A handler that raises rejects the event (redelivery with backoff, then the
         dead-letter queue); ``raise DeadLetter(reason)`` dead-letters it at once; a body
-        that does not decode is dead-lettered as ``invalid_payload``.  Leaving the block
-        cancels the handlers still running; their events were not acked and come again.
+        that does not decode is dead-lettered as ``invalid_payload``.
+
+        Leaving the block normally stops the consumers (events buffered but not started go
+        back to the queue) and lets the running handlers finish within ``grace_period``
+        seconds; then, or when the block fails or is cancelled, the handlers still running
+        are cancelled: their events were not acked and come again.
         """
         if concurrency < 1 or consumers < 1:
             raise ValueError("concurrency and consumers must be >= 1")
@@ -305,6 +310,7 @@ class EventBus:
         async with AsyncExitStack() as stack:
             declared: set[int] = set()
             streams: list[tuple[amqp.Channel, amqp.Consumer]] = []
+            stoppers: list[_ConsumerStopper] = []
             for _ in range(consumers):
                 slot = await self._acquire_slot()
                 stack.callback(self._release, slot)
@@ -314,16 +320,41 @@ class EventBus:
                     await sub.declare(ch)
                     declared.add(id(slot))
                     sub.connections.append(slot.conn)
-                deliveries = await stack.enter_async_context(ch.consume(sub.queue, prefetch=prefetch))
+                stopper = _ConsumerStopper(ch.consume(sub.queue, prefetch=prefetch))
+                deliveries = await stopper.start()
+                stack.push_async_callback(stopper.stop)
+                stoppers.append(stopper)
                 streams.append((ch, deliveries))
+            running = len(streams) * concurrency
+            all_done = anyio.Event()
+
+            async def pull(ch: amqp.Channel, deliveries: amqp.Consumer) -> None:
+                nonlocal running
+                try:
+                    await sub.pull(ch, deliveries)
+                finally:
+                    running -= 1
+                    if running == 0:
+                        all_done.set()
+
             try:
                 async with anyio.create_task_group() as tg:
                     for ch, deliveries in streams:
                         for _ in range(concurrency):
-                            tg.start_soon(sub.pull, ch, deliveries)
+                            tg.start_soon(pull, ch, deliveries)
                     try:
                         yield sub
-                    finally:
+                    except BaseException:
+                        tg.cancel_scope.cancel()
+                        raise
+                    else:
+                        # Graceful: stop the consumers (what they buffered goes back to the
+                        # queue), let the handlers that run finish and ack, within the grace
+                        # period; then cancel what is left (unacked: it comes again).
+                        with anyio.CancelScope(shield=True), anyio.move_on_after(grace_period):
+                            for stopper in stoppers:
+                                await stopper.stop()
+                            await all_done.wait()
                         tg.cancel_scope.cancel()
             except BaseExceptionGroup as eg:
                 # A consumer that ended for good (its queue could not be restored, recovery
@@ -341,6 +372,25 @@ class EventBus:
         async with self.subscribe(name, handler, **options):
             await anyio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _ConsumerStopper:
+    """A ``ch.consume(...)`` context, entered at start and exited once: early, to stop a
+    subscription gracefully, or by the exit stack."""
+
+    __slots__ = ("_cm", "_stopped")
+
+    def __init__(self, cm: AbstractAsyncContextManager[amqp.Consumer]) -> None:
+        self._cm = cm
+        self._stopped = False
+
+    async def start(self) -> amqp.Consumer:
+        return await self._cm.__aenter__()
+
+    async def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            await self._cm.__aexit__(None, None, None)
 
 
 class EventWindow:

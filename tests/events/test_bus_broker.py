@@ -307,3 +307,26 @@ async def test_a_redelivered_event_can_succeed(names: Names) -> None:
         await outcomes.wait(3)
     assert outcomes.items == ["redelivered", "redelivered", "handled"]
     assert calls.items == [1, 2, 3] and sub.dead_lettered == 0
+
+
+async def test_leaving_the_block_lets_running_handlers_finish(names: Names) -> None:
+    started, finished = Seen(), Seen()
+
+    async def slow(event: dict[str, int]) -> None:
+        started.add(event["i"])
+        if event["i"] == 1:
+            await anyio.sleep_forever()  # outlives the grace period: cancelled, comes again
+        await anyio.sleep(0.3)
+        finished.add(event["i"])
+
+    name = names.sub("graceful")
+    async with events.connect(URL, **names.bus_options()) as bus:
+        async with bus.subscribe(name, slow, concurrency=2, prefetch=2, grace_period=1.0):
+            await bus.publish(name, {"i": 0})
+            await bus.publish(name, {"i": 1})
+            await started.wait(2)
+        # The first handler finished and acked after the block was left; the second did not.
+        assert finished.items == [0]
+        async with amqp.connect(URL) as conn, conn.channel() as ch:
+            info = await ch.queue_declare(f"{names.tag}{name}", passive=True)
+        assert info.message_count == 1  # the cancelled one is back in the queue

@@ -21,8 +21,8 @@ async def publish_surely(bus: events.EventBus, key: str, i: int) -> None:
         try:
             await bus.publish(key, {"i": i}, message_id=mid, timeout=20)
             return
-        except amqp.PublishOutcomeUnknownError:
-            continue
+        except (amqp.PublishOutcomeUnknownError, amqp.PublishTimeoutError):
+            continue  # the outcome is unknown, or recovery is slow on a loaded machine
 
 
 async def test_cut_mid_stream_loses_no_event(names: Names) -> None:
@@ -47,7 +47,7 @@ async def test_cut_mid_stream_loses_no_event(names: Names) -> None:
                 tg.start_soon(publish_all)
                 await seen.wait(total // 4)
                 assert proxy.cut_all(reset=True) >= 2  # publisher and subscriber connections
-                await seen.wait(total, timeout=60)
+                await seen.wait(total, timeout=90)
             assert set(seen.items) == set(range(total))  # duplicates allowed, losses not
             assert bus.publisher_connection.reconnections >= 1
             assert all(conn.reconnections >= 1 for conn in sub.connections)
