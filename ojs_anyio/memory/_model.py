@@ -17,7 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ojs_codec import BasicProperties, encode_properties, encode_table
+from ojs_codec import (
+    BasicProperties,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    UInt8,
+    UInt16,
+    UInt32,
+    encode_properties,
+    encode_table,
+)
 
 from ._clock import Clock
 
@@ -540,7 +551,8 @@ class State:
         if exchange is None:
             return  # RabbitMQ drops it (and logs); so do we
         props = msg.props
-        headers: dict[str, Any] = dict(props.headers or {})
+        # RabbitMQ adds x-death to the headers as they came: keep each integer's wire width.
+        headers: dict[str, Any] = _typed_headers(msg.header, props.headers)
         routing_keys: list[str] = [msg.routing_key]
         for extra in ("CC", "BCC"):
             values = headers.get(extra)
@@ -961,3 +973,47 @@ def _fmt(value: object) -> str:
     if value is None:
         return "none"
     return str(value)
+
+
+_INT_WRAPPERS: dict[int, Callable[[int], Any]] = {
+    ord("b"): Int8, ord("B"): UInt8, ord("s"): Int16, ord("u"): UInt16,
+    ord("I"): Int32, ord("i"): UInt32, ord("l"): Int64,
+}  # fmt: skip
+_FIXED_WIDTH = {ord(c): n for c, n in {"t": 1, "b": 1, "B": 1, "s": 2, "u": 2, "I": 4, "i": 4,
+                                        "l": 8, "f": 4, "d": 8, "D": 5, "T": 8, "V": 0}.items()}  # fmt: skip
+
+
+def _typed_headers(header: bytes, headers: dict[str, Any] | None) -> dict[str, Any]:
+    """``headers`` with each top-level integer wrapped in the width it had on the wire.
+
+    The decoded table has plain ints; re-encoding them would pick the smallest type, where
+    RabbitMQ passes the client's types through.  ``header`` is the content header payload
+    (class, weight, body size, flags, then the properties in order)."""
+    out = dict(headers or {})
+    if not out or len(header) < 14:
+        return out
+    flags = struct.unpack_from(">H", header, 12)[0]
+    if not flags & 0x2000:
+        return out
+    pos = 14
+    for bit in (0x8000, 0x4000):  # content-type, content-encoding: short strings before headers
+        if flags & bit:
+            pos += 1 + header[pos]
+    try:
+        end = pos + 4 + struct.unpack_from(">I", header, pos)[0]
+        pos += 4
+        while pos < end:
+            key = header[pos + 1 : pos + 1 + header[pos]].decode("utf-8", "replace")
+            pos += 1 + header[pos]
+            kind = header[pos]
+            pos += 1
+            width = _FIXED_WIDTH.get(kind)
+            if width is None:  # S, x, F, A: a 32-bit length, then the bytes
+                width = 4 + struct.unpack_from(">I", header, pos)[0]
+            wrap = _INT_WRAPPERS.get(kind)
+            if wrap is not None and isinstance(out.get(key), int) and not isinstance(out.get(key), bool):
+                out[key] = wrap(out[key])
+            pos += width
+    except (struct.error, IndexError):
+        return dict(headers or {})  # the codec decoded it, so this cannot happen; stay safe
+    return out

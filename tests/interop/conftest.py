@@ -6,11 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from jobs.broker_support import URL
 from jobs.conftest import Cleanup, cleanup, new_queue, ojs_vhost
 
 from .foreign import SPEC_RETRY_DELAYS_MS
 
-__all__ = ["cleanup", "new_queue", "ojs_vhost", "shared_queue"]
+__all__ = ["broker_url", "cleanup", "new_queue", "ojs_vhost", "shared_queue"]
+
+
+@pytest.fixture
+def broker_url() -> str:
+    """The real RabbitMQ only: the foreign client is pika, over TCP."""
+    return URL
 
 
 @pytest.fixture

@@ -223,7 +223,10 @@ async def test_attempt_headers_are_int32_on_the_wire_push_retry_dead_letter_requ
         names = client.names
         await client.declare_queue(q)
         with anyio.fail_after(WAIT):
-            pushed = await client.push("interop.slow_retry", [], queue=q)
+            # max_attempts set by the job, so both attempt headers are on the message
+            pushed = await client.push(
+                "interop.slow_retry", [], queue=q, retry=ojs.RetryPolicy(max_attempts=3)
+            )
             msg, wire = await peek_raw(names.job_queue(q), url=ojs_vhost)
             assert msg.properties.message_id == pushed.id and types(wire) == ("I", "I")
             int8 = client.build("interop.slow_retry", [], queue=q)
@@ -250,7 +253,9 @@ async def test_attempt_headers_are_int32_on_the_wire_push_retry_dead_letter_requ
                 await got.ack()
 
         # Dead-letter path: the Nacked message we pushed; the annotated copy of an int8 one.
-        discarded = await client.push("interop.job", ["discard"], queue=q)
+        discarded = await client.push(
+            "interop.job", ["discard"], queue=q, retry=ojs.RetryPolicy(max_attempts=3)
+        )
         worker = ojs.Worker(queues=[q], concurrency=1)
         outcomes = Outcomes(worker)
         register_interop_handler(worker, runs)
@@ -442,7 +447,9 @@ async def test_foreign_retry_runs_in_our_worker_and_ours_in_theirs(ojs_vhost: st
             assert (final.outcome, final.attempt) == ("completed", 2)
             assert runs == [(job.id, 2)]
 
-            ours = await client.push("interop.job", ["retry-once"], queue=q)
+            ours = await client.push(
+                "interop.job", ["retry-once"], queue=q, retry=ojs.RetryPolicy(max_attempts=3)
+            )
             retried = await outcomes.wait_for(lambda o: o.job_id == ours.id and o.outcome == "retried")
             assert retried[0].delay_ms == 1000
         # Our worker has stopped; the retry comes back to the job queue for the foreign side.

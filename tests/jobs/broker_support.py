@@ -164,14 +164,14 @@ async def wait_message_count(
                 await anyio.sleep(0.02)  # polling broker state: there is no event for it
 
 
-async def peek_raw(queue: str, *, url: str = URL) -> tuple[amqp.IncomingMessage, bytes]:
+async def peek_raw(queue: str, *, url: str | None = None) -> tuple[amqp.IncomingMessage, bytes]:
     """The head message of ``queue`` (left in place) and the raw bytes the broker sent for it.
 
     A Basic.Get on a fresh connection whose socket reads are recorded while the message
     comes in; :func:`header_type` reads a header's wire type code from those bytes.
     """
     with anyio.fail_after(WAIT):
-        async with amqp.connect(url) as conn:
+        async with amqp.connect(url or current_url()) as conn:
             received: list[bytes] = []
             feed = conn._feed
 

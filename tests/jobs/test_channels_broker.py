@@ -35,6 +35,7 @@ async def consumer_channels(*queues: str) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.rabbitmq_only("reads the broker's consumer channels through rabbitmqctl")
 async def test_amqp_028_each_queue_and_the_control_plane_get_their_own_channels(
     client: ojs.Client, new_queue: Callable[..., str]
 ) -> None:

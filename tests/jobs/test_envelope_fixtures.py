@@ -450,7 +450,7 @@ def test_new_job_accepts_exactly_what_the_schema_accepts(
 def test_handler_arity_matches_signature_bind() -> None:
     import inspect
 
-    from ojs_anyio.jobs._worker import _positional_arity
+    from ojs_anyio.jobs._handlers import _positional_arity
 
     def two(ctx: Any, a: Any, b: Any) -> None: ...
     def defaults(ctx: Any, a: Any, b: Any = 1) -> None: ...

@@ -203,11 +203,13 @@ async def test_priority_only_when_given_clamped_never_refused_attempt_headers_in
     correlation_id.  0..9 kept; 150 becomes 9 and -5 becomes 0, both accepted.  The attempt
     headers are int32 (type code ``I``) in the bytes on the wire."""
     with anyio.fail_after(WAIT):
-        plain = await client.push("p.job", [], queue=q)
+        # max_attempts set by the job: x-ojs-max-attempts travels, as int32
+        plain = await client.push("p.job", [], queue=q, retry=ojs.RetryPolicy(max_attempts=4))
         msg, wire = await peek_raw(client.names.job_queue(q))
         assert msg.properties.message_id == plain.id
         assert msg.properties.priority is None and msg.properties.correlation_id is None
         assert header_type(wire, "x-ojs-attempt") == header_type(wire, "x-ojs-max-attempts") == "I"
+        assert (msg.properties.headers or {})["x-ojs-max-attempts"] == 4
     async with client.conn.channel(confirms=False) as ch:
         await ch.queue_purge(client.names.job_queue(q))
     for given, expected in ((150, 9), (-5, 0), (3, 3)):

@@ -95,7 +95,7 @@ def test_sync_client_raises_the_async_clients_errors_in_the_caller(backend: str)
     with ojs.SyncClient(URL, backend=backend, declare="lazy") as client:
         with pytest.raises(ojs.InvalidJobError):
             client.push("", [], queue="x")  # empty type: refused before anything is sent
-        info = client.info("no-such-job", queue="sync-info-none", timeout=0.2)
+        info = client.info("no-such-job", queue=f"t{uuid.uuid4().hex[:10]}", timeout=0.2)
         assert info.state == "unknown"
 
 

@@ -122,7 +122,7 @@ async def test_amqp_009_discard_lands_in_dlq_with_reason(
         raise ojs.Discard("looks like spam")
 
     async with running(worker, client):
-        job = await client.push("spam.job", [], queue=q)
+        job = await client.push("spam.job", [], queue=q, retry=ojs.RetryPolicy(max_attempts=2))
         final = await outcomes.wait_final(job.id)
         assert (final.outcome, final.error_code, final.error_message) == (
             "dead_lettered",
