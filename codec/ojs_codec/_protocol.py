@@ -357,6 +357,11 @@ class AMQPConnection:
     def has_data_to_send(self) -> bool:
         return bool(self._out)
 
+    @property
+    def bytes_to_send(self) -> int:
+        """How many bytes are queued for the peer (what ``data_to_send()`` would return)."""
+        return len(self._out)
+
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes read from the socket; return the events they complete.
 
