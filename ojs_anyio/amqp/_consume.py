@@ -162,7 +162,7 @@ class IncomingMessage:
         buffered, the write is batched instead: the consumer sends it before it waits for
         the broker again, and the connection's flusher within ~2 ms at the latest."""
         consumer = self._consumer
-        if consumer is not None and consumer._buffered > 0 and t.proto.bytes_to_send < _FLUSH_THRESHOLD:
+        if consumer is not None and consumer._buffered > 0 and len(t.proto.outbound) < _FLUSH_THRESHOLD:
             t.defer_flush()
             return
         if not t.writing:

@@ -120,7 +120,7 @@ class PublishWindow:
         handle = await ch._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
         if handle._result is None:
             self.in_flight += 1
-        if ch._conn._transport.proto.bytes_to_send >= _FLUSH_THRESHOLD:
+        if len(ch._conn._transport.proto.outbound) >= _FLUSH_THRESHOLD:
             await ch._flush_publish()
         return handle
 

@@ -184,11 +184,11 @@ class Transport:
         try:
             while True:
                 data = await self.receive()
-                queued = proto.bytes_to_send
+                queued = len(proto.outbound)
                 self.feed(data)
                 # Send what the frames themselves made us queue (Close-Ok, rejects of late
                 # deliveries…).  Acks queued by consumers are theirs to send, batched.
-                if proto.bytes_to_send > queued:
+                if len(proto.outbound) > queued:
                     await self.flush()
                 if self.error is not None or proto.state in (
                     ConnectionState.CLOSED,
