@@ -15,6 +15,7 @@ from typing import Any
 
 from pamqp import commands
 
+from . import _metrics
 from ._consume import Consumer, IncomingMessage
 from ._errors import TransactionLostError
 from ._publish import PublishHandle, PublishWindow
@@ -99,6 +100,7 @@ class Channel(RecoveringChannel):
         )
         reply = await self._call(method)
         info = QueueInfo(reply.queue, reply.message_count, reply.consumer_count)
+        _metrics.track_queue(info.name)  # a metric label from now on (bounded, see _metrics)
         if not passive:
             self._conn.topology.record_queue(info, method)
         return info
@@ -111,6 +113,8 @@ class Channel(RecoveringChannel):
         )
         await self._call(method)
         self._conn.topology.record(("bind", queue, exchange, routing_key, _key(arguments)), method)
+        if queue in _metrics.queues and "*" not in routing_key and "#" not in routing_key:
+            _metrics.track_queue(routing_key)  # publishes with this key label as this name
 
     async def queue_unbind(
         self, queue: str, exchange: str, routing_key: str = "", arguments: dict[str, Any] | None = None

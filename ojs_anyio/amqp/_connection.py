@@ -115,6 +115,7 @@ class Connection:
         self._max_message_size = max_message_size
         self._ssl_context = ssl_context if ssl_context is not None else url.ssl_context()
         self._rng = random.Random()
+        _metrics.register()
         #: The current connection generation (socket, codec, writer); a placeholder
         #: without a socket until the first connect.
         self._transport = Transport(

@@ -55,6 +55,7 @@ class IncomingMessage:
         "_channel",
         "_consumer",
         "_generation",
+        "_label",
         "_settled",
         "body",
         "consumer_tag",
@@ -74,11 +75,14 @@ class IncomingMessage:
         ev: Delivery | GetOk,
         settled: bool,
         queue: str = "",
+        label: str = _metrics.OTHER,
     ) -> None:
         self._channel = channel
         self._consumer = consumer
-        #: The queue it came from (the consumer's, or the one given to ``get``); for metrics.
+        #: The queue it came from (the consumer's, or the one given to ``get``).
         self.queue = queue
+        #: Its metric label (the queue if it is a known one, see _metrics).
+        self._label = label
         self._generation = channel._generation
         self._settled = settled
         self.body = ev.body
@@ -130,14 +134,14 @@ class IncomingMessage:
         if self._consumer is not None:
             self._consumer._unacked -= 1
         elif ch._get_unacked:
-            ch._get_unacked[self.queue] = ch._get_unacked.get(self.queue, 1) - 1
+            ch._get_unacked[self._label] = ch._get_unacked.get(self._label, 1) - 1
         return ch
 
     async def ack(self, multiple: bool = False) -> None:
         ch = self._begin_settle(multiple)
         t = ch._conn._transport
         t.proto.ack(ch._cid, self.delivery_tag, multiple)
-        q = self.queue
+        q = self._label
         _ACKED[q] = _ACKED.get(q, 0) + 1
         await self._send_settle(t)
 
@@ -145,7 +149,7 @@ class IncomingMessage:
         ch = self._begin_settle(multiple)
         t = ch._conn._transport
         t.proto.nack(ch._cid, self.delivery_tag, multiple, requeue)
-        q = self.queue
+        q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
         await self._send_settle(t)
 
@@ -153,7 +157,7 @@ class IncomingMessage:
         ch = self._begin_settle()
         t = ch._conn._transport
         t.proto.reject(ch._cid, self.delivery_tag, requeue)
-        q = self.queue
+        q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
         await self._send_settle(t)
 
@@ -212,6 +216,8 @@ class Consumer:
         self._buffered = 0
         self._since_yield = 0
         self._resubscribe_scope: anyio.CancelScope | None = None
+        #: Metric label of its queue (fixed when the consumer starts).
+        self._label = _metrics.label(queue)
         _metrics.consumers.add(self)
 
     def __aiter__(self) -> Consumer:
@@ -265,7 +271,7 @@ class Consumer:
         window = 0
         if self._active and not self.no_ack:
             window = self.prefetch if self.prefetch is not None else (self.channel.prefetch or 0)
-        return [(self.queue, self._unacked, window)]
+        return [(self._label, self._unacked, window)]
 
     def _push(self, msg: IncomingMessage) -> bool:
         try:
@@ -325,8 +331,8 @@ class ConsumingChannel(PublishingChannel):
             if consumer is None or not consumer.no_ack:
                 self._conn._transport.proto.reject(self._cid, ev.delivery_tag, True)
             return
-        q = consumer.queue
-        msg = IncomingMessage(self, consumer, ev, consumer.no_ack, q)
+        q = consumer._label
+        msg = IncomingMessage(self, consumer, ev, consumer.no_ack, consumer.queue, q)
         if consumer._push(msg):
             _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
         else:
@@ -362,11 +368,12 @@ class ConsumingChannel(PublishingChannel):
         """Basic.Get: one message, or ``None`` when the queue is empty (for polling uses)."""
         reply = await self._call(commands.Basic.Get(queue=queue, no_ack=no_ack))
         if type(reply) is GetOk:
-            _metrics.bump(_metrics.stats.consumed, queue)
+            label = _metrics.label(queue)
+            _metrics.bump(_metrics.stats.consumed, label)
             if not no_ack:
-                self._get_unacked[queue] = self._get_unacked.get(queue, 0) + 1
+                self._get_unacked[label] = self._get_unacked.get(label, 0) + 1
                 _metrics.consumers.add(self)
-            return IncomingMessage(self, None, reply, no_ack, queue)
+            return IncomingMessage(self, None, reply, no_ack, queue, label)
         return None
 
     async def recover(self, requeue: bool = True) -> None:
@@ -404,6 +411,7 @@ class ConsumingChannel(PublishingChannel):
                 raise UsageError("prefetch must be >= 1 (or None for the channel's QoS)")
             await self._call(commands.Basic.Qos(prefetch_count=prefetch))
         size = max_buffer if (no_ack or prefetch is None) else prefetch
+        _metrics.track_queue(queue)
         consumer = Consumer(
             self,
             queue,
@@ -478,7 +486,7 @@ class ConsumingChannel(PublishingChannel):
                         self._conn._transport.proto.reject(self._cid, msg.delivery_tag, True)
                         returned += 1
                 if returned:
-                    _metrics.bump(_metrics.stats.nacked, consumer.queue, returned)
+                    _metrics.bump(_metrics.stats.nacked, consumer._label, returned)
                     try:
                         await self._conn._transport.flush()
                     except AMQPError:

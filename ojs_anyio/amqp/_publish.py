@@ -28,6 +28,9 @@ _FLUSH_THRESHOLD = 64 * 1024
 #: At most one confirm-latency sample per channel per this many seconds (an SDK histogram
 #: record costs microseconds; at low rates every Basic.Ack frame is sampled).
 _CONFIRM_SAMPLE_INTERVAL = 0.001
+_PUBLISHED = _metrics.stats.published
+_KNOWN_QUEUES = _metrics.queues
+_OTHER = _metrics.OTHER
 
 
 class PublishHandle:
@@ -191,14 +194,16 @@ class PublishingChannel(ChannelCore):
                     first = pending.get(ev.tags[0]) if ev.tags else None
                     if first is not None and first.sent_at:
                         self._next_sample = now + _CONFIRM_SAMPLE_INTERVAL
-                        _metrics.confirm_latency.record(now - first.sent_at, {"queue": first.routing_key})
+                        _metrics.confirm_latency.record(
+                            now - first.sent_at, {"queue": _metrics.label(first.routing_key)}
+                        )
             for tag in ev.tags:
                 handle = pending.pop(tag, None)
                 if handle is None:
                     continue
                 if returned is not None and tag in returned:
                     r = returned[tag]
-                    _metrics.bump(_metrics.stats.returned, r.routing_key)
+                    _metrics.bump(_metrics.stats.returned, _metrics.label(r.routing_key))
                     handle._resolve(
                         UnroutableError(
                             f"message to exchange {r.exchange!r} with routing key {r.routing_key!r} "
@@ -227,7 +232,7 @@ class PublishingChannel(ChannelCore):
 
     def _on_returned(self, ev: Returned) -> None:
         # Only on channels without confirms: nothing to tie it to.  Keep a bounded log.
-        _metrics.bump(_metrics.stats.returned, ev.routing_key)
+        _metrics.bump(_metrics.stats.returned, _metrics.label(ev.routing_key))
         log.warning("unroutable message returned on channel %d: %r", ev.channel_id, ev)
         self._returns_without_confirm.append(ev)
         del self._returns_without_confirm[:-100]
@@ -262,7 +267,8 @@ class PublishingChannel(ChannelCore):
             self._cid, exchange, routing_key, body, properties, mandatory=mandatory
         )
         handle = PublishHandle(tag, exchange, routing_key, window)
-        _metrics.bump(_metrics.stats.published, routing_key)
+        q = routing_key if routing_key in _KNOWN_QUEUES else _OTHER  # bounded labels, see _metrics
+        _PUBLISHED[q] = _PUBLISHED.get(q, 0) + 1
         if tag:
             if self._timing:
                 handle.sent_at = time.monotonic()
