@@ -51,7 +51,7 @@ async def run_worker(worker: Worker, url: str | None, prefix: str) -> None:
         async def watch_signals(scope: anyio.CancelScope) -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
-                    if not worker._stopping:
+                    if not worker.stopping:
                         log.warning("received %s: stopping gracefully", signal.Signals(signum).name)
                         worker.stop()
                     else:

@@ -68,6 +68,12 @@ class ChannelCore:
         return not self._closed and self._cid != 0
 
     @property
+    def is_closed(self) -> bool:
+        """Closed for good (``aclose()``, the broker closed it, or the connection is gone
+        for good).  A channel that waits for recovery is not closed, just not open."""
+        return self._closed
+
+    @property
     def closed_error(self) -> BaseException | None:
         return self._closed_error
 

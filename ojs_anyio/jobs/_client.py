@@ -2,8 +2,8 @@
 
 Reading a push from ``Client.push()`` to the socket: this file builds the job and its
 properties (``_wire.job_properties``), publishes with ``amqp.Channel.publish``
-(``ojs_anyio/amqp/_channel.py``), which encodes through ``ojs_codec`` and writes in
-``ojs_anyio/amqp/_connection.py``.
+(``ojs_anyio/amqp/_publish.py``), which encodes through ``ojs_codec`` and writes in
+``ojs_anyio/amqp/_transport.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from ojs_codec import Int32
+from ojs_anyio.amqp import Int32
 
 from .. import amqp
 from . import _tracing
@@ -172,10 +172,10 @@ class Client:
     async def channel(self) -> amqp.Channel:
         """The client's publishing channel (confirms on); re-opened after a channel error."""
         ch = self._channel
-        if ch is not None and not ch._closed:
+        if ch is not None and not ch.is_closed:
             return ch
         async with self._channel_lock:
-            if self._channel is None or self._channel._closed:
+            if self._channel is None or self._channel.is_closed:
                 ch = self.conn.channel(confirms=True)
                 await ch.open()
                 self._channel = ch

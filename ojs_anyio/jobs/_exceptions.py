@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ojs_codec import AMQPError
+from ojs_anyio.amqp import AMQPError
 
 __all__ = [
     "DeadLetter",

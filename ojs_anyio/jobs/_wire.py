@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import msgspec
 
-from ojs_codec import BasicProperties, Int32
+from ojs_anyio.amqp import BasicProperties, Int32
 
 from ._envelope import Job, format_timestamp, parse_timestamp
 from ._topology import priority_to_amqp

@@ -44,7 +44,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from ojs_codec import Int32
+from ojs_anyio.amqp import Int32
 
 from .. import amqp
 from . import _tracing
@@ -367,6 +367,11 @@ class Worker:
                         )
                     except amqp.PublishError as exc:
                         log.warning("heartbeat for job %s not confirmed: %s", ctx.id, exc)
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called (until the next :meth:`run` starts)."""
+        return self._stopping
 
     def stop(self) -> None:
         """Graceful stop: take no new jobs; let running ones finish within ``grace_period``;

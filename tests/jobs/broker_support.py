@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,9 +22,9 @@ from typing import Any, TypeVar
 
 import anyio
 from harness.broker import rabbitmqctl
+from helpers import wait_message_count as _wait_message_count
 
 import ojs_anyio as ojs
-from ojs_anyio import amqp
 
 __all__ = [
     "OJS_VHOST",
@@ -44,6 +45,10 @@ OJS_VHOST = "/ojs"
 OJS_VHOST_URL = os.environ.get("OJS_AMQP_VHOST_URL", "amqp://guest:guest@127.0.0.1:5672/%2Fojs")
 #: Bound on any single wait in these tests (seconds).
 WAIT = 15.0
+
+
+#: Wait until a queue holds exactly ``n`` ready messages (tests/helpers.py), up to WAIT.
+wait_message_count = functools.partial(_wait_message_count, timeout=WAIT)
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -122,23 +127,6 @@ async def running(
             tg.cancel_scope.cancel()
         if stuck:
             raise AssertionError("worker.run() did not return after stop() and the grace period")
-
-
-async def wait_message_count(
-    conn: amqp.Connection,
-    queue: str,
-    count: int,
-    timeout: float = WAIT,
-) -> None:
-    """Wait until ``queue`` holds exactly ``count`` ready messages.
-
-    Polls a passive declare: the broker's dead-lettering of a rejected message into
-    ``ojs.queue.dlx.{q}`` has no event a client can wait on.
-    """
-    with anyio.fail_after(timeout):
-        async with conn.channel(confirms=False) as ch:
-            while (await ch.queue_declare(queue, passive=True)).message_count != count:  # noqa: ASYNC110
-                await anyio.sleep(0.02)  # polling broker state: there is no event for it
 
 
 async def _ctl_json(*args: str) -> list[dict[str, Any]]:
