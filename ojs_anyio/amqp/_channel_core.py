@@ -95,7 +95,7 @@ class ChannelCore:
 
     async def _ready(self, timeout: float | None = None) -> None:
         """Wait while the connection recovers, up to ``timeout`` (default: the connection's
-        ``publish_timeout``), then raise ``PublishTimeoutError``."""
+        ``publish_timeout``), then raise :class:`OperationTimeoutError`."""
         if self._closed:
             raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
         if self._close_waiter is not None:

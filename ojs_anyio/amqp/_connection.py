@@ -53,7 +53,7 @@ from ._errors import (
     BlockedTimeoutError,
     ConnectionClosedError,
     ConnectionLostError,
-    PublishTimeoutError,
+    OperationTimeoutError,
     RecoveryFailedError,
 )
 from ._events import (
@@ -213,7 +213,7 @@ class Connection:
                 self._raise_if_closed()
                 await self._connected.wait()
         if scope.cancelled_caught:
-            raise PublishTimeoutError(f"connection not re-established within {timeout}s")
+            raise OperationTimeoutError(f"connection not re-established within {timeout}s")
         self._raise_if_closed()
 
     async def aclose(self) -> None:

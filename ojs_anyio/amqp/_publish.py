@@ -14,7 +14,14 @@ from ojs_codec import BasicProperties, Confirmed, Returned, UsageError
 
 from . import _metrics
 from ._channel_core import ChannelCore
-from ._errors import ConnectionLostError, PublishNackedError, PublishOutcomeUnknownError, UnroutableError
+from ._errors import (
+    ConnectionLostError,
+    OperationTimeoutError,
+    PublishNackedError,
+    PublishOutcomeUnknownError,
+    PublishTimeoutError,
+    UnroutableError,
+)
 
 if TYPE_CHECKING:
     from ._channel import Channel
@@ -259,10 +266,10 @@ class PublishingChannel(ChannelCore):
         conn = self._conn
         limit = timeout if timeout is not None else conn.publish_timeout
         if self._cid == 0 or self._closed or self._close_waiter is not None or not conn._connected.is_set():
-            await self._ready(limit)  # recovering: wait for it, up to the caller's timeout
+            await self._ready_to_publish(limit)  # recovering: wait for it, up to the caller's timeout
         if not conn._unblocked.is_set():
             await conn.wait_unblocked(limit)
-            await self._ready(limit)
+            await self._ready_to_publish(limit)
         tag = conn._transport.proto.publish(
             self._cid, exchange, routing_key, body, properties, mandatory=mandatory
         )
@@ -276,6 +283,15 @@ class PublishingChannel(ChannelCore):
         else:
             handle._result = True
         return handle
+
+    async def _ready_to_publish(self, limit: float | None) -> None:
+        """``_ready``, with its timeout reported as the publish's own."""
+        try:
+            await self._ready(limit)
+        except PublishTimeoutError:
+            raise
+        except OperationTimeoutError as exc:
+            raise PublishTimeoutError(str(exc)) from exc
 
     async def publish(
         self,

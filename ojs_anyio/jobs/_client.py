@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from ojs_anyio.amqp import Int32
+from ojs_anyio.amqp import Int32, UsageError
 
 from .. import amqp
 from . import _tracing
@@ -143,9 +143,9 @@ class Client:
         scheduler: str = "levels",
     ) -> None:
         if declare not in ("eager", "lazy"):
-            raise ValueError("declare must be 'eager' or 'lazy'")
+            raise UsageError("declare must be 'eager' or 'lazy'")
         if scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+            raise UsageError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         self.conn = conn
         #: "levels" or "plugin" once resolved; "auto" until the first scheduled push (or
         #: :meth:`resolve_scheduler`) has asked the broker.
@@ -366,7 +366,7 @@ class Client:
         now = datetime.now(UTC)
         if delay is not None:
             if scheduled_at is not None:
-                raise ValueError("give scheduled_at or delay, not both")
+                raise UsageError("give scheduled_at or delay, not both")
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
             scheduled_at = now + timedelta(seconds=seconds)
         return new_job(

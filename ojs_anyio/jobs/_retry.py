@@ -45,6 +45,8 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from ojs_anyio.amqp import UsageError
+
 from ._errors import InvalidDurationError, InvalidJobError
 
 __all__ = [
@@ -302,7 +304,7 @@ def compute_delay_ms(
     This is the exact OJS delay; :func:`retry_queue_delay_ms` puts it on the ladder.
     """
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-        raise ValueError(f"attempt must be an int >= 1 (the attempt that failed), got {attempt!r}")
+        raise UsageError(f"attempt must be an int >= 1 (the attempt that failed), got {attempt!r}")
     eff = resolve_retry(policy)
     cap = eff.max_interval_ms
     delay = min(_raw_delay(eff, attempt), float(cap))
@@ -351,7 +353,7 @@ def ladder_delay_ms(delay_ms: int, *, max_ms: int | None = None) -> int:
     which is then used.  Monotone: a longer delay never gets a shorter rung.
     """
     if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
-        raise ValueError(f"delay_ms must be a non-negative int, got {delay_ms!r}")
+        raise UsageError(f"delay_ms must be a non-negative int, got {delay_ms!r}")
     if delay_ms == 0:
         return 0
     rungs = RETRY_LADDER_MS

@@ -79,7 +79,9 @@ from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
-from ._errors import DelayOutOfRangeError, TopologyError
+from ojs_anyio.amqp import UsageError
+
+from ._errors import ArgumentTypeError, DelayOutOfRangeError, TopologyError
 
 __all__ = [
     "CONTROL_MAX_LENGTH",
@@ -483,9 +485,9 @@ def priority_to_amqp(ojs_priority: int) -> int:
     -100..100 raise ``ValueError`` (non-integers ``TypeError``).
     """
     if isinstance(ojs_priority, bool) or not isinstance(ojs_priority, int):
-        raise TypeError(f"OJS priority must be an int, got {ojs_priority!r}")
+        raise ArgumentTypeError(f"OJS priority must be an int, got {ojs_priority!r}")
     if not -100 <= ojs_priority <= 100:
-        raise ValueError(f"OJS priority {ojs_priority} is outside -100..100")
+        raise UsageError(f"OJS priority {ojs_priority} is outside -100..100")
     return bisect_left(_PRIORITY_BOUNDS, ojs_priority)
 
 

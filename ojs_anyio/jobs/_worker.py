@@ -44,7 +44,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from ojs_anyio.amqp import Int32
+from ojs_anyio.amqp import Int32, UsageError
 
 from .. import amqp
 from . import _tracing
@@ -167,7 +167,7 @@ class Worker:
         cancel_memory: float = 3600.0,
     ) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
+            raise UsageError("concurrency must be >= 1")
         self.queues = list(queues)
         self.concurrency = concurrency
         self.retry = retry
@@ -572,7 +572,9 @@ class Worker:
             raise  # the worker itself is being cancelled: leave the job unacked
         except Exception as exc:
             error = (ErrorCode.HANDLER_ERROR, _error_type(exc), str(exc) or type(exc).__name__)
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit… from a handler
+        except (KeyboardInterrupt, SystemExit):
+            raise  # the process is stopping, not the job failing: it stays unacked
+        except BaseException as exc:  # GeneratorExit and other BaseExceptions from a handler
             error = (ErrorCode.HANDLER_PANIC, _error_type(exc), repr(exc))
         finally:
             self._job_scopes.pop(job.id, None)
@@ -768,7 +770,10 @@ class Worker:
                 outcome.attempt, outcome.outcome, outcome.duration,
             )  # fmt: skip
         for cb in list(self._listeners):
-            cb(outcome)
+            try:
+                cb(outcome)
+            except Exception:  # a listener's bug must not stop the worker
+                log.exception("worker %s: outcome listener %r failed; carrying on", self.worker_id, cb)
 
     # ------------------------------------------------------------ control
 
