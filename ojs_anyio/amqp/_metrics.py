@@ -164,16 +164,18 @@ def register() -> None:
         return
     _registered = True
     meter = metrics.get_meter("ojs_anyio.amqp", "0.1.0")
-    meter.create_observable_gauge(
-        "ojs_amqp_connections_active",
-        [_gauge("connections_active")],
-        description="Active AMQP connections",
-    )
-    meter.create_observable_gauge(
-        "ojs_amqp_channels_active",
-        [_gauge("channels_active")],
-        description="Active AMQP channels",
-    )
+    for name, callback, unit, desc in (
+        ("ojs_amqp_connections_active", _gauge("connections_active"), "", "Active AMQP connections"),
+        ("ojs_amqp_channels_active", _gauge("channels_active"), "", "Active AMQP channels"),
+        ("ojs_amqp_messages_unacked", _by_queue("unacked"), "", "Unacknowledged deliveries, by queue"),
+        (
+            "ojs_amqp_consumer_utilization",
+            _by_queue("utilization"),
+            "1",
+            "Unsettled deliveries / prefetch window of the queue's consumers (0.0-1.0), by queue",
+        ),
+    ):
+        meter.create_observable_gauge(name, [callback], unit=unit, description=desc)
     for name, attr, desc in (
         ("ojs_amqp_messages_published_total", "published", "Messages published, by queue"),
         ("ojs_amqp_messages_consumed_total", "consumed", "Messages consumed, by queue"),
@@ -182,17 +184,6 @@ def register() -> None:
         ("ojs_amqp_messages_returned_total", "returned", "Messages returned by the broker (Basic.Return)"),
     ):
         meter.create_observable_counter(name, [_by_queue(attr)], description=desc)
-    meter.create_observable_gauge(
-        "ojs_amqp_messages_unacked",
-        [_by_queue("unacked")],
-        description="Unacknowledged deliveries, by queue",
-    )
-    meter.create_observable_gauge(
-        "ojs_amqp_consumer_utilization",
-        [_by_queue("utilization")],
-        unit="1",
-        description="Unsettled deliveries / prefetch window of the queue's consumers (0.0-1.0), by queue",
-    )
     reconnections = meter.create_counter("ojs_amqp_reconnections_total", description="Reconnection attempts")
     confirm_latency = meter.create_histogram(
         "ojs_amqp_publish_confirm_latency_seconds",

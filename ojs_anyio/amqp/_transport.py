@@ -54,13 +54,13 @@ class Transport:
         dispatch: Callable[[object], None],
         on_lost: Callable[[BaseException], None],
     ) -> None:
-        #: The codec: every frame of this generation is encoded and decoded here.
-        self.proto = proto
-        self.stream = stream
-        self.generation = generation
+        #: The codec (every frame of this generation is encoded and decoded here), the
+        #: socket (None once closed), and which generation of the connection this is.
+        self.proto, self.stream, self.generation = proto, stream, generation
+        #: For log lines: the broker's URL, without the password.
         self.label = label
-        self._dispatch = dispatch
-        self._on_lost = on_lost
+        #: The connection's event router, and its "this transport failed" handler.
+        self._dispatch, self._on_lost = dispatch, on_lost
         #: A task is sending (group commit: others only queue bytes).
         self.writing = False
         #: Bytes were queued without writing them (batched acks); the flusher sends them.

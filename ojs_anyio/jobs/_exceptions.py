@@ -1,32 +1,10 @@
-"""The job runtime's errors and the handler's verdicts: kept importable from here.
+"""The job runtime's errors and the handler's verdicts, importable from here as before.
 
-They live in :mod:`ojs_anyio.jobs._errors`, with the rest of the job layer's errors.
+Every error of the job layer now lives in :mod:`ojs_anyio.jobs._errors`, grouped by
+meaning; this module re-exports all of them.
 """
 
 from __future__ import annotations
 
-from ._errors import (
-    DeadLetter,
-    Discard,
-    JobError,
-    PushError,
-    PushOutcomeUnknownError,
-    QueueFullError,
-    Retry,
-    SchedulerUnavailableError,
-    TopologyConflictError,
-    UnroutableJobError,
-)
-
-__all__ = [
-    "DeadLetter",
-    "Discard",
-    "JobError",
-    "PushError",
-    "PushOutcomeUnknownError",
-    "QueueFullError",
-    "Retry",
-    "SchedulerUnavailableError",
-    "TopologyConflictError",
-    "UnroutableJobError",
-]
+from ._errors import *  # noqa: F403
+from ._errors import __all__ as __all__

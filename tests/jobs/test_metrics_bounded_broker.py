@@ -18,7 +18,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import ojs_anyio as ojs
 from ojs_anyio.amqp import _metrics
 
-from .test_observability_broker import metric_reader  # noqa: F401 (the session's SDK reader)
+from .test_observability_broker import Snapshot, metric_reader  # noqa: F401 (the session's SDK reader)
 
 pytestmark = pytest.mark.anyio
 
@@ -28,30 +28,12 @@ FIRST = 100
 
 def label_sets(reader: InMemoryMetricReader) -> dict[str, set[frozenset[tuple[str, object]]]]:
     """Attribute sets of each ``ojs_anyio.amqp`` instrument, as the SDK exports them."""
-    sets: dict[str, set[frozenset[tuple[str, object]]]] = {}
-    data = reader.get_metrics_data()
-    assert data is not None
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            if sm.scope.name != "ojs_anyio.amqp":
-                continue
-            for metric in sm.metrics:
-                points = metric.data.data_points
-                sets.setdefault(metric.name, set()).update(frozenset(p.attributes.items()) for p in points)
-    return sets
+    points = Snapshot(reader).points
+    return {name: {frozenset(p.attributes.items()) for p in found} for name, found in points.items()}
 
 
 def published(reader: InMemoryMetricReader, label: str) -> float:
-    data = reader.get_metrics_data()
-    assert data is not None
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name == "ojs_amqp_messages_published_total":
-                    for p in metric.data.data_points:
-                        if p.attributes.get("queue") == label:
-                            return float(p.value)  # type: ignore[union-attr]
-    return 0.0
+    return Snapshot(reader).value("ojs_amqp_messages_published_total", label)
 
 
 async def test_ten_thousand_distinct_delays_add_no_label_values(
