@@ -81,3 +81,27 @@ def unique(request: pytest.FixtureRequest) -> Callable[[str], str]:
         return f"ojs-test-{kind}-{test}-{uuid.uuid4().hex[:12]}"
 
     return make
+
+
+# ---------------------------------------------------------------------- folder-level markers
+# Every test in these folders talks to RabbitMQ unless its module says ``BROKER = False``,
+# so ``pytest -m "not broker"`` runs the codec and pure tests with no broker at all.  The
+# files below stop, block or restart the shared broker: marked ``disruptive`` as a whole.
+
+_BROKER_FOLDERS = {"amqp", "jobs", "resilience", "harness"}
+_DISRUPTIVE_FILES = {"test_broker_restart.py", "test_amqp_blocked.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.path))
+        try:
+            folder = path.relative_to(root).parts[0]
+        except ValueError:
+            continue
+        module = getattr(item, "module", None)
+        if folder in _BROKER_FOLDERS and getattr(module, "BROKER", True):
+            item.add_marker(pytest.mark.broker)
+        if path.name in _DISRUPTIVE_FILES:
+            item.add_marker(pytest.mark.disruptive)

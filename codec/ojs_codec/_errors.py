@@ -55,8 +55,11 @@ class AMQPError(Exception):
     """Base class of every error raised by ``ojs_codec`` and ``ojs_anyio``."""
 
 
-class UsageError(AMQPError):
-    """Local misuse of the API (wrong state, bad argument).  Nothing was sent."""
+class UsageError(AMQPError, ValueError):
+    """Local misuse of the API (wrong state, bad argument).  Nothing was sent.
+
+    The one misuse error of every layer.  It is also a :class:`ValueError`, so code that
+    caught the ``ValueError`` some checks raised before keeps working."""
 
 
 class _ReplyError(AMQPError):

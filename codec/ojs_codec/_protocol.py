@@ -319,6 +319,9 @@ class AMQPConnection:
         self.state = ConnectionState.INITIAL
         self._reader = FrameReader(frame_max=max(self.parameters.frame_max, 4096) or 131072)
         self._out = bytearray()
+        #: The bytes queued for the peer, the same buffer ``data_to_send()`` drains.  Read
+        #: ``len(outbound)`` to size a batch; never modify it (the codec appends to it).
+        self.outbound: bytearray = self._out
         self._channels: dict[int, _Channel] = {}
         self.channel_max = self.parameters.channel_max or 65535
         self.frame_max = self.parameters.frame_max or 131072

@@ -1,16 +1,14 @@
-"""The AnyIO connection: one task group, one reader task, one heartbeat task, one writer at a time.
+"""The AnyIO connection: owns the task group, the current transport, channels by id, recovery.
 
-Reading a publish from ``Channel.publish()`` to the socket: ``_channel.py`` (encode via
-``ojs_codec.AMQPConnection.publish``) → this file's :meth:`Connection._flush` (drains the
-codec's outbound buffer to the stream).  Reading a delivery: :meth:`Connection._reader`
-feeds bytes to the codec and hands each event to :meth:`Connection._dispatch`, which
-calls the owning channel synchronously; user code never runs in the reader task.
+Reading a publish from ``Channel.publish()`` to the socket: ``_publish.py`` (encode via
+``ojs_codec.AMQPConnection.publish``) → ``_transport.py``'s :meth:`Transport.flush`
+(drains the codec's outbound buffer to the stream).  Reading a delivery: the transport's
+reader feeds bytes to the codec and hands each event to :meth:`Connection._dispatch`,
+which calls the owning channel synchronously; user code never runs in the reader task.
 
-Writes use "group commit": the task that finds the writer idle becomes the writer and
-sends everything queued, including bytes other tasks queued while it was sending.  A
-message's frames are queued in one synchronous step, so frames of two messages never
-interleave.  Sends are shielded from cancellation: a half-written frame would corrupt
-the stream for every channel.
+Each successful connect makes a new :class:`~._transport.Transport` (socket, codec,
+writer, reader, heartbeat); the connection keeps what outlives it: channels, topology,
+events, the blocked state and the recovery loop.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ import random
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -41,23 +38,22 @@ from ojs_codec import (
     ConnectionLevelError,
     ConnectionOpened,
     ConnectionParameters,
-    ConnectionState,
     ConnectionUnblocked,
     ConsumerCancelled,
     Credentials,
     Delivery,
     GetOk,
     MethodReply,
-    ProtocolError,
     Returned,
 )
 
 from . import _metrics
+from ._channel import Channel
 from ._errors import (
     BlockedTimeoutError,
     ConnectionClosedError,
     ConnectionLostError,
-    PublishTimeoutError,
+    OperationTimeoutError,
     RecoveryFailedError,
 )
 from ._events import (
@@ -69,47 +65,16 @@ from ._events import (
     Reconnecting,
     RecoveryEvent,
 )
+from ._interfaces import ChannelEndpoint
+from ._policy import NO_RECOVERY, RecoveryPolicy
+from ._recovery import replay_topology
+from ._topology import TopologyRecorder
+from ._transport import Transport
 from ._url import AMQPURL, parse_url
-
-if TYPE_CHECKING:
-    from ._channel import Channel
-    from ._topology import TopologyRecorder
 
 __all__ = ["Connection", "RecoveryPolicy", "connect"]
 
 log = logging.getLogger("ojs_anyio.amqp")
-
-_READ_SIZE = 256 * 1024
-#: Longest a batched ack waits for a write (see IncomingMessage._send_settle).
-_DEFERRED_FLUSH_DELAY = 0.002
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RecoveryPolicy:
-    """Automatic reconnection.  Delay before attempt N: ``min(initial * multiplier**(N-1), max)``
-    seconds, with ±``jitter`` (a fraction) randomisation.
-    """
-
-    enabled: bool = True
-    initial_delay: float = 1.0
-    multiplier: float = 2.0
-    max_delay: float = 60.0
-    jitter: float = 0.25
-    #: Give up after this many failed attempts in a row (None: never).
-    max_attempts: int | None = None
-    #: Give up when the connection has been down this many seconds (None: never).
-    deadline: float | None = None
-    #: Delay before re-registering a consumer the broker cancelled.
-    consumer_resubscribe_delay: float = 1.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        base = min(self.initial_delay * self.multiplier ** (attempt - 1), self.max_delay)
-        if self.jitter:
-            base *= 1 + rng.uniform(-self.jitter, self.jitter)
-        return max(0.0, base)
-
-
-NO_RECOVERY = RecoveryPolicy(enabled=False)
 
 
 class Connection:
@@ -150,24 +115,20 @@ class Connection:
         self._max_message_size = max_message_size
         self._ssl_context = ssl_context if ssl_context is not None else url.ssl_context()
         self._rng = random.Random()
-        # transport state
-        self._proto: AMQPConnection = AMQPConnection(self._parameters())
-        self._stream: anyio.abc.ByteStream | None = None
-        self._writing = False
-        self._deferred_flush = False
-        self._flush_soon = anyio.Event()
+        _metrics.register()
+        #: The current connection generation (socket, codec, writer); a placeholder
+        #: without a socket until the first connect.
+        self._transport = Transport(
+            AMQPConnection(self._parameters()),
+            None,
+            generation=0,
+            label=url.redacted(),
+            dispatch=self._dispatch,
+            on_lost=self._transport_failed,
+        )
         self._connected = anyio.Event()
         self._opened: ConnectionOpened | None = None
-        self._handshake_done = anyio.Event()
-        self._close_ok = anyio.Event()
-        self._transport_error: BaseException | None = None
-        self._transport_down = anyio.Event()
-        self._generation = 0
         self._host_index = 0
-        #: This transport counts in ``ojs_amqp_connections_active`` (handshake done, not closed).
-        self._counted = False
-        #: Generation of the last transport whose failure was handled (_transport_failed).
-        self._lost_generation = 0
         #: When the connection last went from up to down (None: not since the supervisor looked).
         self._went_down_at: float | None = None
         # lifecycle
@@ -182,13 +143,11 @@ class Connection:
         self._unblocked.set()
         self.blocked_reason: str | None = None
         # channels by current wire id, and every logical channel
-        self._by_id: dict[int, Channel] = {}
-        self._channels: set[Channel] = set()
+        self._by_id: dict[int, ChannelEndpoint] = {}
+        self._channels: set[ChannelEndpoint] = set()
         self._events = EventHub()
         self.reconnections = 0
-        from ._topology import TopologyRecorder
-
-        self.topology: TopologyRecorder = TopologyRecorder()
+        self.topology = TopologyRecorder()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._connected.is_set() else "connecting")
@@ -219,8 +178,6 @@ class Connection:
         ``confirms`` puts it in publisher-confirm mode (``publish()`` then returns once
         the broker took responsibility for the message).
         """
-        from ._channel import Channel
-
         return Channel(self, confirms=confirms, prefetch=prefetch)
 
     def add_listener(self, callback: Callable[[RecoveryEvent], None]) -> Callable[[], None]:
@@ -256,7 +213,7 @@ class Connection:
                 self._raise_if_closed()
                 await self._connected.wait()
         if scope.cancelled_caught:
-            raise PublishTimeoutError(f"connection not re-established within {timeout}s")
+            raise OperationTimeoutError(f"connection not re-established within {timeout}s")
         self._raise_if_closed()
 
     async def aclose(self) -> None:
@@ -268,20 +225,21 @@ class Connection:
         with anyio.CancelScope(shield=True):
             try:
                 with anyio.move_on_after(self.close_timeout):
-                    if self._connected.is_set() and self._stream is not None:
+                    t = self._transport
+                    if self._connected.is_set() and t.stream is not None:
                         for ch in list(self._channels):
                             await ch.aclose()
-                        self._proto.close()
-                        await self._flush_quietly()
+                        t.proto.close()
+                        await t.flush_quietly()
                         # The reader ends on Close-Ok, or as soon as the transport fails.
-                        await self._transport_down.wait()
+                        await t.down.wait()
             finally:
                 self._closed = True
                 # Not connected any more; wake the waiters of the old event so they see _closed.
                 connected, self._connected = self._connected, anyio.Event()
                 connected.set()
                 self._unblocked.set()  # publishers waiting for Connection.Unblocked see the close
-                await self._force_close_transport()
+                await self._transport.force_close()
                 err = ConnectionClosedError("connection closed")
                 for ch in list(self._channels):
                     ch._on_connection_gone(err, final=True)
@@ -360,52 +318,15 @@ class Connection:
             if isinstance(exc, ssl.SSLError | OSError | anyio.BrokenResourceError):
                 raise ConnectionLostError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
             raise
-        self._stream = stream
-        self._proto = AMQPConnection(self._parameters())
-        self._handshake_done = anyio.Event()
-        self._close_ok = anyio.Event()
-        self._transport_down = anyio.Event()
-        self._transport_error = None
-        self._writing = False
-        self._generation += 1
-        self._proto.initiate()
-        try:
-            await self._flush()
-            # Read until the handshake completes (the reader task isn't running yet).
-            while not self._handshake_done.is_set():
-                data = await self._receive()
-                self._feed(data)
-                await self._flush()
-                if self._transport_error is not None:
-                    raise self._transport_error
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._force_close_transport()
-            raise
-        self._counted = True
-        _metrics.stats.connections_active += 1
-
-    async def _receive(self) -> bytes:
-        stream = self._stream
-        if stream is None:  # closed by aclose(), a failed send or the heartbeat check
-            raise ConnectionLostError("connection closed")
-        try:
-            return await stream.receive(_READ_SIZE)
-        except anyio.EndOfStream:
-            raise ConnectionLostError("broker closed the socket") from None
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as exc:
-            raise ConnectionLostError(f"socket error: {exc!r}") from exc
-
-    def _feed(self, data: bytes) -> None:
-        try:
-            events = self._proto.receive_data(data)
-        except ProtocolError as exc:
-            self._transport_error = exc
-            log.error("protocol error from broker: %s", exc)
-            return
-        dispatch = self._dispatch
-        for ev in events:
-            dispatch(ev)
+        self._transport = Transport(
+            AMQPConnection(self._parameters()),
+            stream,
+            generation=self._transport.generation + 1,
+            label=self.url.redacted(),
+            dispatch=self._dispatch,
+            on_lost=self._transport_failed,
+        )
+        await self._transport.handshake()
 
     def _dispatch(self, ev: object) -> None:
         # Hottest first; every handler is synchronous.
@@ -425,7 +346,7 @@ class Connection:
         elif tp is ChannelClosed or tp is ChannelCloseOk:
             ch = self._by_id.pop(ev.channel_id, None)  # type: ignore[attr-defined]
             if ch is not None:
-                ch._on_closed(ev)
+                ch._on_closed(ev)  # type: ignore[arg-type]
         elif tp is ConsumerCancelled:
             ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
             if ch is not None:
@@ -438,7 +359,7 @@ class Connection:
             pass  # RabbitMQ never sends Channel.Flow; the codec already answered Flow-Ok
         elif tp is ConnectionOpened:
             self._opened = ev  # type: ignore[assignment]
-            self._handshake_done.set()
+            self._transport.handshake_done.set()
         elif tp is ConnectionBlocked:
             self.blocked_reason = ev.reason  # type: ignore[attr-defined]
             if self._unblocked.is_set():
@@ -452,56 +373,19 @@ class Connection:
             self._events.emit(ConnectionUnblockedEvent())
         elif tp is ConnectionClosed:
             err: ConnectionLevelError = ev.error  # type: ignore[attr-defined]
-            self._transport_error = err
+            self._transport.error = err
         elif tp is ConnectionCloseOk:
-            self._close_ok.set()
+            self._transport.close_ok.set()
 
-    async def _flush(self) -> None:
-        """Send everything the codec has queued.  Group commit: if another task is already
-        writing, it will send our bytes too, so return at once."""
-        if self._writing:
-            return
-        stream = self._stream
-        if stream is None:
-            raise ConnectionLostError("not connected")
-        proto = self._proto
-        self._writing = True
-        self._deferred_flush = False
-        try:
-            while True:
-                data = proto.data_to_send()
-                if not data:
-                    return
-                with anyio.CancelScope(shield=True):
-                    await stream.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as exc:
-            err = ConnectionLostError(f"socket error while sending: {exc!r}")
-            if self._transport_error is None:
-                self._transport_error = err
-            if self._stream is stream:
-                # Wake the reader too: the transport is unusable in both directions.
-                await self._force_close_transport()
-            raise err from exc
-        finally:
-            self._writing = False
+    @property
+    def _proto(self) -> AMQPConnection:
+        """The current transport's codec (for tests and debugging; channels go through
+        ``_transport``)."""
+        return self._transport.proto
 
-    async def _flush_quietly(self) -> None:
-        try:
-            await self._flush()
-        except AMQPError:
-            pass  # the transport's failure is recorded in _transport_error and reported there
-
-    async def _force_close_transport(self) -> None:
-        if self._counted:
-            self._counted = False
-            _metrics.stats.connections_active -= 1
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await anyio.aclose_forcefully(stream)
-                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass  # already broken; nothing else to release
+    @property
+    def _stream(self) -> anyio.abc.ByteStream | None:
+        return self._transport.stream
 
     async def _run_transport(
         self, restore: bool, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -511,81 +395,17 @@ class Connection:
         With ``restore``, topology and channels are re-established first (while the
         reader runs), and the connection counts as connected only once that is done.
         """
+        t = self._transport
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._reader, tg.cancel_scope, name="ojs-amqp-reader")
-            tg.start_soon(self._heartbeat_loop, name="ojs-amqp-heartbeat")
-            tg.start_soon(self._deferred_flusher, name="ojs-amqp-flusher")
+            tg.start_soon(t.reader, tg.cancel_scope, name="ojs-amqp-reader")
+            tg.start_soon(t.heartbeat_loop, name="ojs-amqp-heartbeat")
+            tg.start_soon(t.deferred_flusher, name="ojs-amqp-flusher")
             if restore:
                 tg.start_soon(self._restore, name="ojs-amqp-restore")
             else:
                 self._connected.set()
             task_status.started()
-        return self._transport_error or ConnectionLostError("connection lost")
-
-    def _defer_flush(self) -> None:
-        """Bytes were queued without writing them (batched acks): the flusher task sends
-        them within ``_DEFERRED_FLUSH_DELAY`` unless someone writes first."""
-        if not self._deferred_flush:
-            self._deferred_flush = True
-            self._flush_soon.set()
-
-    async def _deferred_flusher(self) -> None:
-        while True:
-            await self._flush_soon.wait()
-            self._flush_soon = anyio.Event()
-            await anyio.sleep(_DEFERRED_FLUSH_DELAY)
-            if self._deferred_flush:
-                await self._flush_quietly()
-
-    async def _reader(self, scope: anyio.CancelScope) -> None:
-        proto = self._proto
-        try:
-            while True:
-                data = await self._receive()
-                queued = len(proto._out)
-                self._feed(data)
-                # Send what the frames themselves made us queue (Close-Ok, rejects of late
-                # deliveries…).  Acks queued by consumers are theirs to send, batched.
-                if len(proto._out) > queued:
-                    await self._flush()
-                if self._transport_error is not None or self._proto.state in (
-                    ConnectionState.CLOSED,
-                    ConnectionState.ERROR,
-                ):
-                    self._transport_failed(
-                        self._transport_error or ConnectionClosedError("connection closed")
-                    )
-                    if self._proto.has_data_to_send:
-                        await self._flush_quietly()  # Close-Ok, or our Close after a protocol error
-                    if self._transport_error is None:
-                        self._transport_error = ConnectionClosedError("connection closed")
-                    return
-        except ConnectionLostError as exc:
-            if self._transport_error is None:
-                self._transport_error = exc
-            self._transport_failed(self._transport_error)
-        finally:
-            self._transport_down.set()
-            scope.cancel()
-
-    async def _heartbeat_loop(self) -> None:
-        proto = self._proto
-        while True:
-            try:
-                deadline = proto.heartbeat_tick(anyio.current_time())
-            except ConnectionLevelError as exc:
-                log.error("connection to %s is dead: %s", self.url.redacted(), exc)
-                self._transport_error = ConnectionLostError(f"broker unresponsive: {exc.reply_text}")
-                self._transport_failed(self._transport_error)
-                # Closing the socket ends the reader and wakes a writer stuck on a stalled peer.
-                await self._force_close_transport()
-                return
-            if deadline is None:
-                await anyio.sleep_forever()
-                return
-            if proto.has_data_to_send:
-                await self._flush_quietly()
-            await anyio.sleep(max(0.0, deadline - anyio.current_time()))
+        return t.error or ConnectionLostError("connection lost")
 
     async def _supervise(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -612,8 +432,7 @@ class Connection:
             if self._went_down_at is not None:  # it was up: a new outage starts
                 attempt = 0
                 down_since, self._went_down_at = self._went_down_at, None
-            await self._force_close_transport()
-            self._writing = False  # a writer stuck on the old socket has been woken by now
+            await self._transport.force_close()
             if not self.recovery.enabled:
                 self._fail_everything(err)
                 raise err
@@ -665,15 +484,16 @@ class Connection:
         TopologyRecorder.replay and Channel._recover).  Any other error means this
         transport is unusable: close it, and the supervisor tries again.
         """
+        t = self._transport
         try:
-            await self.topology.replay(self)
+            await replay_topology(self)
             for ch in list(self._channels):
                 await ch._recover()
         except AMQPError as exc:
             log.warning("recovery of %s interrupted: %s", self.url.redacted(), exc)
-            if self._transport_error is None:
-                self._transport_error = exc
-            await self._force_close_transport()  # ends the reader, so _run_transport returns
+            if t.error is None:
+                t.error = exc
+            await t.force_close()  # ends the reader, so _run_transport returns
             return
         self._connected.set()
         log.info("connection to %s recovered", self.url.redacted())
@@ -683,9 +503,10 @@ class Connection:
         """The current transport just failed: from this moment publishes and calls wait for
         recovery, pending confirms fail (outcome unknown) and earlier deliveries are stale,
         instead of anyone writing into a dead codec.  Once per transport; not while closing."""
-        if self._lost_generation == self._generation or self._closing or self._closed:
+        t = self._transport
+        if t.lost or self._closing or self._closed:
             return
-        self._lost_generation = self._generation
+        t.lost = True
         if not self.recovery.enabled:
             self._fatal = err  # nothing brings it back: the connection's one error from now on
         was_up = self._connected.is_set()
@@ -715,11 +536,25 @@ class Connection:
         connected.set()
         self._events.close()
 
-    def _register(self, channel: Channel) -> None:
+    # ------------------------------------------- the ChannelLink a channel uses
+
+    def _register(self, channel: ChannelEndpoint) -> None:
         self._channels.add(channel)
 
-    def _unregister(self, channel: Channel) -> None:
+    def _unregister(self, channel: ChannelEndpoint) -> None:
         self._channels.discard(channel)
+
+    def _attach(self, channel_id: int, channel: ChannelEndpoint) -> None:
+        """Route the reader's events for ``channel_id`` to ``channel``."""
+        self._by_id[channel_id] = channel
+
+    def _detach(self, channel_id: int, channel: ChannelEndpoint) -> None:
+        if self._by_id.get(channel_id) is channel:
+            del self._by_id[channel_id]
+
+    def _queue_consumed(self, queue: str) -> bool:
+        """Whether any open channel of this connection has a consumer of ``queue``."""
+        return any(ch._consumes(queue) for ch in self._channels)
 
 
 async def _open_byte_stream(url: AMQPURL, host: str, port: int) -> anyio.abc.ByteStream:

@@ -1,4 +1,14 @@
-"""Errors raised by the AnyIO AMQP runtime.
+"""Errors raised by the AnyIO AMQP runtime, grouped by meaning.
+
+* The transport and lifecycle: :class:`ConnectionLostError` (and
+  :class:`RecoveryFailedError`, :class:`TransactionLostError`),
+  :class:`ConnectionClosedError`, :class:`ChannelClosedError`.
+* Waiting too long: :class:`OperationTimeoutError` (and, for publishes,
+  :class:`PublishTimeoutError` and :class:`BlockedTimeoutError`).
+* A publish's outcome: :class:`PublishError` and its subclasses.
+* A consumer ending: :class:`ConsumerCancelledError`.
+* Local misuse: :class:`~ojs_codec.UsageError` (also a ``ValueError``), such as
+  :class:`DeliveryAlreadySettledError` and :class:`StaleDeliveryError`.
 
 They extend :mod:`ojs_codec`'s hierarchy (every one is an :class:`ojs_codec.AMQPError`), so one
 ``except ojs_codec.AMQPError`` catches everything this library raises, and the
@@ -17,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ChannelClosedError",
     "ConnectionLostError",
+    "OperationTimeoutError",
     "ConnectionClosedError",
     "ConsumerCancelledError",
     "DeliveryAlreadySettledError",
@@ -98,8 +109,17 @@ class PublishOutcomeUnknownError(PublishError):
     """
 
 
-class PublishTimeoutError(PublishError):
-    """A publish could not be written in time (broker blocked, or disconnected)."""
+class OperationTimeoutError(AMQPError, TimeoutError):
+    """An operation waited longer than its timeout for a recovering (or blocked)
+    connection; nothing was sent.  Raised by calls, ``Channel.open`` and
+    ``Connection.wait_connected``; publishes raise the subclass :class:`PublishTimeoutError`."""
+
+
+class PublishTimeoutError(PublishError, OperationTimeoutError):
+    """A publish could not be written in time (broker blocked, or disconnected).
+
+    Raised by publishes only; other operations raise :class:`OperationTimeoutError`,
+    which also catches this one."""
 
 
 class BlockedTimeoutError(PublishTimeoutError):

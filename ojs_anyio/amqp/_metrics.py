@@ -1,16 +1,27 @@
-"""OpenTelemetry instruments of the AMQP layer (001 §12.1), through opentelemetry-api only.
+"""OpenTelemetry instruments of the AMQP layer (OJS AMQP binding §12.1), through opentelemetry-api only.
 
 With no SDK installed the API hands out no-op instruments, so a counter ``add`` costs one
 method call.  The hot path updates plain integers and the observable instruments read
 them, so publishes and acks don't even pay for that.
+
+The instruments are created by :func:`register`, which the first
+:class:`~ojs_anyio.amqp.Connection` calls (importing this module creates nothing).
+
+**Labels are bounded.**  The attribute ``queue`` is a name only for queues this process
+declared or consumed from, and for the exact (wildcard-free) binding keys it bound such a
+queue with; at most :data:`MAX_QUEUE_LABELS` of them, and never a broker-generated
+``amq.*`` name (server-named queues, direct reply-to).  Anything else, such as the routing key of a
+delay level or of a reply, counts under ``"other"``.
+So a million scheduled jobs with a million different delays add one label value, not a
+million.
 
 What each instrument counts (attribute ``queue`` where it says "by queue"; ``docs/jobs.md``,
 "Metrics reference", has the table):
 
 * ``ojs_amqp_connections_active``: transports that completed the AMQP handshake and are
   not closed yet (a recovering connection counts 0 between transports).
-* ``ojs_amqp_messages_published_total``: publishes, by routing key (the queue, for the
-  default and direct exchanges).
+* ``ojs_amqp_messages_published_total``: publishes, by routing key when it names a known
+  queue (the default and direct exchanges), else ``"other"``.
 * ``ojs_amqp_messages_consumed_total``: deliveries handed to a consumer (its queue) and
   Basic.Get-Ok replies (the queue given to ``get``).
 * ``ojs_amqp_messages_acked_total`` / ``_nacked_total``: Basic.Ack / Basic.Nack +
@@ -42,13 +53,44 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-__all__ = ["confirm_latency", "consumers", "meter", "reconnections", "stats", "timing_enabled"]
+__all__ = [
+    "MAX_QUEUE_LABELS",
+    "OTHER",
+    "confirm_latency",
+    "consumers",
+    "label",
+    "reconnections",
+    "register",
+    "stats",
+    "timing_enabled",
+    "track_queue",
+]
 
-meter = metrics.get_meter("ojs_anyio.amqp", "0.1.0")
+#: At most this many queue names are used as label values; later ones count as OTHER.
+MAX_QUEUE_LABELS = 1000
+#: The label value of everything that is not a known queue.
+OTHER = "other"
+#: Queue names usable as label values (see the module docstring).
+queues: set[str] = set()
+
+
+def track_queue(name: str) -> None:
+    """Make ``name`` a label value: a queue declared or consumed, or an exact binding
+    key of such a queue.
+
+    Broker-generated names (``amq.gen-…``, ``amq.rabbitmq.reply-to``) are never tracked,
+    nor more than :data:`MAX_QUEUE_LABELS` names."""
+    if name and name not in queues and len(queues) < MAX_QUEUE_LABELS and not name.startswith("amq."):
+        queues.add(name)
+
+
+def label(name: str) -> str:
+    """The label value for a queue name or routing key: itself if tracked, else OTHER."""
+    return name if name in queues else OTHER
 
 
 class _Stats:
-    """Process-wide counters, keyed by queue (or exchange/routing key for publishes)."""
+    """Process-wide counters, keyed by queue label (see :func:`label`)."""
 
     def __init__(self) -> None:
         self.connections_active = 0
@@ -104,58 +146,69 @@ def _by_queue(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
     return callback
 
 
-meter.create_observable_gauge(
-    "ojs_amqp_connections_active",
-    [_gauge("connections_active")],
-    description="Active AMQP connections",
-)
-meter.create_observable_gauge(
-    "ojs_amqp_channels_active",
-    [_gauge("channels_active")],
-    description="Active AMQP channels",
-)
-for _name, _attr, _desc in (
-    ("ojs_amqp_messages_published_total", "published", "Messages published, by queue"),
-    ("ojs_amqp_messages_consumed_total", "consumed", "Messages consumed, by queue"),
-    ("ojs_amqp_messages_acked_total", "acked", "Messages acknowledged, by queue"),
-    ("ojs_amqp_messages_nacked_total", "nacked", "Messages negatively acknowledged, by queue"),
-    ("ojs_amqp_messages_returned_total", "returned", "Messages returned by the broker (Basic.Return)"),
-):
-    meter.create_observable_counter(_name, [_by_queue(_attr)], description=_desc)
-meter.create_observable_gauge(
-    "ojs_amqp_messages_unacked",
-    [_by_queue("unacked")],
-    description="Unacknowledged deliveries, by queue",
-)
-meter.create_observable_gauge(
-    "ojs_amqp_consumer_utilization",
-    [_by_queue("utilization")],
-    unit="1",
-    description="Unsettled deliveries / prefetch window of the queue's consumers (0.0-1.0), by queue",
-)
-reconnections = meter.create_counter("ojs_amqp_reconnections_total", description="Reconnection attempts")
-confirm_latency = meter.create_histogram(
-    "ojs_amqp_publish_confirm_latency_seconds",
-    unit="s",
-    description="Publisher confirm latency (sampled: oldest publish of a Basic.Ack frame), by queue",
-)
+#: Synchronous instruments used on rare paths; no-ops until :func:`register`.
+reconnections: metrics.Counter = metrics.NoOpCounter("ojs_amqp_reconnections_total")
+confirm_latency: metrics.Histogram = metrics.NoOpHistogram("ojs_amqp_publish_confirm_latency_seconds")
+_registered = False
+
+
+def register() -> None:
+    """Create the instruments on the global MeterProvider's ``ojs_anyio.amqp`` meter.
+
+    Idempotent; the first :class:`~ojs_anyio.amqp.Connection` calls it.  Until a
+    MeterProvider is installed the API proxies the instruments, so installing one later
+    still works.
+    """
+    global _registered, reconnections, confirm_latency
+    if _registered:
+        return
+    _registered = True
+    meter = metrics.get_meter("ojs_anyio.amqp", "0.1.0")
+    for name, callback, unit, desc in (
+        ("ojs_amqp_connections_active", _gauge("connections_active"), "", "Active AMQP connections"),
+        ("ojs_amqp_channels_active", _gauge("channels_active"), "", "Active AMQP channels"),
+        ("ojs_amqp_messages_unacked", _by_queue("unacked"), "", "Unacknowledged deliveries, by queue"),
+        (
+            "ojs_amqp_consumer_utilization",
+            _by_queue("utilization"),
+            "1",
+            "Unsettled deliveries / prefetch window of the queue's consumers (0.0-1.0), by queue",
+        ),
+    ):
+        meter.create_observable_gauge(name, [callback], unit=unit, description=desc)
+    for name, attr, desc in (
+        ("ojs_amqp_messages_published_total", "published", "Messages published, by queue"),
+        ("ojs_amqp_messages_consumed_total", "consumed", "Messages consumed, by queue"),
+        ("ojs_amqp_messages_acked_total", "acked", "Messages acknowledged, by queue"),
+        ("ojs_amqp_messages_nacked_total", "nacked", "Messages negatively acknowledged, by queue"),
+        ("ojs_amqp_messages_returned_total", "returned", "Messages returned by the broker (Basic.Return)"),
+    ):
+        meter.create_observable_counter(name, [_by_queue(attr)], description=desc)
+    reconnections = meter.create_counter("ojs_amqp_reconnections_total", description="Reconnection attempts")
+    confirm_latency = meter.create_histogram(
+        "ojs_amqp_publish_confirm_latency_seconds",
+        unit="s",
+        description="Publisher confirm latency (sampled: oldest publish of a Basic.Ack frame), by queue",
+    )
+
 
 _timing = False
 
 
 def timing_enabled() -> bool:
-    """Whether an SDK MeterProvider is installed, so confirm latency is worth timing.
+    """Whether the OpenTelemetry SDK's MeterProvider is installed, so confirm latency is
+    worth timing.
 
     The API's global provider is a proxy until ``metrics.set_meter_provider`` (which may
     happen once); a channel asks when it opens, and the answer is cached once true.
     """
     global _timing
     if not _timing:
-        provider = metrics.get_meter_provider()
-        _timing = not isinstance(provider, metrics.NoOpMeterProvider) and type(provider).__name__ not in (
-            "_ProxyMeterProvider",
-            "NoOpMeterProvider",
-        )
+        try:
+            from opentelemetry.sdk.metrics import MeterProvider as SDKMeterProvider
+        except ImportError:  # no SDK: nothing would record the samples
+            return False
+        _timing = isinstance(metrics.get_meter_provider(), SDKMeterProvider)
     return _timing
 
 

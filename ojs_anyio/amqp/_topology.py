@@ -9,33 +9,48 @@ queues get a new name on each replay: the records and the user's :class:`QueueIn
 are updated in place, and :meth:`TopologyRecorder.current_name` maps an old name to the
 current one.
 
-Replay runs on a private "scratch" channel.  A declaration the broker refuses (for
-example 406 because someone re-created a queue with other arguments while we were
-away) closes only that channel: the failure is reported as a
-:class:`TopologyRecoveryFailed` event, remembered for :meth:`TopologyRecorder.failure`
-(so consumers of that queue get the typed error), and the replay goes on.
+This module is a leaf: pure data plus :meth:`TopologyRecorder.replay`, which takes the
+function that sends one declaration (the recovery code passes one that uses a private
+"scratch" channel, see ``_recovery.py``).  A declaration the broker refuses (for example
+406 because someone re-created a queue with other arguments while we were away) fails
+only that call: the failure is reported as a :class:`TopologyRecoveryFailed` event,
+remembered for :meth:`TopologyRecorder.failure` (so consumers of that queue get the typed
+error), and the replay goes on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pamqp import commands
 
-from ojs_codec import AMQPError, ChannelLevelError, NotFound
+from ojs_codec import ChannelLevelError
 
-from ._events import TopologyRecoveryFailed
+from ._events import RecoveryEvent, TopologyRecoveryFailed
 
-if TYPE_CHECKING:
-    from ._channel import Channel, QueueInfo
-    from ._connection import Connection
-
-__all__ = ["TopologyRecorder", "queue_exists", "scratch_channel"]
+__all__ = ["QueueInfo", "TopologyRecorder"]
 
 log = logging.getLogger("ojs_anyio.amqp")
+
+
+class QueueInfo:
+    """Result of ``queue_declare``.  For a server-named queue, ``name`` follows the queue
+    across reconnections (the broker gives it a new name each time)."""
+
+    __slots__ = ("consumer_count", "message_count", "name")
+
+    def __init__(self, name: str, message_count: int, consumer_count: int) -> None:
+        self.name = name
+        self.message_count = message_count
+        self.consumer_count = consumer_count
+
+    def __repr__(self) -> str:
+        return (
+            f"QueueInfo(name={self.name!r}, message_count={self.message_count}, "
+            f"consumer_count={self.consumer_count})"
+        )
 
 
 class TopologyRecorder:
@@ -79,17 +94,17 @@ class TopologyRecorder:
         ]:
             del self._records[key]
 
-    def consumer_gone(self, conn: Connection, queue: str) -> None:
+    def consumer_gone(self, queue: str, still_consumed: Callable[[str], bool]) -> None:
         """The application cancelled a consumer of ``queue``: if that was the last one on
-        this connection and the queue is auto-delete, the broker deletes it, so forget it
-        (replaying it would leave an auto-delete queue that nobody ever consumes)."""
+        this connection (``still_consumed(queue)`` is false) and the queue is auto-delete,
+        the broker deletes it, so forget it (replaying it would leave an auto-delete queue
+        that nobody ever consumes)."""
         queue = self.current_name(queue)
         method = self._records.get(("queue", queue))
         if method is None or not method.auto_delete:
             return
-        for ch in conn._channels:
-            if any(c.queue == queue for c in ch._consumers.values()):
-                return
+        if still_consumed(queue):
+            return
         self.forget_queue(queue)
 
     def current_name(self, name: str) -> str:
@@ -103,28 +118,26 @@ class TopologyRecorder:
         """Why re-declaring ``queue`` failed in the last replay (None: it didn't)."""
         return self._failed_queues.get(queue)
 
-    async def replay(self, conn: Connection) -> None:
-        """Declare everything again, in recorded order, on a scratch channel.  A
-        channel-level failure (404/405/406) is reported and the replay goes on."""
+    async def replay(
+        self, call: Callable[[Any], Awaitable[Any]], emit: Callable[[RecoveryEvent], None]
+    ) -> None:
+        """Declare everything again, in recorded order, with ``call(method) -> reply``.  A
+        channel-level failure (404/405/406) is reported through ``emit`` and the replay
+        goes on.  ``call`` is not called at all when nothing was recorded."""
         self._failed_queues.clear()
-        if not self._records:
-            return
-        async with scratch_channel(conn) as ch:
-            for key, method in list(self._records.items()):
-                if ch._cid == 0:  # the broker closed it after the previous failure
-                    await ch._open_on_wire(internal=True)
-                method = self._rewrite(method)
-                try:
-                    reply = await ch._call(method, internal=True)
-                except ChannelLevelError as exc:
-                    what = _describe(key, method)
-                    log.error("recovery: re-declaring %s failed: %s", what, exc)
-                    if key[0] == "queue":
-                        self._failed_queues[key[1]] = exc
-                    conn._events.emit(TopologyRecoveryFailed(what=what, error=exc))
-                    continue
-                if key in self._server_named and reply is not None and reply.queue != key[1]:
-                    self._rename(key[1], reply.queue)
+        for key, method in list(self._records.items()):
+            method = self._rewrite(method)
+            try:
+                reply = await call(method)
+            except ChannelLevelError as exc:
+                what = _describe(key, method)
+                log.error("recovery: re-declaring %s failed: %s", what, exc)
+                if key[0] == "queue":
+                    self._failed_queues[key[1]] = exc
+                emit(TopologyRecoveryFailed(what=what, error=exc))
+                continue
+            if key in self._server_named and reply is not None and reply.queue != key[1]:
+                self._rename(key[1], reply.queue)
 
     def _rename(self, old: str, new: str) -> None:
         """A server-named queue came back as ``new``: update its QueueInfo, its record and
@@ -157,40 +170,6 @@ class TopologyRecorder:
                 arguments=method.arguments,
             )
         return method
-
-
-@asynccontextmanager
-async def scratch_channel(conn: Connection) -> AsyncIterator[Channel]:
-    """A private channel for recovery's own declarations and checks.
-
-    If the broker closes it (404, 406…) its id drops to 0 instead of it being closed for
-    good: re-open it with ``_open_on_wire``.  Closed (without waiting for Close-Ok) on exit.
-    """
-    from ._channel import Channel
-
-    ch = Channel(conn, confirms=False)
-    ch._internal = True
-    ch._recovering = True
-    await ch._open_on_wire(internal=True)
-    try:
-        yield ch
-    finally:
-        if ch._cid:
-            try:
-                conn._proto.close_channel(ch._cid)
-                await conn._flush()
-            except AMQPError:
-                pass  # the transport died meanwhile; the supervisor deals with it
-
-
-async def queue_exists(conn: Connection, queue: str) -> bool:
-    """Passive Queue.Declare on a scratch channel, so a 404 closes only that channel."""
-    async with scratch_channel(conn) as ch:
-        try:
-            await ch._call(commands.Queue.Declare(queue=queue, passive=True), internal=True)
-        except NotFound:
-            return False
-    return True
 
 
 def _describe(key: tuple[Any, ...], method: Any) -> str:

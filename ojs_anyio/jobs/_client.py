@@ -2,8 +2,8 @@
 
 Reading a push from ``Client.push()`` to the socket: this file builds the job and its
 properties (``_wire.job_properties``), publishes with ``amqp.Channel.publish``
-(``ojs_anyio/amqp/_channel.py``), which encodes through ``ojs_codec`` and writes in
-``ojs_anyio/amqp/_connection.py``.
+(``ojs_anyio/amqp/_publish.py``), which encodes through ``ojs_codec`` and writes in
+``ojs_anyio/amqp/_transport.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from ojs_codec import Int32
+from ojs_anyio.amqp import Int32, UsageError
 
 from .. import amqp
 from . import _tracing
@@ -151,9 +151,9 @@ class Client:
         scheduler: str = "levels",
     ) -> None:
         if declare not in ("eager", "lazy"):
-            raise ValueError("declare must be 'eager' or 'lazy'")
+            raise UsageError("declare must be 'eager' or 'lazy'")
         if scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+            raise UsageError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
         if retry is not None and retry.carries_classes():
@@ -194,10 +194,10 @@ class Client:
     async def channel(self) -> amqp.Channel:
         """The client's publishing channel (confirms on); re-opened after a channel error."""
         ch = self._channel
-        if ch is not None and not ch._closed:
+        if ch is not None and not ch.is_closed:
             return ch
         async with self._channel_lock:
-            if self._channel is None or self._channel._closed:
+            if self._channel is None or self._channel.is_closed:
                 ch = self.conn.channel(confirms=True)
                 await ch.open()
                 self._channel = ch
@@ -422,12 +422,12 @@ class Client:
         now = datetime.now(UTC)
         if delay is not None:
             if scheduled_at is not None:
-                raise ValueError("give scheduled_at or delay, not both")
+                raise UsageError("give scheduled_at or delay, not both")
             scheduled_at = now + timedelta(seconds=duration_seconds(delay, "delay"))
         if timeout is not None and not isinstance(timeout, int):
             seconds = duration_seconds(timeout, "timeout")
             if seconds != int(seconds):
-                raise ValueError(f"timeout is whole seconds in OJS, got {timeout!r} ({seconds} s)")
+                raise UsageError(f"timeout is whole seconds in OJS, got {timeout!r} ({seconds} s)")
             timeout = int(seconds)
         if retry is not None:
             if not isinstance(retry, RetryPolicy):

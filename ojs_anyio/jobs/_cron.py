@@ -113,7 +113,7 @@ import anyio
 import msgspec
 from croniter import CroniterBadDateError, croniter
 
-from ojs_codec import AMQPError, UsageError
+from ojs_anyio.amqp import AMQPError, UsageError
 
 from .. import amqp
 from ._client import Client

@@ -11,8 +11,7 @@ from typing import Any
 
 import msgspec
 
-from ojs_codec import BasicProperties, Int32
-
+from ..amqp import BasicProperties, Int32
 from ._envelope import format_timestamp, parse_timestamp
 from ._topology import strip_dead_letter_headers
 from ._wire import (

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import TypeAlias
 
 from ._errors import InvalidDurationError
-from ._retry import format_duration_ms, parse_duration_ms
+from ._iso_duration import format_duration_ms, parse_duration_ms
 
 __all__ = ["DurationLike", "duration_ms", "duration_seconds", "duration_text"]
 

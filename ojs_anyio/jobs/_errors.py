@@ -1,14 +1,24 @@
-"""Errors of the pure OJS job layer, and the OJS error codes the AMQP binding sends.
+"""Every error of the job layer, grouped by meaning, and the OJS error codes.
 
-Everything here is local misuse or bad input, so every exception is a :class:`ValueError`:
+* **Misuse and bad input** (local; nothing was sent): each is an
+  :class:`ojs_anyio.amqp.UsageError`, which is also a :class:`ValueError`.
 
-* :class:`InvalidJobError` — a job envelope (or part of one) breaks the OJS schemas.
-  ``field`` names the offending attribute as a path (``type``, ``retry.backoff_coefficient``,
-  ``errors[2].attempt``); ``"<body>"`` means the bytes were not a JSON object at all.
-* :class:`InvalidDurationError` — an ISO 8601 duration that we cannot use.
-* :class:`TopologyError` — a topology request the broker would refuse or that would break
-  the OJS naming scheme (quorum queue with priorities, a name longer than 255 bytes…).
-* :class:`DelayOutOfRangeError` — a scheduling delay beyond what the delay levels cover.
+  * :class:`InvalidJobError` — a job envelope (or part of one) breaks the OJS schemas.
+    ``field`` names the offending attribute as a path (``type``,
+    ``retry.backoff_coefficient``, ``errors[2].attempt``); ``"<body>"`` means the bytes
+    were not a JSON object at all.
+  * :class:`InvalidDurationError` — an ISO 8601 duration that we cannot use.
+  * :class:`TopologyError` — a topology request the broker would refuse or that would
+    break the OJS naming scheme (quorum queue with priorities, a name longer than 255
+    bytes…); :class:`DelayOutOfRangeError` — a scheduling delay beyond the delay levels.
+  * :class:`ArgumentTypeError` — an argument of the wrong type (also a ``TypeError``).
+
+* **Runtime failures** (the broker or the connection said no): :class:`JobError` and its
+  subclasses, :class:`PushError` (:class:`QueueFullError`, :class:`UnroutableJobError`,
+  :class:`PushOutcomeUnknownError`), :class:`TopologyConflictError`,
+  :class:`SchedulerUnavailableError`.  Each is an :class:`ojs_anyio.amqp.AMQPError`.
+
+* **Handler verdicts**, not errors: :class:`Retry`, :class:`Discard`, :class:`DeadLetter`.
 
 :class:`ErrorCode` holds the codes that travel in ``x-ojs-error-code`` and in the
 ``errors[].code`` entries of the envelope.
@@ -17,17 +27,30 @@ Everything here is local misuse or bad input, so every exception is a :class:`Va
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
+
+from ojs_anyio.amqp import AMQPError, UsageError
 
 __all__ = [
+    "ArgumentTypeError",
     "DelayOutOfRangeError",
     "ErrorCode",
     "InvalidDurationError",
     "InvalidJobError",
+    "JobError",
+    "PushError",
+    "PushOutcomeUnknownError",
+    "QueueFullError",
+    "SchedulerUnavailableError",
+    "TopologyConflictError",
     "TopologyError",
+    "UnroutableJobError",
 ]
 
+# ------------------------------------------------------------ misuse and bad input
 
-class InvalidJobError(ValueError):
+
+class InvalidJobError(UsageError):
     """A job envelope is invalid; ``field`` is the path of the offending attribute."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -41,16 +64,76 @@ class InvalidJobError(ValueError):
         return ErrorCode.INVALID_PAYLOAD
 
 
-class InvalidDurationError(ValueError):
+class InvalidDurationError(UsageError):
     """An ISO 8601 duration string is malformed or has no fixed length (years, months)."""
 
 
-class TopologyError(ValueError):
+class TopologyError(UsageError):
     """A queue, exchange or binding request that the broker or the OJS naming would refuse."""
 
 
 class DelayOutOfRangeError(TopologyError):
     """A delay is negative or longer than the binary delay levels can express."""
+
+
+class ArgumentTypeError(UsageError, TypeError):
+    """An argument has the wrong type (a :class:`UsageError` and a ``TypeError``)."""
+
+
+# ---------------------------------------------------------------- runtime failures
+
+
+class JobError(AMQPError):
+    """Base of the job layer's errors (also an :class:`ojs_codec.AMQPError`)."""
+
+
+class PushError(JobError):
+    """A push failed; ``code`` is the OJS error code."""
+
+    code = "PUSH_FAILED"
+
+    def __init__(self, message: str, *, job_id: str, queue: str) -> None:
+        self.job_id = job_id
+        self.queue = queue
+        super().__init__(message)
+
+
+class QueueFullError(PushError):
+    """QUEUE_FULL: the queue is at ``x-max-length`` with ``x-overflow=reject-publish``."""
+
+    code = "QUEUE_FULL"
+
+
+class UnroutableJobError(PushError):
+    """The job's queue does not exist (or is not bound): the broker returned the message."""
+
+    code = "UNROUTABLE"
+
+
+class PushOutcomeUnknownError(PushError):
+    """The connection or channel failed before the broker confirmed the push.
+
+    The job may or may not be enqueued; pushing it again may duplicate it.
+    """
+
+    code = "OUTCOME_UNKNOWN"
+
+
+class TopologyConflictError(JobError):
+    """A queue exists with other arguments than ours (PRECONDITION_FAILED on declare)."""
+
+    def __init__(self, message: str, *, queue: str, ours: dict[str, Any], broker_text: str) -> None:
+        self.queue = queue
+        self.ours = ours
+        self.broker_text = broker_text
+        super().__init__(message)
+
+
+class SchedulerUnavailableError(JobError):
+    """``scheduler="plugin"`` was asked for, and the broker has no delayed-message-exchange plugin."""
+
+
+# ------------------------------------------------------------------- error codes
 
 
 class ErrorCode(StrEnum):

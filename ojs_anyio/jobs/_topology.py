@@ -80,7 +80,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
-from ._errors import DelayOutOfRangeError, TopologyError
+from ._errors import ArgumentTypeError, DelayOutOfRangeError, TopologyError
 
 __all__ = [
     "CONTROL_MAX_LENGTH",
@@ -487,7 +487,7 @@ def priority_to_amqp(ojs_priority: int) -> int:
     raise ``TypeError``.
     """
     if isinstance(ojs_priority, bool) or not isinstance(ojs_priority, int):
-        raise TypeError(f"OJS priority must be an int, got {ojs_priority!r}")
+        raise ArgumentTypeError(f"OJS priority must be an int, got {ojs_priority!r}")
     return 0 if ojs_priority < 0 else 9 if ojs_priority > 9 else ojs_priority
 
 

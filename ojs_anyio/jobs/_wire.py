@@ -22,7 +22,7 @@ from typing import Any, Final
 import msgspec
 from msgspec import UnsetType
 
-from ojs_codec import BasicProperties, Int32
+from ojs_anyio.amqp import BasicProperties, Int32
 
 from ._envelope import Job, format_timestamp, parse_timestamp
 from ._topology import priority_to_amqp

@@ -44,7 +44,7 @@ import anyio.to_thread
 import msgspec
 import sniffio
 
-from ojs_codec import Int32
+from ojs_anyio.amqp import Int32, UsageError
 
 from .. import amqp
 from . import _tracing
@@ -186,7 +186,7 @@ class Worker:
     ) -> None:
         self.queues = check_queue_names(queues, "Worker(queues=...)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"concurrency must be an int >= 1 (jobs at once per queue), got {concurrency!r}")
+            raise UsageError(f"concurrency must be an int >= 1 (jobs at once per queue), got {concurrency!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
@@ -492,6 +492,11 @@ class Worker:
                     except amqp.PublishError as exc:
                         log.warning("heartbeat for job %s not confirmed: %s", ctx.id, exc)
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called (until the next :meth:`run` starts)."""
+        return self._stopping
+
     def stop(self) -> None:
         """Graceful stop: take no new jobs; let running ones finish within ``grace_period``;
         cancel (and leave unacked) what still runs after it.  Called before :meth:`run` got
@@ -706,7 +711,9 @@ class Worker:
         except Exception as exc:
             error = (ErrorCode.HANDLER_ERROR, _error_type(exc), str(exc) or type(exc).__name__)
             failure = exc
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit… from a handler
+        except (KeyboardInterrupt, SystemExit):
+            raise  # the process is stopping, not the job failing: it stays unacked
+        except BaseException as exc:  # GeneratorExit and other BaseExceptions from a handler
             error = (ErrorCode.HANDLER_PANIC, _error_type(exc), repr(exc))
             failure = exc
         finally:
@@ -911,7 +918,10 @@ class Worker:
                 extra=log_extra(outcome.job_id, outcome.type, outcome.queue, outcome.attempt),
             )  # fmt: skip
         for cb in list(self._listeners):
-            cb(outcome)
+            try:
+                cb(outcome)
+            except Exception:  # a listener's bug must not stop the worker
+                log.exception("worker %s: outcome listener %r failed; carrying on", self.worker_id, cb)
 
     # ------------------------------------------------------------ control
 

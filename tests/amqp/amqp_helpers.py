@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 import anyio
 from harness import list_connections
+from helpers import wait_message_count, wait_until
 
 from ojs_anyio import amqp
-
-
-async def wait_until(predicate: Callable[[], bool], *, timeout: float = 5.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true; for state outside our control (a proxy, the broker)."""
-    with anyio.fail_after(timeout):
-        while not predicate():  # noqa: ASYNC110 (external state: no event to wait on)
-            await anyio.sleep(0.01)
 
 
 async def broker_connection_names() -> set[str]:
@@ -69,16 +63,9 @@ async def drain(ch: amqp.Channel, queue: str) -> list[bytes]:
         bodies.append(msg.body)
     return bodies
 
-
-async def wait_for_message_count(ch: amqp.Channel, queue: str, count: int, *, timeout: float = 5.0) -> None:
-    """Wait until the broker reports ``count`` ready messages in ``queue``.
-
-    Settling is asynchronous inside RabbitMQ (a requeue can overtake a later passive
-    declare on the same channel), so counts that follow acks or rejects are polled.
-    """
-    with anyio.fail_after(timeout):
-        while (await ch.queue_declare(queue, passive=True)).message_count != count:  # noqa: ASYNC110
-            await anyio.sleep(0.02)
+#: Shared with every test folder (tests/helpers.py); the old name kept for its callers.
+wait_for_message_count = wait_message_count
+__all__ = ["wait_for_message_count", "wait_until"]  # re-exported
 
 
 def _typed(value: object) -> list[object]:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import anyio
 from harness.broker import rabbitmqctl
+from helpers import wait_message_count as _wait_message_count
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -67,6 +69,10 @@ OJS_VHOST = "/ojs"
 OJS_VHOST_URL = os.environ.get("OJS_AMQP_VHOST_URL", "amqp://guest:guest@127.0.0.1:5672/%2Fojs")
 #: Bound on any single wait in these tests (seconds).
 WAIT = 15.0
+
+
+#: Wait until a queue holds exactly ``n`` ready messages (tests/helpers.py), up to WAIT.
+wait_message_count = functools.partial(_wait_message_count, timeout=WAIT)
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -147,23 +153,6 @@ async def running(
             raise AssertionError("worker.run() did not return after stop() and the grace period")
 
 
-async def wait_message_count(
-    conn: amqp.Connection,
-    queue: str,
-    count: int,
-    timeout: float = WAIT,
-) -> None:
-    """Wait until ``queue`` holds exactly ``count`` ready messages.
-
-    Polls a passive declare: the broker's dead-lettering of a rejected message into
-    ``ojs.queue.dlx.{q}`` has no event a client can wait on.
-    """
-    with anyio.fail_after(timeout):
-        async with conn.channel(confirms=False) as ch:
-            while (await ch.queue_declare(queue, passive=True)).message_count != count:  # noqa: ASYNC110
-                await anyio.sleep(0.02)  # polling broker state: there is no event for it
-
-
 async def peek_raw(queue: str, *, url: str | None = None) -> tuple[amqp.IncomingMessage, bytes]:
     """The head message of ``queue`` (left in place) and the raw bytes the broker sent for it.
 
@@ -173,13 +162,14 @@ async def peek_raw(queue: str, *, url: str | None = None) -> tuple[amqp.Incoming
     with anyio.fail_after(WAIT):
         async with amqp.connect(url or current_url()) as conn:
             received: list[bytes] = []
-            feed = conn._feed
+            transport = conn._transport
+            feed = transport.feed
 
             def recording(data: bytes) -> None:
                 received.append(bytes(data))
                 feed(data)
 
-            conn._feed = recording  # type: ignore[method-assign]
+            transport.feed = recording  # type: ignore[method-assign]
             async with conn.channel(confirms=False) as ch:
                 received.clear()
                 msg = await ch.get(queue)

@@ -10,6 +10,7 @@ control message.  Every wait is bounded by ``anyio.fail_after``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -19,12 +20,15 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import pytest
+from helpers import wait_until as _wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.jobs._client import JobInfo
 
 from .broker_support import WAIT, Outcomes, queue_facts, running, wait_message_count
+
+wait_until = functools.partial(_wait_until, timeout=WAIT)
 
 pytestmark = pytest.mark.anyio
 
@@ -43,13 +47,6 @@ async def three_workers(
         for worker, _ in workers:
             await stack.enter_async_context(running(worker, client))
         yield workers
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Poll worker state that has no event to wait on (``_cancelled``, ``liveness``)."""
-    with anyio.fail_after(timeout):
-        while not predicate():  # noqa: ASYNC110
-            await anyio.sleep(0.01)
 
 
 async def assert_settled_and_not_dead(client: ojs.Client, raw: amqp.Connection, q: str) -> None:

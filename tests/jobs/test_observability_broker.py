@@ -5,8 +5,8 @@ Traces: each test gets its own SDK ``TracerProvider`` (``InMemorySpanExporter`` 
 ``SimpleSpanProcessor``) and patches ``ojs_anyio.jobs._tracing.tracer`` with a tracer from
 it, so no global tracer provider leaks into other tests (``test_push_broker`` checks the
 API's no-SDK behaviour).  Metrics: the instruments of ``ojs_anyio.amqp._metrics`` are
-created at import from the API's proxy meter, so the SDK ``MeterProvider`` (with an
-``InMemoryMetricReader``) is installed globally, once per session; counters are
+created from the API's proxy meter when the first connection is made, so the SDK
+``MeterProvider`` (with an ``InMemoryMetricReader``) is installed globally, once per session; counters are
 process-wide, so every check compares values before and after a known workload.
 """
 
@@ -57,7 +57,7 @@ _READER: InMemoryMetricReader | None = None
 @pytest.fixture(scope="session")
 def metric_reader() -> InMemoryMetricReader:
     """The session's SDK MeterProvider, installed globally once (the API proxies the
-    instruments ``_metrics`` created at import to it)."""
+    instruments ``_metrics`` created to it)."""
     global _READER
     if _READER is None:
         reader = InMemoryMetricReader()

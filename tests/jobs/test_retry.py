@@ -28,6 +28,9 @@ from ojs_anyio.jobs._retry import (
     validate_duration_syntax,
 )
 
+#: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
+BROKER = False
+
 # ------------------------------------------------------------------ durations
 
 

@@ -37,6 +37,9 @@ from ojs_anyio.jobs._topology import (
     strip_dead_letter_headers,
 )
 
+#: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
+BROKER = False
+
 NAMES = Names()
 
 # ------------------------------------------------------------------ names

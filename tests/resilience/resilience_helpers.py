@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import anyio
+from helpers import message_count
+from helpers import wait_until as _wait_until
 
 from ojs_anyio import amqp
+
+#: Resilience waits span reconnects: 10 s unless the caller says otherwise.
+wait_until = functools.partial(_wait_until, timeout=10.0)
+__all__ = ["message_count"]  # re-exported from tests/helpers.py
 
 E = TypeVar("E", bound=amqp.RecoveryEvent)
 
@@ -61,13 +68,6 @@ class EventLog:
         await self.wait_for(amqp.ConnectionRecovered, count, timeout=timeout)
 
 
-async def wait_until(predicate: Callable[[], bool], *, timeout: float = 10.0) -> None:
-    """Poll ``predicate`` (state outside our control: the proxy, the broker) until true."""
-    with anyio.fail_after(timeout):
-        while not predicate():  # noqa: ASYNC110 (external state: no event to wait on)
-            await anyio.sleep(0.01)
-
-
 async def queue_exists(url: str, queue: str) -> bool:
     """Ask the broker directly (own connection) whether ``queue`` exists."""
     async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
@@ -76,12 +76,6 @@ async def queue_exists(url: str, queue: str) -> bool:
         except amqp.NotFound:
             return False
     return True
-
-
-async def message_count(url: str, queue: str) -> int:
-    async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
-        info = await ch.queue_declare(queue, passive=True)
-    return info.message_count
 
 
 async def wait_queue_exists(url: str, queue: str, exists: bool, *, timeout: float = 10.0) -> None:

@@ -5,6 +5,7 @@ Every wait is bounded; the only sleeps are where time itself is the behaviour.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 from harness import FaultProxy
+from helpers import wait_message_count
 
 from ojs_anyio import amqp
 
@@ -29,6 +31,9 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.rabbitmq_only("fault injection: TCP connection cuts and host lists"),
 ]
+
+#: Wait until the broker reports at least ``count`` ready messages in a queue.
+wait_until_count = functools.partial(wait_message_count, at_least=True, timeout=10.0, interval=0.05)
 
 
 # ---------------------------------------------------------------------- backoff
@@ -376,12 +381,6 @@ async def test_pending_confirms_fail_fast_at_a_cut(amqp_url: str, unique: Callab
                     await ch.publish(b"after", routing_key=queue)
                     assert await message_count(amqp_url, queue) == 102
                     await ch.queue_delete(queue)
-
-
-async def wait_until_count(url: str, queue: str, count: int, *, timeout: float = 10.0) -> None:
-    with anyio.fail_after(timeout):
-        while await message_count(url, queue) < count:  # noqa: ASYNC110 (broker state)
-            await anyio.sleep(0.05)
 
 
 async def test_publish_while_disconnected_waits_for_recovery(

@@ -1,0 +1,498 @@
+"""Consuming and settling: :meth:`consume`, :meth:`get`, the bounded :class:`Consumer`
+stream, :class:`IncomingMessage` with its batched acks, and the reader's delivery handler."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+
+import anyio
+import anyio.lowlevel
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from pamqp import commands
+
+from ojs_codec import AMQPError, Delivery, GetOk, UsageError
+
+from . import _metrics
+from ._errors import ConsumerCancelledError, DeliveryAlreadySettledError, StaleDeliveryError
+from ._publish import _FLUSH_THRESHOLD, PublishingChannel
+
+if TYPE_CHECKING:
+    from ._channel import Channel
+    from ._interfaces import ChannelLink
+    from ._transport import Transport
+
+__all__ = ["Consumer", "ConsumingChannel", "IncomingMessage"]
+
+log = logging.getLogger("ojs_anyio.amqp")
+
+#: A consumer takes buffered deliveries without yielding to the event loop, but checkpoints
+#: fully at least once every this many messages.
+_YIELD_EVERY = 32
+# The per-queue counters, bumped inline on the delivery and ack paths (see _metrics).
+_CONSUMED = _metrics.stats.consumed
+_ACKED = _metrics.stats.acked
+_NACKED = _metrics.stats.nacked
+_tag_counter = itertools.count(1)
+_TAG_PREFIX = f"ojs-{os.getpid()}-"
+
+
+class IncomingMessage:
+    """A message from a consumer or ``Channel.get``.
+
+    Settle it once with :meth:`ack`, :meth:`nack` or :meth:`reject` (unless it was
+    consumed with ``no_ack=True``).  Settling twice raises
+    :class:`DeliveryAlreadySettledError` locally, before the broker would close the
+    channel.  Settling a message received before a reconnect raises
+    :class:`StaleDeliveryError`: the broker redelivers it with ``redelivered=True``.
+    """
+
+    __slots__ = (
+        "_channel",
+        "_consumer",
+        "_generation",
+        "_label",
+        "_settled",
+        "body",
+        "consumer_tag",
+        "delivery_tag",
+        "exchange",
+        "message_count",
+        "properties",
+        "queue",
+        "redelivered",
+        "routing_key",
+    )
+
+    def __init__(
+        self,
+        channel: ConsumingChannel,
+        consumer: Consumer | None,
+        ev: Delivery | GetOk,
+        settled: bool,
+        queue: str = "",
+        label: str = _metrics.OTHER,
+    ) -> None:
+        self._channel = channel
+        self._consumer = consumer
+        #: The queue it came from (the consumer's, or the one given to ``get``).
+        self.queue = queue
+        #: Its metric label (the queue if it is a known one, see _metrics).
+        self._label = label
+        self._generation = channel._generation
+        self._settled = settled
+        self.body = ev.body
+        self.properties = ev.properties
+        self.exchange = ev.exchange
+        self.routing_key = ev.routing_key
+        self.redelivered = ev.redelivered
+        self.delivery_tag = ev.delivery_tag
+        if type(ev) is Delivery:
+            self.consumer_tag = ev.consumer_tag
+            self.message_count = -1
+        else:
+            self.consumer_tag = ""
+            self.message_count = ev.message_count  # type: ignore[union-attr]
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    @property
+    def channel(self) -> Channel:
+        return cast("Channel", self._channel)
+
+    @property
+    def is_stale(self) -> bool:
+        """True when the channel it came on has closed or been recovered since: settling it
+        would raise :class:`StaleDeliveryError` (the broker redelivers it)."""
+        ch = self._channel
+        return self._generation != ch._generation or ch._cid == 0
+
+    def _begin_settle(self, multiple: bool = False) -> ConsumingChannel:
+        ch = self._channel
+        if not self._settled and self.delivery_tag <= ch._settled_upto and self._generation == ch._generation:
+            self._settled = True  # covered by an earlier multiple=True ack/nack on this channel
+        if self._settled:
+            raise DeliveryAlreadySettledError(
+                f"delivery {self.delivery_tag} was already acked, nacked or rejected "
+                "(or consumed with no_ack)"
+            )
+        if self._generation != ch._generation or ch._cid == 0:
+            raise StaleDeliveryError(
+                f"delivery {self.delivery_tag} belongs to a channel that closed or was recovered since; "
+                "the broker will redeliver it"
+            )
+        self._settled = True
+        if multiple and self.delivery_tag > ch._settled_upto:
+            # Delivery tags grow per channel: this settles every earlier delivery too.
+            ch._settled_upto = self.delivery_tag
+        if self._consumer is not None:
+            self._consumer._unacked -= 1
+        elif ch._get_unacked:
+            ch._get_unacked[self._label] = ch._get_unacked.get(self._label, 1) - 1
+        return ch
+
+    async def ack(self, multiple: bool = False) -> None:
+        ch = self._begin_settle(multiple)
+        t = ch._conn._transport
+        t.proto.ack(ch._cid, self.delivery_tag, multiple)
+        q = self._label
+        _ACKED[q] = _ACKED.get(q, 0) + 1
+        await self._send_settle(t)
+
+    async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
+        ch = self._begin_settle(multiple)
+        t = ch._conn._transport
+        t.proto.nack(ch._cid, self.delivery_tag, multiple, requeue)
+        q = self._label
+        _NACKED[q] = _NACKED.get(q, 0) + 1
+        await self._send_settle(t)
+
+    async def reject(self, requeue: bool = True) -> None:
+        ch = self._begin_settle()
+        t = ch._conn._transport
+        t.proto.reject(ch._cid, self.delivery_tag, requeue)
+        q = self._label
+        _NACKED[q] = _NACKED.get(q, 0) + 1
+        await self._send_settle(t)
+
+    async def _send_settle(self, t: Transport) -> None:
+        """Write the ack/nack/reject just queued.  While the consumer still has deliveries
+        buffered, the write is batched instead: the consumer sends it before it waits for
+        the broker again, and the connection's flusher within ~2 ms at the latest."""
+        consumer = self._consumer
+        if consumer is not None and consumer._buffered > 0 and len(t.proto.outbound) < _FLUSH_THRESHOLD:
+            t.defer_flush()
+            return
+        if not t.writing:
+            await t.flush()
+
+    def __repr__(self) -> str:
+        return (
+            f"<IncomingMessage tag={self.delivery_tag} exchange={self.exchange!r} "
+            f"routing_key={self.routing_key!r} redelivered={self.redelivered} body=<{len(self.body)} bytes>>"
+        )
+
+
+class Consumer:
+    """An async iterator of :class:`IncomingMessage`, bounded by the prefetch window.
+
+    Ends normally when the consumer is cancelled by us; raises
+    :class:`ConsumerCancelledError` when the broker cancelled it (and recovery is off),
+    or :class:`ChannelClosedError` / :class:`ConnectionLostError` when its channel died.
+    """
+
+    def __init__(
+        self,
+        channel: ConsumingChannel,
+        queue: str,
+        *,
+        consumer_tag: str,
+        prefetch: int | None,
+        no_ack: bool,
+        exclusive: bool,
+        arguments: dict[str, Any] | None,
+        max_buffer: int,
+    ) -> None:
+        self.channel = cast("Channel", channel)
+        self.queue = queue
+        self.consumer_tag = consumer_tag
+        self.prefetch = prefetch
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.arguments = arguments
+        self._send: MemoryObjectSendStream[IncomingMessage]
+        self._receive: MemoryObjectReceiveStream[IncomingMessage]
+        self._send, self._receive = anyio.create_memory_object_stream[IncomingMessage](max_buffer)
+        self._error: BaseException | None = None
+        self._active = False
+        self._unacked = 0
+        #: Deliveries pushed into the stream and not yet handed to the user.
+        self._buffered = 0
+        self._since_yield = 0
+        self._resubscribe_scope: anyio.CancelScope | None = None
+        #: Metric label of its queue (fixed when the consumer starts).
+        self._label = _metrics.label(queue)
+        _metrics.consumers.add(self)
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> IncomingMessage:
+        if self._buffered == 0:
+            conn = self.channel._conn
+            if conn._transport.deferred_flush:
+                # About to wait for the broker: send the acks batched meanwhile first.
+                await conn._transport.flush_quietly()
+        elif self._since_yield < _YIELD_EVERY:
+            # A delivery is already buffered: take it without a trip through the event loop
+            # (still a cancellation point); a full checkpoint every _YIELD_EVERY messages
+            # keeps other tasks running.
+            self._since_yield += 1
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            try:
+                msg = self._receive.receive_nowait()
+            except anyio.WouldBlock:
+                pass
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return self._finish()
+            else:
+                self._buffered -= 1
+                return msg
+        self._since_yield = 0
+        try:
+            msg = await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return self._finish()
+        self._buffered -= 1
+        return msg
+
+    def _finish(self) -> NoReturn:
+        if self._error is not None:
+            raise self._error  # as it is: "from None" would erase its __cause__
+        raise StopAsyncIteration
+
+    def statistics(self) -> Any:
+        return self._receive.statistics()
+
+    @property
+    def unacked(self) -> int:
+        return self._unacked
+
+    def _metrics_unacked(self) -> list[tuple[str, int, int]]:
+        """``[(queue, unsettled deliveries, prefetch window or 0)]`` for the gauges."""
+        if self.channel._closed:
+            return []
+        window = 0
+        if self._active and not self.no_ack:
+            window = self.prefetch if self.prefetch is not None else (self.channel.prefetch or 0)
+        return [(self._label, self._unacked, window)]
+
+    def _push(self, msg: IncomingMessage) -> bool:
+        try:
+            self._send.send_nowait(msg)
+        except anyio.WouldBlock:
+            return False
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False
+        self._buffered += 1
+        if not msg._settled:
+            self._unacked += 1
+        return True
+
+    def _end(self, error: BaseException | None) -> None:
+        if error is not None and self._error is None:
+            self._error = error
+        self._active = False
+        self._send.close()
+
+    def _drop_buffered(self) -> list[IncomingMessage]:
+        dropped = []
+        while True:
+            try:
+                dropped.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                self._buffered = 0
+                return dropped
+
+
+class ConsumingChannel(PublishingChannel):
+    """The consuming half of a channel."""
+
+    def __init__(self, conn: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        super().__init__(conn, confirms=confirms, prefetch=prefetch)
+        #: Highest delivery tag settled with multiple=True in this generation.
+        self._settled_upto = 0
+        self._consumers: dict[str, Consumer] = {}
+        #: Unsettled Basic.Get deliveries of this transport, by queue (for the unacked gauge).
+        self._get_unacked: dict[str, int] = {}
+
+    def _metrics_unacked(self) -> list[tuple[str, int, int]]:
+        """Unsettled Basic.Get deliveries by queue, for the unacked gauge (no prefetch)."""
+        if self._closed:
+            return []
+        return [(queue, n, 0) for queue, n in self._get_unacked.items()]
+
+    def _consumes(self, queue: str) -> bool:
+        """Whether a consumer of ``queue`` is registered on this channel."""
+        return any(c.queue == queue for c in self._consumers.values())
+
+    # -------------------------------------------------- events from the reader
+
+    def _on_delivery(self, ev: Delivery) -> None:
+        consumer = self._consumers.get(ev.consumer_tag)
+        if consumer is None or not consumer._active:
+            # Sent before our Basic.Cancel took effect: give it back to the queue.
+            if consumer is None or not consumer.no_ack:
+                self._conn._transport.proto.reject(self._cid, ev.delivery_tag, True)
+            return
+        q = consumer._label
+        msg = IncomingMessage(self, consumer, ev, consumer.no_ack, consumer.queue, q)
+        if consumer._push(msg):
+            _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
+        else:
+            # Only possible without a prefetch bound (no_ack consumers): fail loudly rather
+            # than buffer without limit.
+            log.error("consumer %s on %s overflowed its buffer", consumer.consumer_tag, consumer.queue)
+            consumer._end(
+                ConsumerCancelledError(
+                    f"consumer on {consumer.queue!r} could not keep up: its buffer of "
+                    f"{consumer._send.statistics().max_buffer_size} messages is full (set a prefetch)",
+                    consumer_tag=consumer.consumer_tag,
+                    queue=consumer.queue,
+                )
+            )
+            proto = self._conn._transport.proto
+            if not consumer.no_ack:
+                proto.reject(self._cid, ev.delivery_tag, True)
+            # Nothing takes deliveries any more: stop the broker sending them (else they
+            # would bounce between it and us until the consume block is left).
+            cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag, nowait=True)
+            proto.send_method(self._cid, cancel)
+
+    # ---------------------------------------------------------------- basic
+
+    async def basic_qos(self, prefetch_count: int, *, prefetch_size: int = 0, global_: bool = False) -> None:
+        await self._call(
+            commands.Basic.Qos(prefetch_count=prefetch_count, prefetch_size=prefetch_size, global_=global_)
+        )
+        if not global_:
+            self.prefetch = prefetch_count
+
+    async def get(self, queue: str, *, no_ack: bool = False) -> IncomingMessage | None:
+        """Basic.Get: one message, or ``None`` when the queue is empty (for polling uses)."""
+        reply = await self._call(commands.Basic.Get(queue=queue, no_ack=no_ack))
+        if type(reply) is GetOk:
+            label = _metrics.label(queue)
+            _metrics.bump(_metrics.stats.consumed, label)
+            if not no_ack:
+                self._get_unacked[label] = self._get_unacked.get(label, 0) + 1
+                _metrics.consumers.add(self)
+            return IncomingMessage(self, None, reply, no_ack, queue, label)
+        return None
+
+    async def recover(self, requeue: bool = True) -> None:
+        """Basic.Recover: redeliver this channel's unacknowledged messages.
+
+        Deliveries received before it can no longer be settled (their tags are void):
+        settling one raises :class:`StaleDeliveryError`.
+        """
+        await self._call(commands.Basic.Recover(requeue=requeue))
+        self._generation += 1
+        self._settled_upto = 0
+
+    @asynccontextmanager
+    async def consume(
+        self,
+        queue: str,
+        *,
+        prefetch: int | None = 100,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        arguments: dict[str, Any] | None = None,
+        consumer_tag: str | None = None,
+        max_buffer: int = 1024,
+    ) -> AsyncIterator[Consumer]:
+        """``async with ch.consume("q", prefetch=64) as messages: async for m in messages: …``
+
+        The stream holds at most ``prefetch`` messages (the broker sends no more until
+        some are acked), so memory is bounded by the prefetch window.  With ``no_ack``
+        there is no window; ``max_buffer`` bounds the stream and overflow ends it with an
+        error.  Leaving the block cancels the consumer and returns any message it
+        buffered but never handed out to the queue.
+        """
+        if prefetch is not None and not no_ack:
+            if prefetch < 1:
+                raise UsageError("prefetch must be >= 1 (or None for the channel's QoS)")
+            await self._call(commands.Basic.Qos(prefetch_count=prefetch))
+        size = max_buffer if (no_ack or prefetch is None) else prefetch
+        _metrics.track_queue(queue)
+        consumer = Consumer(
+            self,
+            queue,
+            consumer_tag=consumer_tag or f"{_TAG_PREFIX}{next(_tag_counter)}",
+            prefetch=prefetch,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            arguments=arguments,
+            max_buffer=max(size, 1),
+        )
+        try:
+            await self._basic_consume(consumer)
+        except BaseException:
+            consumer._end(None)
+            consumer._receive.close()
+            raise
+        try:
+            yield consumer
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._conn.close_timeout):
+                await self._cancel_consumer(consumer)
+
+    async def _basic_consume(self, consumer: Consumer, *, internal: bool = False) -> bool:
+        """Basic.Consume for ``consumer``; False when it was not sent (see below)."""
+        if internal:
+            # Re-registering (recovery, resubscribe): only a consumer whose consume()
+            # block is still open; one that ended meanwhile stays gone.
+            if self._consumers.get(consumer.consumer_tag) is not consumer:
+                return False
+        else:
+            self._consumers[consumer.consumer_tag] = consumer
+        consumer._active = True
+        try:
+            await self._call(
+                commands.Basic.Consume(
+                    queue=consumer.queue,
+                    consumer_tag=consumer.consumer_tag,
+                    no_ack=consumer.no_ack,
+                    exclusive=consumer.exclusive,
+                    arguments=consumer.arguments,
+                ),
+                internal=internal,
+            )
+        except BaseException:
+            consumer._active = False
+            if not internal:
+                self._consumers.pop(consumer.consumer_tag, None)
+            raise
+        return True
+
+    async def _cancel_consumer(self, consumer: Consumer) -> None:
+        self._stop_resubscribe(consumer)
+        was_active = consumer._active
+        consumer._active = False
+        try:
+            if was_active and self._cid and not self._closed and self._conn._connected.is_set():
+                await self._call(commands.Basic.Cancel(consumer_tag=consumer.consumer_tag))
+        except AMQPError:
+            pass  # channel or connection already gone: the broker requeues by itself
+        finally:
+            self._consumers.pop(consumer.consumer_tag, None)
+            # auto-delete queues
+            self._conn.topology.consumer_gone(consumer.queue, self._conn._queue_consumed)
+            consumer._end(None)
+            buffered = consumer._drop_buffered()
+            consumer._receive.close()  # iteration ends; no stream is left unclosed
+            # Give back what was buffered but never handed to the user.
+            if not consumer.no_ack and self._cid and not self._closed:
+                returned = 0
+                for msg in buffered:
+                    if not msg._settled and msg._generation == self._generation:
+                        self._conn._transport.proto.reject(self._cid, msg.delivery_tag, True)
+                        returned += 1
+                if returned:
+                    _metrics.bump(_metrics.stats.nacked, consumer._label, returned)
+                    try:
+                        await self._conn._transport.flush()
+                    except AMQPError:
+                        pass  # connection gone: unacked messages return to the queue anyway
+
+    def _stop_resubscribe(self, consumer: Consumer) -> None:
+        if consumer._resubscribe_scope is not None:
+            consumer._resubscribe_scope.cancel()
+            consumer._resubscribe_scope = None

@@ -1,0 +1,334 @@
+"""Publishing and publisher confirms: :meth:`publish`, the bulk :class:`PublishWindow`,
+and the reader's Basic.Ack / Basic.Nack / Basic.Return handling."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, cast
+
+import anyio
+from pamqp import commands
+
+from ojs_codec import BasicProperties, Confirmed, Returned, UsageError
+
+from . import _metrics
+from ._channel_core import ChannelCore
+from ._errors import (
+    ConnectionLostError,
+    OperationTimeoutError,
+    PublishNackedError,
+    PublishOutcomeUnknownError,
+    PublishTimeoutError,
+    UnroutableError,
+)
+
+if TYPE_CHECKING:
+    from ._channel import Channel
+    from ._interfaces import ChannelLink
+
+__all__ = ["PublishHandle", "PublishWindow", "PublishingChannel"]
+
+log = logging.getLogger("ojs_anyio.amqp")
+
+_FLUSH_THRESHOLD = 64 * 1024
+#: At most one confirm-latency sample per channel per this many seconds (an SDK histogram
+#: record costs microseconds; at low rates every Basic.Ack frame is sampled).
+_CONFIRM_SAMPLE_INTERVAL = 0.001
+_PUBLISHED = _metrics.stats.published
+_KNOWN_QUEUES = _metrics.queues
+_OTHER = _metrics.OTHER
+
+
+class PublishHandle:
+    """The outcome of one publish: pending until the broker confirms it.
+
+    ``await handle.wait()`` returns when the broker acked it, and raises
+    :class:`UnroutableError`, :class:`PublishNackedError` or
+    :class:`PublishOutcomeUnknownError` otherwise.
+    """
+
+    __slots__ = ("_event", "_result", "_window", "exchange", "routing_key", "sent_at", "tag")
+
+    def __init__(self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None) -> None:
+        self.tag = tag
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self._result: BaseException | bool | None = None
+        self._event: anyio.Event | None = None
+        self._window = window
+        self.sent_at = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    @property
+    def error(self) -> BaseException | None:
+        r = self._result
+        return r if isinstance(r, BaseException) else None
+
+    def _resolve(self, result: BaseException | bool) -> None:
+        if self._result is not None:
+            return
+        self._result = result
+        if self._event is not None:
+            self._event.set()
+        if self._window is not None:
+            self._window._on_done(self)
+
+    async def wait(self) -> None:
+        if self._result is None:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        if isinstance(self._result, BaseException):
+            raise self._result
+
+    def __repr__(self) -> str:
+        state = "pending" if self._result is None else ("ok" if self._result is True else repr(self._result))
+        return f"<PublishHandle tag={self.tag} {self.exchange!r}/{self.routing_key!r} {state}>"
+
+
+class PublishWindow:
+    """Keep up to ``max_in_flight`` publishes unconfirmed from one task, without a task per message.
+
+    ::
+
+        window = ch.publish_window(max_in_flight=1024)
+        for body in bodies:
+            await window.publish(body, exchange="", routing_key="q")  # waits only when full
+        failed = await window.wait_all()  # [] when every publish was confirmed
+
+    ``publish`` returns a :class:`PublishHandle`; ``wait_all`` flushes and waits until
+    every publish of the window is resolved, and returns the handles that failed.
+    """
+
+    def __init__(self, channel: PublishingChannel, max_in_flight: int = 1024) -> None:
+        if max_in_flight < 1:
+            raise UsageError("max_in_flight must be >= 1")
+        self.channel = cast("Channel", channel)
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.failures: list[PublishHandle] = []
+        self._wakeup: anyio.Event | None = None
+        self._wake_at = 0
+
+    async def publish(
+        self,
+        body: bytes,
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: BasicProperties | None = None,
+        mandatory: bool = False,
+        timeout: float | None = None,
+    ) -> PublishHandle:
+        if self.in_flight >= self.max_in_flight:
+            await self._wait_below(self.max_in_flight - 1)
+        ch = self.channel
+        handle = await ch._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
+        if handle._result is None:
+            self.in_flight += 1
+        if len(ch._conn._transport.proto.outbound) >= _FLUSH_THRESHOLD:
+            await ch._flush_publish()
+        return handle
+
+    async def flush(self) -> None:
+        await self.channel._flush_publish()
+
+    async def wait_all(self) -> list[PublishHandle]:
+        """Flush, wait until no publish of this window is pending; return the failed ones."""
+        await self.flush()
+        await self._wait_below(0)
+        failed, self.failures = self.failures, []
+        return failed
+
+    async def _wait_below(self, limit: int) -> None:
+        while self.in_flight > limit:
+            # Armed before flushing: confirms that arrive while the flush is sending must
+            # find it, or nothing would wake us once the last one is in.
+            wakeup = self._wakeup = anyio.Event()
+            self._wake_at = limit
+            await self.channel._flush_publish()
+            await wakeup.wait()
+
+    def _on_done(self, handle: PublishHandle) -> None:
+        self.in_flight -= 1
+        if isinstance(handle._result, BaseException):
+            self.failures.append(handle)
+        if self._wakeup is not None and self.in_flight <= self._wake_at:
+            self._wakeup.set()
+            self._wakeup = None
+
+
+class PublishingChannel(ChannelCore):
+    """The publishing half of a channel."""
+
+    def __init__(self, conn: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        super().__init__(conn, confirms=confirms, prefetch=prefetch)
+        self._pending: dict[int, PublishHandle] = {}
+        self._returns_without_confirm: list[Returned] = []
+        #: Time publishes for the confirm-latency histogram (an SDK is installed).
+        self._timing = False
+        self._next_sample = 0.0
+
+    def _fail_pending(self, error: BaseException, *, outcome_unknown: bool) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.error = error
+            waiter.event.set()
+        if self._pending:
+            pending, self._pending = self._pending, {}
+            for handle in pending.values():
+                exc = PublishOutcomeUnknownError(
+                    f"publish to {handle.exchange!r}/{handle.routing_key!r} has no confirm: {error}"
+                )
+                exc.__cause__ = error
+                handle._resolve(exc)
+
+    # -------------------------------------------------- events from the reader
+
+    def _on_confirmed(self, ev: Confirmed) -> None:
+        pending = self._pending
+        returned = ev.returned
+        if ev.ack:
+            if self._timing:
+                # Sampled: the oldest publish a Basic.Ack frame confirms, at most once per
+                # _CONFIRM_SAMPLE_INTERVAL (under load a frame covers many publishes).
+                now = time.monotonic()
+                if now >= self._next_sample:
+                    first = pending.get(ev.tags[0]) if ev.tags else None
+                    if first is not None and first.sent_at:
+                        self._next_sample = now + _CONFIRM_SAMPLE_INTERVAL
+                        _metrics.confirm_latency.record(
+                            now - first.sent_at, {"queue": _metrics.label(first.routing_key)}
+                        )
+            for tag in ev.tags:
+                handle = pending.pop(tag, None)
+                if handle is None:
+                    continue
+                if returned is not None and tag in returned:
+                    r = returned[tag]
+                    _metrics.bump(_metrics.stats.returned, _metrics.label(r.routing_key))
+                    handle._resolve(
+                        UnroutableError(
+                            f"message to exchange {r.exchange!r} with routing key {r.routing_key!r} "
+                            f"was returned: {r.reply_code} {r.reply_text}",
+                            reply_code=r.reply_code,
+                            reply_text=r.reply_text,
+                            exchange=r.exchange,
+                            routing_key=r.routing_key,
+                            properties=r.properties,
+                        )
+                    )
+                else:
+                    handle._resolve(True)
+        else:
+            for tag in ev.tags:
+                handle = pending.pop(tag, None)
+                if handle is not None:
+                    handle._resolve(
+                        PublishNackedError(
+                            f"broker rejected the message to {handle.exchange!r}/{handle.routing_key!r} "
+                            "(basic.nack: for example, the queue is full with x-overflow=reject-publish)",
+                            exchange=handle.exchange,
+                            routing_key=handle.routing_key,
+                        )
+                    )
+
+    def _on_returned(self, ev: Returned) -> None:
+        # Only on channels without confirms: nothing to tie it to.  Keep a bounded log.
+        _metrics.bump(_metrics.stats.returned, _metrics.label(ev.routing_key))
+        log.warning("unroutable message returned on channel %d: %r", ev.channel_id, ev)
+        self._returns_without_confirm.append(ev)
+        del self._returns_without_confirm[:-100]
+
+    # ----------------------------------------------------------- publishing
+
+    async def _flush_publish(self) -> None:
+        conn = self._conn
+        try:
+            await conn._transport.flush()
+        except ConnectionLostError:
+            pass  # pending handles are failed with "outcome unknown" by the supervisor
+
+    async def _publish_nowait(
+        self,
+        body: bytes,
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties | None,
+        mandatory: bool,
+        timeout: float | None,
+        window: PublishWindow | None,
+    ) -> PublishHandle:
+        conn = self._conn
+        limit = timeout if timeout is not None else conn.publish_timeout
+        if self._cid == 0 or self._closed or self._close_waiter is not None or not conn._connected.is_set():
+            await self._ready_to_publish(limit)  # recovering: wait for it, up to the caller's timeout
+        if not conn._unblocked.is_set():
+            await conn.wait_unblocked(limit)
+            await self._ready_to_publish(limit)
+        tag = conn._transport.proto.publish(
+            self._cid, exchange, routing_key, body, properties, mandatory=mandatory
+        )
+        handle = PublishHandle(tag, exchange, routing_key, window)
+        q = routing_key if routing_key in _KNOWN_QUEUES else _OTHER  # bounded labels, see _metrics
+        _PUBLISHED[q] = _PUBLISHED.get(q, 0) + 1
+        if tag:
+            if self._timing:
+                handle.sent_at = time.monotonic()
+            self._pending[tag] = handle
+        else:
+            handle._result = True
+        return handle
+
+    async def _ready_to_publish(self, limit: float | None) -> None:
+        """``_ready``, with its timeout reported as the publish's own."""
+        try:
+            await self._ready(limit)
+        except PublishTimeoutError:
+            raise
+        except OperationTimeoutError as exc:
+            raise PublishTimeoutError(str(exc)) from exc
+
+    async def publish(
+        self,
+        body: bytes,
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: BasicProperties | None = None,
+        mandatory: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Publish one message.  With confirms on, return once the broker acked it.
+
+        Raises :class:`UnroutableError` (mandatory and no queue matched),
+        :class:`PublishNackedError`, :class:`PublishOutcomeUnknownError` (the channel or
+        connection died first), or :class:`BlockedTimeoutError` / ``PublishTimeoutError``
+        when ``timeout`` passes while the broker blocks publishers or the connection is
+        recovering.  ``properties`` are never modified.
+        """
+        handle = await self._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, None)
+        try:
+            await self._conn._transport.flush()
+        except ConnectionLostError as exc:
+            if handle.tag:
+                self._pending.pop(handle.tag, None)
+            raise PublishOutcomeUnknownError(f"connection failed while sending the publish: {exc}") from exc
+        if handle.tag:
+            await handle.wait()
+
+    def publish_window(self, max_in_flight: int = 1024) -> PublishWindow:
+        """The bulk path: many publishes in flight from one task (see :class:`PublishWindow`)."""
+        return PublishWindow(self, max_in_flight)
+
+    @property
+    def unconfirmed(self) -> int:
+        return len(self._pending)
+
+    async def confirm_select(self) -> None:
+        await self._call(commands.Confirm.Select())
+        self.confirms = True

@@ -1,0 +1,368 @@
+"""A channel's life: opening, closing, the transport going away, and recovery.
+
+On a new transport the connection re-declares the recorded topology
+(:func:`replay_topology`, on a private scratch channel), then asks each channel to
+:meth:`~RecoveringChannel._recover`: re-open with its confirms, QoS, transaction mode and
+consumers.  A consumer the broker cancelled is re-registered by :meth:`_resubscribe`
+once its queue exists again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+from pamqp import commands
+
+from ojs_codec import AMQPError, ChannelClosed, ChannelLevelError, NotFound, UsageError
+
+from . import _metrics
+from ._channel_core import _Waiter
+from ._consume import Consumer, ConsumingChannel
+from ._errors import ChannelClosedError, ConnectionLostError, ConsumerCancelledError
+from ._events import ConsumerRecovered, TopologyRecoveryFailed
+
+if TYPE_CHECKING:
+    from ._interfaces import ChannelLink
+
+__all__ = ["RecoveringChannel", "queue_exists", "replay_topology", "scratch_channel"]
+
+log = logging.getLogger("ojs_anyio.amqp")
+
+
+class RecoveringChannel(ConsumingChannel):
+    """Opening, closing and recovering a channel."""
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        if self._opened_once:
+            raise UsageError("a Channel object is opened once; ask the connection for a new one")
+        self._opened_once = True
+        await self._conn.wait_connected(self._conn.publish_timeout)
+        self._conn._register(self)
+        _metrics.stats.channels_active += 1
+        try:
+            await self._open_on_wire(internal=False)
+        except BaseException:
+            self._closed = True
+            self._conn._unregister(self)
+            _metrics.stats.channels_active -= 1
+            if self._cid:
+                # Cancelled (or failed) after Channel.Open went out: close it at the broker
+                # rather than leak its id.  The Close-Ok still finds it attached.
+                self._conn._transport.proto.close_channel(self._cid)
+                with anyio.CancelScope(shield=True):
+                    await self._conn._transport.flush_quietly()
+            raise
+
+    async def _open_on_wire(self, *, internal: bool) -> None:
+        conn = self._conn
+        cid = conn._transport.proto.open_channel()
+        self._cid = cid
+        self._generation += 1
+        self._openings += 1
+        self._settled_upto = 0
+        self._timing = _metrics.timing_enabled()
+        conn._attach(cid, self)
+        await self._call(None, internal=True)
+        if self.confirms:
+            await self._call(commands.Confirm.Select(), internal=True)
+        if self.transactional:
+            await self._call(commands.Tx.Select(), internal=True)
+        if self.prefetch is not None:
+            await self._call(commands.Basic.Qos(prefetch_count=self.prefetch), internal=True)
+
+    async def aclose(self) -> None:
+        """Close the channel (idempotent).  Pending confirms fail with "outcome unknown"."""
+        if self._closed:
+            return
+        conn = self._conn
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(conn.close_timeout):
+                    for consumer in list(self._consumers.values()):
+                        await self._cancel_consumer(consumer)
+                    if self._close_waiter is not None:
+                        await self._close_waiter.event.wait()  # another task is closing it
+                    elif self._cid and conn._connected.is_set() and not self._closed:
+                        conn._transport.proto.close_channel(self._cid)
+                        # The codec drops replies once Close is out: fail the call waiting
+                        # for one (calls queued behind it see _close_waiter and fail too).
+                        waiter = self._close_waiter = _Waiter()
+                        interrupted, self._waiter = self._waiter, waiter
+                        if interrupted is not None:
+                            interrupted.error = ChannelClosedError("channel closed before the broker replied")
+                            interrupted.event.set()
+                        await conn._transport.flush()
+                        await waiter.event.wait()
+            except AMQPError:
+                pass  # the connection failed meanwhile; the channel is gone with it
+            finally:
+                self._mark_closed(ChannelClosedError("channel closed"))
+
+    def _mark_closed(self, error: BaseException) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._closed_error is None:
+            self._closed_error = error
+        conn = self._conn
+        if self._cid:
+            conn._detach(self._cid, self)
+        self._cid = 0
+        self._generation += 1
+        self._settled_upto = 0
+        self._get_unacked = {}
+        conn._unregister(self)
+        _metrics.stats.channels_active -= 1
+        self._fail_pending(error, outcome_unknown=True)
+        for consumer in list(self._consumers.values()):
+            self._stop_resubscribe(consumer)
+            consumer._end(error if not isinstance(error, ChannelClosedError) or error.__cause__ else None)
+        self._consumers.clear()
+
+    # -------------------------------------------------- events from the reader
+
+    def _on_closed(self, ev: object) -> None:
+        if self._recovering and isinstance(ev, ChannelClosed):
+            # Recovery re-opens the channel without what the broker refused (see _recover).
+            self._on_connection_gone(ev.error, final=False)
+            return
+        if isinstance(ev, ChannelClosed):
+            err: BaseException = ev.error
+            log.info("broker closed channel %d: %s", ev.channel_id, err)
+            waiter, self._waiter = self._waiter, None
+            if waiter is not None:
+                waiter.error = err  # the RPC that caused it gets the typed error itself
+                waiter.event.set()
+            closed = ChannelClosedError(f"channel closed by broker: {err}")
+            closed.__cause__ = err
+            self._closed_error = err
+            self._mark_closed(closed)
+        else:  # our Close-Ok
+            waiter, self._waiter = self._waiter, None
+            if waiter is not None:
+                waiter.event.set()
+
+    def _on_consumer_cancelled(self, consumer_tag: str) -> None:
+        consumer = self._consumers.get(consumer_tag)
+        if consumer is None:
+            return
+        log.warning("broker cancelled consumer %s on queue %r", consumer_tag, consumer.queue)
+        conn = self._conn
+        if conn.recovery.enabled and conn._tg is not None:
+            consumer._active = False
+            scope = anyio.CancelScope()
+            consumer._resubscribe_scope = scope
+            conn._tg.start_soon(self._resubscribe, consumer, scope)
+            return
+        self._consumers.pop(consumer_tag, None)
+        consumer._end(
+            ConsumerCancelledError(
+                f"broker cancelled the consumer on queue {consumer.queue!r} (queue deleted or failed over)",
+                consumer_tag=consumer_tag,
+                queue=consumer.queue,
+            )
+        )
+
+    # ------------------------------------------------------------- recovery
+
+    async def _resubscribe(self, consumer: Consumer, scope: anyio.CancelScope) -> None:
+        """Re-register a consumer the broker cancelled, once its queue exists again.
+
+        Every ``consumer_resubscribe_delay`` seconds: wait for the connection, check the
+        queue with a passive declare on a scratch channel (a 404 there leaves this channel
+        alone), then Basic.Consume with the consumer's own prefetch, tag and arguments.
+        A reconnect meanwhile leaves this consumer to this task (see _recover).
+        """
+        conn = self._conn
+        delay = conn.recovery.consumer_resubscribe_delay
+        with scope:
+            while not self._closed and consumer.consumer_tag in self._consumers:
+                await anyio.sleep(delay)
+                try:
+                    await self._ready()
+                    consumer.queue = conn.topology.current_name(consumer.queue)
+                    if not await queue_exists(conn, consumer.queue):
+                        continue
+                    if consumer.prefetch is not None and not consumer.no_ack:
+                        await self._call(commands.Basic.Qos(prefetch_count=consumer.prefetch))
+                    if self._cid == 0 or not conn._connected.is_set():
+                        continue  # lost again meanwhile
+                    await self._basic_consume(consumer, internal=True)
+                except ChannelClosedError:
+                    return  # the channel is gone for good; its closing ended the consumer
+                except AMQPError as exc:
+                    log.info("re-registering consumer on %r failed (%s); retrying", consumer.queue, exc)
+                    continue
+                consumer._resubscribe_scope = None
+                conn._events.emit(
+                    ConsumerRecovered(
+                        queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="broker-cancel"
+                    )
+                )
+                return
+
+    def _on_connection_gone(self, err: BaseException, *, final: bool) -> None:
+        """The transport died.  Fail what can't survive; keep what recovery restores."""
+        if self._closed:
+            return
+        lost = err if isinstance(err, AMQPError) else ConnectionLostError(str(err))
+        if final:
+            # Consumers end with the connection's own error (RecoveryFailedError when
+            # recovery gave up), before closing the channel ends them more vaguely.
+            for consumer in list(self._consumers.values()):
+                consumer._end(lost)
+            closed = ChannelClosedError(f"connection lost: {err}")
+            closed.__cause__ = err
+            self._mark_closed(closed)
+            return
+        self._cid = 0
+        self._generation += 1  # deliveries handed out so far are stale (StaleDeliveryError)
+        self._settled_upto = 0
+        self._get_unacked = {}
+        self._fail_pending(lost, outcome_unknown=True)
+        for consumer in self._consumers.values():
+            # The broker requeues every unacked delivery of the dead channel; those still
+            # buffered will come again (redelivered=True), those handed out are stale.
+            consumer._drop_buffered()
+            consumer._unacked = 0
+
+    async def _recover(self) -> None:
+        """Re-open this channel on a new transport with its confirms, QoS and consumers
+        (same tag, prefetch, arguments; server-named queues under their new names).
+
+        A consumer the broker refuses (404: its queue is gone; 405: exclusive elsewhere),
+        or whose queue's re-declaration failed, ends with that typed error, is reported as
+        :class:`TopologyRecoveryFailed`, and the channel is recovered without it.  If the
+        channel itself can't be re-opened, it is closed with the error.
+        """
+        if self._closed or self._internal:
+            return
+        # A call cancelled while it waited for its reply on an earlier transport (recovery
+        # itself is cancelled when a transport dies) leaves its waiter; no reply will come.
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.error = ConnectionLostError("the connection was lost before the reply")
+            waiter.event.set()
+        conn = self._conn
+        topo = conn.topology
+        self._recovering = True
+        try:
+            while True:
+                current: Consumer | None = None
+                recovered: list[Consumer] = []
+                try:
+                    await self._open_on_wire(internal=True)
+                    for consumer in list(self._consumers.values()):
+                        if consumer._resubscribe_scope is not None:
+                            continue  # cancelled by the broker earlier: _resubscribe owns it
+                        if self._consumers.get(consumer.consumer_tag) is not consumer:
+                            continue  # its consume() block ended while we were recovering
+                        current = consumer
+                        consumer.queue = topo.current_name(consumer.queue)
+                        failure = topo.failure(consumer.queue)
+                        if failure is not None:
+                            self._drop_consumer(consumer, failure, f"queue {consumer.queue!r} not restored")
+                            continue
+                        if consumer.prefetch is not None and not consumer.no_ack:
+                            qos = commands.Basic.Qos(prefetch_count=consumer.prefetch)
+                            await self._call(qos, internal=True)
+                        if await self._basic_consume(consumer, internal=True):
+                            recovered.append(consumer)
+                except ChannelLevelError as exc:
+                    # The broker closed the channel (_on_closed reset it): go again without
+                    # the consumer it refused.
+                    if current is None:
+                        conn._events.emit(TopologyRecoveryFailed(what="re-opening a channel", error=exc))
+                        closed = ChannelClosedError(f"channel could not be recovered: {exc}")
+                        closed.__cause__ = exc
+                        self._mark_closed(closed)
+                        return
+                    self._drop_consumer(current, exc, "re-registering it failed")
+                    continue
+                # A consume() block that ended while its consumer was being re-registered
+                # found no broker-side consumer to cancel yet: cancel it now, or the broker
+                # would keep delivering to a consumer nobody reads.
+                current = None
+                for consumer in recovered:
+                    if self._consumers.get(consumer.consumer_tag) is not consumer:
+                        cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag)
+                        await self._call(cancel, internal=True)
+                recovered = [c for c in recovered if self._consumers.get(c.consumer_tag) is c]
+                break
+        finally:
+            self._recovering = False
+        for consumer in recovered:
+            conn._events.emit(
+                ConsumerRecovered(
+                    queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="reconnect"
+                )
+            )
+
+    def _drop_consumer(self, consumer: Consumer, error: BaseException, why: str) -> None:
+        """Recovery could not restore ``consumer``: end its iteration with ``error``."""
+        what = f"consumer {consumer.consumer_tag} on queue {consumer.queue!r}"
+        log.error("recovery: %s: %s (%s)", what, why, error)
+        self._consumers.pop(consumer.consumer_tag, None)
+        consumer._active = False
+        consumer._end(error)
+        self._conn._events.emit(TopologyRecoveryFailed(what=what, error=error))
+
+
+@asynccontextmanager
+async def scratch_channel(conn: ChannelLink) -> AsyncIterator[RecoveringChannel]:
+    """A private channel for recovery's own declarations and checks.
+
+    If the broker closes it (404, 406…) its id drops to 0 instead of it being closed for
+    good: re-open it with ``_open_on_wire``.  Closed (without waiting for Close-Ok) on exit.
+    """
+    ch = RecoveringChannel(conn, confirms=False)
+    ch._internal = True
+    ch._recovering = True
+    await ch._open_on_wire(internal=True)
+    try:
+        yield ch
+    finally:
+        if ch._cid:
+            try:
+                conn._transport.proto.close_channel(ch._cid)
+                await conn._transport.flush()
+            except AMQPError:
+                pass  # the transport died meanwhile; the supervisor deals with it
+
+
+async def queue_exists(conn: ChannelLink, queue: str) -> bool:
+    """Passive Queue.Declare on a scratch channel, so a 404 closes only that channel."""
+    async with scratch_channel(conn) as ch:
+        try:
+            await ch._call(commands.Queue.Declare(queue=queue, passive=True), internal=True)
+        except NotFound:
+            return False
+    return True
+
+
+async def replay_topology(conn: ChannelLink) -> None:
+    """Re-declare the recorded topology on a scratch channel (opened only if there is
+    something to declare, and re-opened after each declaration the broker refused)."""
+    async with AsyncExitStack() as stack:
+        scratch: RecoveringChannel | None = None
+
+        async def call(method: Any) -> Any:
+            nonlocal scratch
+            if scratch is None:
+                scratch = await stack.enter_async_context(scratch_channel(conn))
+            elif scratch._cid == 0:  # the broker closed it after the previous failure
+                await scratch._open_on_wire(internal=True)
+            return await scratch._call(method, internal=True)
+
+        await conn.topology.replay(call, conn._events.emit)

@@ -1,0 +1,75 @@
+"""The error families, without a broker: misuse is one type (UsageError, also a
+ValueError), timeouts are OperationTimeoutError (publishes: PublishTimeoutError), and
+every public error name is importable from where it was."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import ojs_anyio as ojs
+from ojs_anyio import amqp
+from ojs_anyio.jobs import _errors, _exceptions, compute_delay_ms, priority_to_amqp
+
+#: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
+BROKER = False
+
+MISUSE = [
+    ojs.InvalidJobError,
+    _errors.InvalidDurationError,
+    ojs.TopologyError,
+    ojs.DelayOutOfRangeError,
+    amqp.DeliveryAlreadySettledError,
+    amqp.StaleDeliveryError,
+    _errors.ArgumentTypeError,
+]
+
+
+@pytest.mark.parametrize("cls", MISUSE, ids=lambda c: c.__name__)
+def test_misuse_is_one_type_and_still_a_value_error(cls: type[Exception]) -> None:
+    assert issubclass(cls, amqp.UsageError)
+    assert issubclass(cls, amqp.AMQPError)
+    assert issubclass(cls, ValueError)  # ``except ValueError`` written earlier still catches it
+
+
+@pytest.mark.parametrize(
+    ("call", "types"),
+    [
+        (lambda: compute_delay_ms(None, 0, random.Random(1)), (amqp.UsageError, ValueError)),
+        (lambda: ojs.Worker(queues=["q"], concurrency=0), (amqp.UsageError, ValueError)),
+        (lambda: priority_to_amqp(500), (amqp.UsageError, ValueError)),
+        (lambda: priority_to_amqp("high"), (amqp.UsageError, TypeError)),  # type: ignore[arg-type]
+    ],
+    ids=["retry-attempt", "worker-concurrency", "priority-range", "priority-type"],
+)
+def test_misuse_raises_usage_error(call: object, types: tuple[type[Exception], ...]) -> None:
+    with pytest.raises(amqp.UsageError) as info:
+        call()  # type: ignore[operator]
+    assert isinstance(info.value, types)
+
+
+def test_timeouts_are_operation_timeouts_and_only_publishes_are_publish_errors() -> None:
+    assert issubclass(amqp.OperationTimeoutError, TimeoutError)
+    assert not issubclass(amqp.OperationTimeoutError, amqp.PublishError)
+    for cls in (amqp.PublishTimeoutError, amqp.BlockedTimeoutError):
+        assert issubclass(cls, amqp.OperationTimeoutError)
+        assert issubclass(cls, amqp.PublishError)
+
+
+def test_runtime_errors_are_amqp_errors_and_verdicts_are_not() -> None:
+    for cls in (ojs.PushError, ojs.QueueFullError, ojs.UnroutableJobError, ojs.PushOutcomeUnknownError):
+        assert issubclass(cls, ojs.JobError) and issubclass(cls, amqp.AMQPError)
+        assert not issubclass(cls, amqp.UsageError)
+    for verdict in (ojs.Retry, ojs.Discard, ojs.DeadLetter):
+        assert not issubclass(verdict, amqp.AMQPError)
+
+
+def test_every_name_is_importable_from_where_it_was() -> None:
+    for name in _exceptions.__all__:
+        assert getattr(_exceptions, name) is getattr(_errors, name)
+    for name in ("DelayOutOfRangeError", "ErrorCode", "InvalidJobError", "TopologyError"):
+        assert getattr(ojs, name) is getattr(_errors, name)
+    jobs_names = ("DelayOutOfRangeError", "ErrorCode", "InvalidDurationError", "InvalidJobError")
+    for name in jobs_names:
+        assert getattr(ojs.jobs, name) is getattr(_errors, name)
