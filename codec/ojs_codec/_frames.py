@@ -164,6 +164,16 @@ class FrameReader:
             self._at_start = False
         return end
 
+    def detach(self) -> bytes:
+        """Remove and return the bytes fed but not yet returned as frames (the reader is
+        then :attr:`drained`).  Raises the reader's error if it is broken."""
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        rest = bytes(self._buf[self._pos :])
+        del self._buf[:]
+        self._pos = 0
+        return rest
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes received from the broker."""
         if self._error is not None:
