@@ -907,7 +907,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None, help="jobs per scenario (default 20000; 200 with --smoke)")
     ap.add_argument("--url", default=os.environ.get("OJS_AMQP_URL", DEFAULT_URL))
     ap.add_argument("--smoke", action="store_true", help="tiny N, ours only unless --peers is given")
-    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write one JSON object to PATH (stdout without one); benchmarks/plot.py draws it",
+    )
     ap.add_argument("--peers", default=None, help="all | none | comma list of " + ",".join(PEER_MODULES))
     ap.add_argument("--backends", default="asyncio,trio", help="our backends (asyncio,trio)")
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)), help="worker concurrencies")
@@ -1000,6 +1006,7 @@ def main(argv: list[str] | None = None) -> int:
     comparison = compare(ours, peers, concurrencies, ceiling)
     elapsed = time.monotonic() - started
     if args.json:
+        dump = open(args.json, "w") if args.json != "-" else sys.stdout  # noqa: SIM115
         print(
             json.dumps(
                 {
@@ -1021,8 +1028,12 @@ def main(argv: list[str] | None = None) -> int:
                     "comparison": comparison,
                     "target": TARGET,
                 }
-            )
+            ),
+            file=dump,
         )
+        if dump is not sys.stdout:
+            dump.close()
+            print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling)
     else:
         print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling)
     return 1 if failed else 0
