@@ -881,6 +881,28 @@ def print_report(
         )
         print(f"  {row['scenario']:<18} {row['ours_of_ceiling']:6.1%} of {_fmt(row['ceiling'])}; {verdict}")
     print()
+    print(
+        "ours per backend ÷ raw-socket ceiling (targets: asyncio ≥ 85%, Trio ≥ 75%); "
+        "are 1x and 2x the best peer below the ceiling?"
+    )
+    goal = {"asyncio": 0.85, "trio": 0.75}
+    for row in comparison:
+        top = row["ceiling"]
+        if not top:
+            continue
+        shares = []
+        for b, r in ours.items():
+            v = r.values.get(row["scenario"])
+            if v is not None:
+                mark = "" if b not in goal else (" ok" if v / top >= goal[b] else " MISS")
+                shares.append(f"{b} {v / top:.0%}{mark}")
+        peer = row["peer"]
+        room = "no peer result"
+        if peer is not None:
+            room = f"1x peer {'below' if peer <= top else 'ABOVE'}, "
+            room += f"2x peer {'below' if 2 * peer <= top else 'ABOVE'}"
+        print(f"  {row['scenario']:<18} {', '.join(shares)}; {room}")
+    print()
     print(f"ours (best backend) ÷ best peer, target ≥ {TARGET:g}x:")
     for row in comparison:
         if row["ours"] is None:
