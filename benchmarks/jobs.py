@@ -890,6 +890,28 @@ def print_report(
         )
         print(f"  {row['scenario']:<18} {row['ours_of_ceiling']:6.1%} of {_fmt(row['ceiling'])}; {verdict}")
     print()
+    print(
+        "ours per backend ÷ raw-socket ceiling (targets: asyncio ≥ 85%, Trio ≥ 75%); "
+        "are 1x and 2x the best peer below the ceiling?"
+    )
+    goal = {"asyncio": 0.85, "trio": 0.75}
+    for row in comparison:
+        top = row["ceiling"]
+        if not top:
+            continue
+        shares = []
+        for b, r in ours.items():
+            v = r.values.get(row["scenario"])
+            if v is not None:
+                mark = "" if b not in goal else (" ok" if v / top >= goal[b] else " MISS")
+                shares.append(f"{b} {v / top:.0%}{mark}")
+        peer = row["peer"]
+        room = "no peer result"
+        if peer is not None:
+            room = f"1x peer {'below' if peer <= top else 'ABOVE'}, "
+            room += f"2x peer {'below' if 2 * peer <= top else 'ABOVE'}"
+        print(f"  {row['scenario']:<18} {', '.join(shares)}; {room}")
+    print()
     print(f"ours (best backend) ÷ best peer, target ≥ {TARGET:g}x:")
     for row in comparison:
         if row["ours"] is None:
@@ -1006,7 +1028,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None, help="jobs per scenario (default 20000; 200 with --smoke)")
     ap.add_argument("--url", default=os.environ.get("OJS_AMQP_URL", DEFAULT_URL))
     ap.add_argument("--smoke", action="store_true", help="tiny N, ours only unless --peers is given")
-    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write one JSON object to PATH (stdout without one); benchmarks/plot.py draws it",
+    )
     ap.add_argument("--peers", default=None, help="all | none | comma list of " + ",".join(PEER_MODULES))
     ap.add_argument("--backends", default="asyncio,trio", help="our backends (asyncio,trio)")
     ap.add_argument(
@@ -1129,6 +1157,7 @@ def main(argv: list[str] | None = None) -> int:
     comparison = compare(ours, peers, concurrencies, ceiling)
     elapsed = time.monotonic() - started
     if args.json:
+        dump = open(args.json, "w") if args.json != "-" else sys.stdout  # noqa: SIM115
         print(
             json.dumps(
                 {
@@ -1152,8 +1181,12 @@ def main(argv: list[str] | None = None) -> int:
                     "target": TARGET,
                     "cli_worker": {"concurrency": args.cli_concurrency, "rates": cli_rates},
                 }
-            )
+            ),
+            file=dump,
         )
+        if dump is not sys.stdout:
+            dump.close()
+            print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling)
     else:
         print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling, memory)
         print_cli_processes(cli_rates, args.cli_concurrency)

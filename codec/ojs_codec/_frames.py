@@ -144,6 +144,36 @@ class FrameReader:
         """Whether the reader has hit a protocol error (every call now raises it)."""
         return self._error is not None
 
+    @property
+    def drained(self) -> bool:
+        """Whether every byte fed so far was returned as a frame (no error either)."""
+        return self._error is None and self._pos == len(self._buf)
+
+    def split(self, result: list[Frame], data: bytes) -> int:
+        """Append the complete, well-formed frames at the start of ``data`` to ``result``
+        and return the offset of the first byte not taken; only when :attr:`drained`.
+
+        Nothing is buffered: the caller feeds ``data[offset:]`` (an incomplete frame, or
+        one that :meth:`next_frame` will reject) before calling :meth:`next_frame`.
+        """
+        if self._pos:
+            del self._buf[:]
+            self._pos = 0
+        end = self._split(result, data, self._max_payload)
+        if end:
+            self._at_start = False
+        return end
+
+    def detach(self) -> bytes:
+        """Remove and return the bytes fed but not yet returned as frames (the reader is
+        then :attr:`drained`).  Raises the reader's error if it is broken."""
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        rest = bytes(self._buf[self._pos :])
+        del self._buf[:]
+        self._pos = 0
+        return rest
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes received from the broker."""
         if self._error is not None:
@@ -213,12 +243,7 @@ class FrameReader:
         if self._error is None and self._pos == len(self._buf) and type(data) is bytes:
             # Nothing pending: slice frames straight out of ``data`` (one copy each).
             # Anything unusual (an error, an incomplete frame) is left to next_frame().
-            if self._pos:
-                del self._buf[:]
-                self._pos = 0
-            pos = self._split(result, data, self._max_payload)
-            if pos:
-                self._at_start = False
+            pos = self.split(result, data)
             if pos == len(data):
                 return result
             self._buf += memoryview(data)[pos:]

@@ -373,6 +373,48 @@ class AMQPConnection:
         events: list[Event] = []
         reader = self._reader
         try:
+            if self.state is ConnectionState.OPEN and type(data) is bytes and not reader.drained:
+                # A frame left incomplete by the previous read: finish it on its own, then
+                # take everything after it in one split below.
+                reader.feed(data)
+                frame = reader.next_frame()
+                if frame is None:
+                    return events
+                self._frames_in += 1
+                ftype, channel_id, payload = frame
+                if channel_id == 0:
+                    self._on_channel0_frame(ftype, payload, events)
+                    if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
+                        return events
+                else:
+                    self._on_channel_frame(ftype, channel_id, payload, events)
+                data = reader.detach()
+            if self.state is ConnectionState.OPEN and type(data) is bytes and reader.drained:
+                # The common case: whole frames sliced out of ``data`` in one call (the C
+                # split when ojs_codec._speedups is loaded), then handled in order exactly
+                # like the frame-by-frame loop below, which takes whatever is left over.
+                frames: list[tuple[int, int, bytes]] = []
+                end = reader.split(frames, data)
+                done = 0
+                try:
+                    for ftype, channel_id, payload in frames:
+                        done += len(payload) + 8
+                        self._frames_in += 1
+                        if channel_id == 0:
+                            self._on_channel0_frame(ftype, payload, events)
+                            if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
+                                end = done  # the rest stays unread, as below
+                                break
+                        else:
+                            self._on_channel_frame(ftype, channel_id, payload, events)
+                except BaseException:
+                    reader.feed(data[done:])  # frames not handled stay unread, as below
+                    raise
+                if end == len(data) or self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
+                    if end < len(data):
+                        reader.feed(data[end:])
+                    return events
+                data = data[end:]
             reader.feed(data)
             while True:
                 frame = reader.next_frame()

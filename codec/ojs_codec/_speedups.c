@@ -39,6 +39,8 @@ static PyObject *py_short_cache_get;     /* ojs_codec._properties._short_cache_g
 static PyObject *py_cached_short_string; /* ojs_codec._properties.cached_short_string(value, what) */
 static PyObject *py_encode_short_string; /* ojs_codec._properties.encode_short_string(value, what) */
 static PyObject *py_encode_value;        /* ojs_codec._table._encode_value(out, value, depth) */
+static PyObject *Int32_type;             /* ojs_codec._table.Int32 (x-ojs-attempt and the like) */
+static PyObject *str_value;              /* "value" */
 static PyObject *py_encode_table_into;   /* ojs_codec._table.encode_table_into(out, table, depth) */
 static PyObject *py_timestamp_seconds;   /* ojs_codec._table.timestamp_seconds(value) */
 static PyObject *py_decode_timestamp;    /* ojs_codec._table.decode_timestamp(seconds) */
@@ -790,6 +792,19 @@ enc_value(Buf *b, PyObject *value, long depth)
     }
     else if (value == Py_None) {
         return put_u8(b, 'V');
+    }
+    else if ((PyObject *)type == Int32_type) {
+        /* Int32 checked its range when it was built: its value fits. */
+        PyObject *v = PyObject_GetAttr(value, str_value);
+        if (v == NULL) {
+            return -1;
+        }
+        long n = PyLong_AsLong(v);
+        Py_DECREF(v);
+        if (n == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        return put_code_u32(b, 'I', (uint32_t)(int32_t)n);
     }
     return put_from_python(b, py_encode_value, value, depth);
 }
@@ -2331,7 +2346,8 @@ PyInit__speedups(void)
         goto done;
     }
     if (attr(errors, "UsageError", &UsageError) < 0 || attr(table, "_syntax", &py_syntax) < 0 ||
-        attr(table, "_encode_value", &py_encode_value) < 0 ||
+        attr(table, "_encode_value", &py_encode_value) < 0 || attr(table, "Int32", &Int32_type) < 0 ||
+        (str_value = PyUnicode_InternFromString("value")) == NULL ||
         attr(table, "encode_table_into", &py_encode_table_into) < 0 ||
         attr(table, "timestamp_seconds", &py_timestamp_seconds) < 0 ||
         attr(table, "decode_timestamp", &py_decode_timestamp) < 0 ||

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 from pamqp import commands
 
 from ojs_codec import BasicProperties, Confirmed, Returned, UsageError
 
-from . import _metrics
+from . import _metrics, _park
 from ._channel_core import ChannelCore
 from ._errors import (
     ConnectionLostError,
@@ -48,13 +48,16 @@ class PublishHandle:
     :class:`PublishOutcomeUnknownError` otherwise.
     """
 
-    __slots__ = ("_event", "_result", "_window", "exchange", "routing_key", "sent_at", "tag")
+    __slots__ = ("_event", "_result", "_waiter", "_window", "exchange", "routing_key", "sent_at", "tag")
 
     def __init__(self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None) -> None:
         self.tag = tag
         self.exchange = exchange
         self.routing_key = routing_key
         self._result: BaseException | bool | None = None
+        #: The task waiting for the confirm (see _park): no Event per publish.
+        self._waiter: Any = None
+        #: Only when a second task waits on the same handle.
         self._event: anyio.Event | None = None
         self._window = window
         self.sent_at = 0.0
@@ -72,6 +75,7 @@ class PublishHandle:
         if self._result is not None:
             return
         self._result = result
+        _park.wake(self)
         if self._event is not None:
             self._event.set()
         if self._window is not None:
@@ -79,9 +83,12 @@ class PublishHandle:
 
     async def wait(self) -> None:
         if self._result is None:
-            if self._event is None:
-                self._event = anyio.Event()
-            await self._event.wait()
+            if self._waiter is None:
+                await _park.wait(self)
+            else:
+                if self._event is None:
+                    self._event = anyio.Event()
+                await self._event.wait()
         if isinstance(self._result, BaseException):
             raise self._result
 

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import calendar
 import re
+import secrets
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Annotated, Any, Final, Literal, get_args
 
 import msgspec
-import uuid6
 from msgspec import UNSET, Meta, UnsetType
 
 from ._errors import InvalidDurationError, InvalidJobError
@@ -137,9 +138,9 @@ def format_timestamp(moment: datetime) -> str:
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError("timestamps must be timezone-aware (OJS JSON format §5.3)")
     utc = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
-    return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (  # noqa: UP031 (twice as fast as an f-string here)
-        utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second, utc.microsecond // 1000,
-    )  # fmt: skip
+    # "2026-02-15T10:30:00.000+00:00" from C, with "Z" for the offset: a third faster than
+    # formatting the seven fields in Python.
+    return utc.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 # The last timestamp text that passed the check: jobs built in the same millisecond carry
@@ -452,6 +453,23 @@ def _timestamp_text(field: str, value: datetime | str) -> str:
     return value
 
 
+_last_uuid7_ms = 0
+
+
+def _uuid7() -> str:
+    """A new UUIDv7 as text: what ``str(uuid6.uuid7())`` gives (48-bit millisecond time, kept
+    strictly increasing as uuid6 does, then 74 random bits), without building a UUID object."""
+    global _last_uuid7_ms
+    ms = time.time_ns() // 1_000_000
+    if ms <= _last_uuid7_ms:
+        ms = _last_uuid7_ms + 1
+    _last_uuid7_ms = ms
+    # 76 random bits; version 7 in bits 76-79, variant 0b10 in bits 62-63 (as uuid.UUID sets them)
+    value = (ms & 0xFFFFFFFFFFFF) << 80 | 0x7 << 76 | secrets.randbits(76) & ~(0x3 << 62) | 0x2 << 62
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def new_job(
     type: str,
     args: Sequence[Any],
@@ -499,7 +517,7 @@ def new_job(
         # (what job_from_dict would give, without the dict round trip and per-field checks).
         return Job(
             specversion=SPEC_VERSION,
-            id=str(uuid6.uuid7()) if id is None else id,
+            id=_uuid7() if id is None else id,
             type=type,
             queue=queue,
             args=list(args),
@@ -512,7 +530,7 @@ def new_job(
         )
     data: dict[str, Any] = {
         "specversion": SPEC_VERSION,
-        "id": str(uuid6.uuid7()) if id is None else id,
+        "id": _uuid7() if id is None else id,
         "type": type,
         "queue": queue,
         "args": list(args),

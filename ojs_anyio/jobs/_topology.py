@@ -74,6 +74,7 @@ Scheduled jobs without the plugin: binary delay levels (DECISIONS 5)
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any, Final, Literal, NamedTuple
@@ -177,6 +178,12 @@ def _check_name(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=1024)
+def _prefixed_name(prefix: str, tail: str) -> str:
+    # Cached: the exchange names are looked up several times per push.
+    return _check_name(f"{prefix}{tail}")
+
+
 def _check_delay(delay_ms: int, *, low: int, high: int, what: str) -> int:
     if isinstance(delay_ms, bool) or not isinstance(delay_ms, int):
         raise DelayOutOfRangeError(f"{what} must be an int of milliseconds, got {delay_ms!r}")
@@ -200,7 +207,7 @@ class Names(msgspec.Struct, frozen=True):
             raise TopologyError(f"prefix {self.prefix!r} must be empty or end with '.', without spaces")
 
     def _name(self, tail: str) -> str:
-        return _check_name(f"{self.prefix}{tail}")
+        return _prefixed_name(self.prefix, tail)
 
     # Exchanges (001 §4.1)
     @property

@@ -25,6 +25,7 @@ and acks the original, a documented departure from AMQP-009.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import inspect
 import logging
@@ -50,11 +51,11 @@ from .. import amqp
 from . import _tracing
 from ._args import check_queue_names
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, Client
-from ._dead_letter import dead_letter
+from ._dead_letter import dead_letter as settle_dead_letter
+from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
 from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
-from ._exceptions import DeadLetter, Discard, Retry
 from ._failures import (
     H_ERROR_BACKTRACE,
     H_ERROR_TYPE,
@@ -68,10 +69,7 @@ from ._retry import (
     DEFAULT_RETRY_POLICY,
     EffectiveRetryPolicy,
     RetryPolicy,
-    compute_delay_ms,
     error_type_name,
-    is_retryable_error,
-    ladder_delay_ms,
     merge,
     resolve_retry,
 )
@@ -151,10 +149,6 @@ class JobOutcome:
     error: dict[str, Any] | None = None
 
 
-class _Abandon(Exception):
-    """The job was stopped by shutdown: leave it unacked."""
-
-
 class Worker:
     """Consumes jobs from ``queues`` and runs their handlers.
 
@@ -211,7 +205,9 @@ class Worker:
         self._thread_limiter: anyio.CapacityLimiter | None = None
         self._listeners: list[Callable[[JobOutcome], None]] = []
         self._stopping = False
+        #: The scopes of the job tasks now waiting for a delivery (stop() cancels them).
         self._fetch_scopes: set[anyio.CancelScope] = set()
+        self._backend: _Backend | None = None
         self._job_scopes: dict[str, tuple[anyio.CancelScope, JobContext]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._ready = anyio.Event()
@@ -323,6 +319,7 @@ class Worker:
         # Not reset here: a stop() that came before this task got going (a signal during
         # startup) must still count.  Reset on the way out, so the worker can run again.
         try:
+            self._backend = _Backend()
             for queue in self.queues:
                 await client.declare_queue(queue)
             self._thread_limiter = anyio.CapacityLimiter(self.concurrency * len(self.queues))
@@ -540,20 +537,22 @@ class Worker:
     async def _pull_loop(
         self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer
     ) -> None:
-        while not self._stopping:
-            scope = anyio.CancelScope()
-            self._fetch_scopes.add(scope)
-            msg: amqp.IncomingMessage | None = None
-            try:
-                with scope:
+        # One scope for the task's whole life, not one per fetch: it is in _fetch_scopes
+        # (where stop() cancels it) only while the task waits for a delivery, never while
+        # it runs a job.
+        backend = self._backend or _Backend()
+        scope = backend.scope_type()
+        idle = self._fetch_scopes
+        with scope:
+            while not self._stopping:
+                idle.add(scope)
+                try:
                     msg = await deliveries.__anext__()
-            except StopAsyncIteration:
-                return
-            finally:
-                self._fetch_scopes.discard(scope)
-            if msg is None:
-                return  # stop() cancelled the fetch
-            await self._handle(client, ch, queue, msg)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    idle.discard(scope)
+                await self._handle(client, ch, queue, msg)
 
     # ---------------------------------------------------------- one job
 
@@ -586,9 +585,8 @@ class Worker:
         try:
             job = _decode_delivered(msg.body)
         except InvalidJobError as exc:
-            await self._dead_letter(
-                client, ch, queue, msg, None, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started
-            )
+            verdict = dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc))
+            await self._settle(client, ch, queue, msg, None, attempt, verdict, started)
             return
         if self._was_cancelled(job.id):
             await msg.ack()
@@ -602,32 +600,23 @@ class Worker:
             return
         entry = self._handlers.get(job.type)
         if entry is None:
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, ErrorCode.INVALID_JOB_TYPE,
-                f"no handler registered for job type {job.type!r} on worker {self.worker_id}", started,
-            )  # fmt: skip
+            verdict = dead_letter(
+                ErrorCode.INVALID_JOB_TYPE,
+                f"no handler registered for job type {job.type!r} on worker {self.worker_id}",
+            )
+            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
             return
         spec = entry
         try:
             policy = self._policy(job, client)
         except InvalidJobError as exc:
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, ErrorCode.INVALID_PAYLOAD, str(exc), started
-            )
+            verdict = dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc))
+            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
             return
         max_attempts = header_int(headers, H_MAX_ATTEMPTS, policy.max_attempts)
         if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
-            await self._dead_letter(
-                client,
-                ch,
-                queue,
-                msg,
-                job,
-                attempt,
-                ErrorCode.EXPIRED,
-                f"job expired at {job.expires_at}",
-                started,
-            )
+            verdict = dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}")
+            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
             return
         ctx = JobContext(job, attempt, max_attempts, queue, self.worker_id, msg)
         args = job.args
@@ -639,15 +628,14 @@ class Worker:
                 spec.signature.bind(ctx, *args)
             args = spec.convert(args)
         except TypeError as exc:
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, ErrorCode.INVALID_ARGS,
-                f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}", started,
-            )  # fmt: skip
+            verdict = dead_letter(
+                ErrorCode.INVALID_ARGS, f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}"
+            )
+            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
             return
         except ArgumentsError as exc:
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, ErrorCode.INVALID_ARGS, str(exc), started
-            )
+            verdict = dead_letter(ErrorCode.INVALID_ARGS, str(exc))
+            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
             return
         own_timeout = isinstance(job.timeout, int) and job.timeout > 0
         timeout = float(job.timeout) if own_timeout else self.default_timeout  # type: ignore[arg-type]
@@ -662,14 +650,13 @@ class Worker:
                 job.id, timeout, self.broker_consumer_timeout, cap,
             )  # fmt: skip
         timeout = min(timeout, cap)
-        error: tuple[str, str, str] | None = None  # (code, error type, message)
-        verdict: BaseException | None = None
-        failure: BaseException | None = None  # the exception behind ``error``, for its traceback
         # One scope per job serves as its timeout (the deadline) and as the handle that
         # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
-        scope = anyio.CancelScope(deadline=anyio.current_time() + timeout)
+        backend = self._backend or _Backend()
+        scope = backend.scope_type(deadline=backend.clock() + timeout)
         self._job_scopes[job.id] = (scope, ctx)
         self.active[job.id] = ctx
+        raised: BaseException | None = None
         try:
             with (
                 scope,
@@ -681,90 +668,67 @@ class Worker:
                     await spec.fn(ctx, *args)
                 else:
                     await self._run_sync(spec, ctx, args, scope)
-            if scope.cancelled_caught and not (ctx.cancel_requested or ctx.abandoned):
-                error = (
-                    ErrorCode.HANDLER_TIMEOUT,
-                    "TimeoutError",
-                    f"handler exceeded its timeout of {timeout:g}s",
-                )
-                # So that non_retryable_errors can name it (TimeoutError or "TimeoutError").
-                failure = TimeoutError(error[2])
-            elif scope.cancelled_caught:
-                if ctx.cancel_requested:
-                    await msg.ack()
-                    self._report(
-                        JobOutcome(
-                            job.id, job.type, queue, attempt, "cancelled", duration=time.monotonic() - started
-                        )
-                    )
-                    return
-                raise _Abandon
-        except (Retry, Discard, DeadLetter) as exc:
-            verdict = exc
-        except _Abandon:
-            self._report(
-                JobOutcome(job.id, job.type, queue, attempt, "abandoned", duration=time.monotonic() - started)
-            )
-            return
-        except anyio.get_cancelled_exc_class():
+        except backend.cancelled:
             raise  # the worker itself is being cancelled: leave the job unacked
-        except Exception as exc:
-            error = (ErrorCode.HANDLER_ERROR, _error_type(exc), str(exc) or type(exc).__name__)
-            failure = exc
         except (KeyboardInterrupt, SystemExit):
             raise  # the process is stopping, not the job failing: it stays unacked
-        except BaseException as exc:  # GeneratorExit and other BaseExceptions from a handler
-            error = (ErrorCode.HANDLER_PANIC, _error_type(exc), repr(exc))
-            failure = exc
+        except BaseException as exc:  # whatever the handler raised, decided on below
+            raised = exc
         finally:
             self._job_scopes.pop(job.id, None)
             self.active.pop(job.id, None)
             self._jobs_changed.set()
-        if verdict is None and error is None:
-            await msg.ack()
-            self._report(
-                JobOutcome(job.id, job.type, queue, attempt, "completed", duration=time.monotonic() - started)
-            )
-            return
-        if isinstance(verdict, Discard):
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, ErrorCode.DISCARDED, verdict.reason, started
-            )
-            return
-        if isinstance(verdict, DeadLetter):
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, "DEAD_LETTER", verdict.reason, started
-            )
-            return
-        if isinstance(verdict, Retry):
-            error = (ErrorCode.HANDLER_ERROR, "Retry", verdict.reason or "handler asked for a retry")
-        assert error is not None
-        code, etype, message = error
-        retryable = code != ErrorCode.HANDLER_PANIC and (
-            failure is None or is_retryable_error(policy, failure)
+        verdict = decide(
+            raised,
+            cancelled_caught=scope.cancelled_caught,
+            cancel_requested=ctx.cancel_requested,
+            abandoned=ctx.abandoned,
+            timeout=timeout,
+            policy=policy,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            rng=self._rng,
         )
-        if not retryable:
-            code = ErrorCode.NON_RETRYABLE_ERROR if code == ErrorCode.HANDLER_ERROR else code
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", started, failure
+        await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
+
+    async def _settle(
+        self,
+        client: Client,
+        ch: amqp.Channel,
+        queue: str,
+        msg: amqp.IncomingMessage,
+        job: Job | None,
+        attempt: int,
+        verdict: Verdict,
+        started: float,
+    ) -> None:
+        """Carry out ``verdict`` on the broker, then report the outcome."""
+        action = verdict.action
+        if action == "ack" or action == "cancelled":
+            assert job is not None
+            await msg.ack()
+            outcome = "completed" if action == "ack" else "cancelled"
+            self._report(
+                JobOutcome(job.id, job.type, queue, attempt, outcome, duration=time.monotonic() - started)
             )
-            return
-        if attempt >= max_attempts:
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, code,
-                f"{etype}: {message} (attempt {attempt} of {max_attempts}, retries exhausted)", started,
-                failure,
+        elif action == "abandoned":
+            # Left unacked: the broker redelivers it when the channel closes.
+            assert job is not None
+            self._report(
+                JobOutcome(job.id, job.type, queue, attempt, "abandoned", duration=time.monotonic() - started)
+            )
+        elif action == "retry":
+            assert job is not None and verdict.code is not None
+            error = error_object(verdict.failure, verdict.error_type or "", verdict.detail)
+            await self._retry(
+                client, ch, queue, msg, job, attempt, verdict.code, verdict.message,
+                verdict.delay_ms, started, error, verdict.failure,
             )  # fmt: skip
-            return
-        if isinstance(verdict, Retry) and verdict.delay is not None:
-            delay_ms = max(1, int(verdict.delay * 1000))
         else:
-            delay_ms = compute_delay_ms(policy, attempt, self._rng)
-        ladder_ms = ladder_delay_ms(delay_ms, max_ms=max(policy.max_interval_ms, delay_ms))
-        await self._retry(
-            client, ch, queue, msg, job, attempt, code, f"{etype}: {message}", ladder_ms, started,
-            error_object(failure, etype, message), failure,
-        )  # fmt: skip
+            assert verdict.code is not None
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, verdict.code, verdict.message, started, verdict.failure
+            )
 
     async def _run_sync(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
@@ -869,7 +833,7 @@ class Worker:
     ) -> None:
         job_id = job.id if job is not None else msg.properties.message_id
         job_type = job.type if job is not None else msg.properties.type
-        await dead_letter(
+        await settle_dead_letter(
             ch, msg, dlx_exchange=client.names.dlx_exchange, queue=queue, job_id=job_id,
             code=str(code), message=message, annotate=self.annotate_dead_letters,
         )  # fmt: skip
@@ -982,6 +946,23 @@ def _remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int)
 
 def _error_type(exc: BaseException) -> str:
     return error_type_name(type(exc))
+
+
+class _Backend:
+    """The running backend's per-job primitives, looked up once per run: anyio finds the
+    backend anew on every ``CancelScope()``, ``current_time()`` and
+    ``get_cancelled_exc_class()``, which is a measurable share of a no-op job."""
+
+    __slots__ = ("cancelled", "clock", "scope_type")
+
+    def __init__(self) -> None:
+        self.scope_type: Callable[..., anyio.CancelScope] = type(anyio.CancelScope())
+        self.cancelled: type[BaseException] = anyio.get_cancelled_exc_class()
+        self.clock: Callable[[], float]
+        if self.cancelled is asyncio.CancelledError:
+            self.clock = asyncio.get_running_loop().time  # what anyio.current_time() reads
+        else:
+            self.clock = anyio.current_time
 
 
 def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> None:
