@@ -9,7 +9,7 @@ I/O makes every branch testable as a table, without a broker (``tests/jobs/test_
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from ._errors import ErrorCode
@@ -45,9 +45,10 @@ class Verdict:
     delay_ms: int = 0
     #: The exception behind a failure (for the log's traceback and the OJS error object),
     #: its OJS error type and its message alone (``message`` is ``"{type}: {detail}"``).
-    failure: BaseException | None = None
-    error_type: str | None = None
-    detail: str = ""
+    #: (Not part of the verdict's identity: two verdicts that act alike compare equal.)
+    failure: BaseException | None = field(default=None, compare=False)
+    error_type: str | None = field(default=None, compare=False)
+    detail: str = field(default="", compare=False)
 
 
 ACK: Final = Verdict("ack")
