@@ -56,6 +56,7 @@ from ._topology import (
     exchanges,
     job_queue_arguments,
     job_queue_binding,
+    quorum_queue_arguments,
     retry_queue_arguments,
     retry_queue_binding,
     strip_dead_letter_headers,
@@ -247,9 +248,9 @@ class Client:
             return
         ch = await self.channel()
         await self._declare_base(ch)
-        await self._declare_checked(
-            self.names.retry_queue(queue, delay_ms), retry_queue_arguments(self.names, queue, delay_ms)
-        )
+        args = retry_queue_arguments(self.names, queue, delay_ms)
+        args = quorum_queue_arguments(args, self.queue_options(queue))
+        await self._declare_checked(self.names.retry_queue(queue, delay_ms), args)
         await self._bind(retry_queue_binding(self.names, queue, delay_ms))
         self._declared_retry.add(key)
 
@@ -266,8 +267,11 @@ class Client:
                     spec.name, spec.type, durable=True, arguments=spec.arguments or None
                 )
             for k in range(DELAY_LEVELS):
+                # Shared by every queue: quorum only when the client has one QueueOptions for all.
+                shared = self._queue_options if isinstance(self._queue_options, QueueOptions) else None
                 await self._declare_checked(
-                    self.names.delay_queue(k), delay_level_queue_arguments(self.names, k)
+                    self.names.delay_queue(k),
+                    quorum_queue_arguments(delay_level_queue_arguments(self.names, k), shared),
                 )
             for binding in delay_level_bindings(self.names):
                 await self._bind(binding)
@@ -278,9 +282,9 @@ class Client:
         if queue in self._landing_declared:
             return
         await self.declare_delay_levels()
-        await self._declare_checked(
-            self.names.delay_landing_queue(queue), delay_landing_queue_arguments(self.names, queue)
-        )
+        args = delay_landing_queue_arguments(self.names, queue)
+        args = quorum_queue_arguments(args, self.queue_options(queue))
+        await self._declare_checked(self.names.delay_landing_queue(queue), args)
         await self._bind(delay_deliver_binding(self.names, queue))
         self._landing_declared.add(queue)
 
