@@ -11,6 +11,7 @@ scheduled a few seconds ahead (so they sit in the delay levels).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import uuid
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
 JOBS = int(os.environ.get("OJS_CLUSTER_SOAK_JOBS", "20000"))
 #: The producer spreads its pushes over at least this long, so the failures hit pushes,
 #: retries and scheduled jobs in flight, not only the tail of the processing.
-PUSH_SECONDS = float(os.environ.get("OJS_CLUSTER_SOAK_SECONDS", "40"))
+PUSH_SECONDS = float(os.environ.get("OJS_CLUSTER_SOAK_SECONDS", "60"))
 BATCH = 500
 FAIL_ONCE_EVERY = 97  # job n with n % 97 == 0 raises on attempt 1 (retried after ~200 ms)
 SCHEDULE_EVERY = 89  # job n with n % 89 == 1 is scheduled 3 s ahead
@@ -72,13 +73,20 @@ class Soak:
         if len(self.done) == JOBS:
             self.all_done.set()
 
-    def stall_after(self, t: float, window: float = 120.0) -> tuple[float, float]:
-        """(first completion after ``t``, longest gap between completions) within the window."""
+    def stall_after(self, t: float, window: float = 30.0) -> tuple[float, float]:
+        """After a failure at ``t``: (when processing resumed, the longest stall).
+
+        The producer pushes at a steady pace the workers keep up with, so jobs normally
+        complete milliseconds apart; the longest gap between completions in the window is
+        the outage a job saw, and its end, counted from ``t``, the time to recover.
+        """
+        before = [c for c in self.completions if c < t]
         times = [c for c in self.completions if t <= c <= t + window]
         if not times:
             return math.inf, math.inf
-        gaps = [b - a for a, b in zip([t, *times], times, strict=False)]
-        return times[0] - t, max(gaps)
+        points = [before[-1] if before else t, *times]
+        gap, end = max((b - a, b) for a, b in itertools.pairwise(points))
+        return end - t, gap
 
 
 async def produce(client: ojs.Client, soak: Soak) -> None:
@@ -89,8 +97,8 @@ async def produce(client: ojs.Client, soak: Soak) -> None:
     """
     started = anyio.current_time()
     for first in range(0, JOBS, BATCH):
-        if first >= 0.6 * JOBS and not soak.release.is_set():
-            await soak.release.wait()  # the last 40 % go out during the second failure
+        if first >= 0.85 * JOBS and not soak.release.is_set():
+            await soak.release.wait()  # keep the last pushes for the second failure
             started = anyio.current_time() - PUSH_SECONDS * first / JOBS
         jobs = [
             client.build(
@@ -134,6 +142,7 @@ async def run_worker(url: str, soak: Soak, scope: anyio.CancelScope, ready: anyi
             ready.set()
 
 
+@pytest.mark.timeout(1200)  # includes starting the cluster (session fixture) on a loaded machine
 async def test_chaos_soak(cluster: Cluster) -> None:
     soak = Soak(queue=f"soak-{uuid.uuid4().hex[:10]}")
     opts = ojs.QueueOptions.quorum()
@@ -178,15 +187,16 @@ async def test_chaos_soak(cluster: Cluster) -> None:
     FIGURES.append(
         f"chaos soak: {JOBS} jobs, lost {len(lost)}, duplicates {duplicates}, pushes retried "
         f"{soak.push_retries}, first-attempt failures {soak.failed_first}; leader {leader}->{new_leader}; "
-        f"stop_app of the leader: first job done {first_after_stop:.2f}s after, longest stall "
-        f"{stall_stop:.2f}s; SIGKILL of {f1}: first job done {first_after_kill:.2f}s after, longest "
-        f"stall {stall_kill:.2f}s; run {soak.completions[-1] - soak.completions[0]:.0f}s"
+        f"stop_app of the leader: longest stall {stall_stop:.2f}s, over {first_after_stop:.2f}s after; "
+        f"SIGKILL of {f1}: longest stall {stall_kill:.2f}s, over {first_after_kill:.2f}s after; "
+        f"run {soak.completions[-1] - soak.completions[0]:.0f}s"
     )
     assert not lost, f"{len(lost)} jobs lost, e.g. {lost[:10]}"
     assert new_leader != leader
     assert soak.failed_first >= JOBS // FAIL_ONCE_EVERY  # every retried job ran again (none lost)
 
 
+@pytest.mark.timeout(600)
 async def test_rejoining_node_loses_and_duplicates_nothing(cluster: Cluster) -> None:
     """Acked jobs stay gone and unacked ones stay, when a member is killed and rejoins."""
     queue = f"rejoin-{uuid.uuid4().hex[:10]}"
