@@ -3,8 +3,8 @@
 Tests here are marked ``cluster``.  The session fixture runs ``scripts/cluster ensure``
 (which starts the nodes on 127.0.0.1:5681-5683, beside the default broker, and installs
 nothing but the Debian rabbitmq-server when it is missing) and ``scripts/cluster stop``
-at the end, which removes everything the cluster created.  Figures the tests measure
-(recovery times, duplicates) are printed in the terminal summary.
+at the end, which removes everything the cluster created (unless ``OJS_CLUSTER_KEEP=1``).
+Figures the tests measure (recovery times, duplicates) are printed in the terminal summary.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def cluster() -> Iterator[Cluster]:
     try:
         yield Cluster()
     finally:
-        subprocess.run([str(SCRIPT), "stop"], capture_output=True, timeout=600)
+        if not os.environ.get("OJS_CLUSTER_KEEP"):  # developers: keep it for the next run
+            subprocess.run([str(SCRIPT), "stop"], capture_output=True, timeout=600)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
