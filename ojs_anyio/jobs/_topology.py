@@ -62,7 +62,8 @@ Scheduled jobs without the plugin: binary delay levels (DECISIONS 5)
       delayed message for a queue without one is dropped at the last hop.
 
     Caveats for the runtime: classic-queue dead-lettering is at-most-once, so each hop can
-    lose a message if a broker node fails at that instant; a job queue with
+    lose a message if a broker node fails at that instant (quorum queues with at-least-once
+    dead-lettering, :meth:`QueueOptions.quorum`, redo such a hop instead); a job queue with
     ``x-overflow=reject-publish`` drops (not dead-letters) a delayed message that arrives
     while it is full.  Messages that went through the levels (or a retry queue) carry
     ``x-death`` headers; strip them (:func:`strip_dead_letter_headers`) before republishing,
