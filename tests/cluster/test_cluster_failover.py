@@ -184,12 +184,15 @@ async def test_chaos_soak(cluster: Cluster) -> None:
     duplicates = sum(c - 1 for c in soak.done.values() if c > 1)
     first_after_stop, stall_stop = soak.stall_after(events["stop_app"])
     first_after_kill, stall_kill = soak.stall_after(events["kill"])
+    early = [c for c in soak.completions if c < events["stop_app"]]
+    before_rate = len(early) / (early[-1] - early[0]) if len(early) > 1 else math.nan
     FIGURES.append(
         f"chaos soak: {JOBS} jobs, lost {len(lost)}, duplicates {duplicates}, pushes retried "
         f"{soak.push_retries}, first-attempt failures {soak.failed_first}; leader {leader}->{new_leader}; "
         f"stop_app of the leader: longest stall {stall_stop:.2f}s, over {first_after_stop:.2f}s after; "
         f"SIGKILL of {f1}: longest stall {stall_kill:.2f}s, over {first_after_kill:.2f}s after; "
-        f"run {soak.completions[-1] - soak.completions[0]:.0f}s"
+        f"run {soak.completions[-1] - soak.completions[0]:.0f}s, {before_rate:.0f} jobs/s before the first "
+        "failure"
     )
     assert not lost, f"{len(lost)} jobs lost, e.g. {lost[:10]}"
     assert new_leader != leader
