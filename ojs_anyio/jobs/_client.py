@@ -629,7 +629,10 @@ def _push_error(exc: BaseException, job: Job) -> PushError:
         )
     if isinstance(exc, amqp.PublishNackedError):
         return QueueFullError(
-            f"QUEUE_FULL: queue {job.queue!r} rejected job {job.id} (x-overflow=reject-publish)",
+            # A nack carries no reason.  Besides a full queue, a quorum queue nacks while it
+            # has no leader (an election after a node failure, or its majority down).
+            f"QUEUE_FULL: queue {job.queue!r} rejected job {job.id} (full with x-overflow=reject-publish, "
+            f"or a quorum queue without a leader at that moment); it was not enqueued",
             job_id=job.id,
             queue=job.queue,
         )
