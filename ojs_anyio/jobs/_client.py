@@ -62,6 +62,7 @@ from ._topology import (
     exchanges,
     job_queue_arguments,
     job_queue_binding,
+    quorum_queue_arguments,
     retry_queue_arguments,
     retry_queue_binding,
     strip_dead_letter_headers,
@@ -296,9 +297,9 @@ class Client:
             return
         ch = await self.channel()
         await self._declare_base(ch)
-        await self._declare_checked(
-            self.names.retry_queue(queue, delay_ms), retry_queue_arguments(self.names, queue, delay_ms)
-        )
+        args = retry_queue_arguments(self.names, queue, delay_ms)
+        args = quorum_queue_arguments(args, self.queue_options(queue))
+        await self._declare_checked(self.names.retry_queue(queue, delay_ms), args)
         await self._bind(retry_queue_binding(self.names, queue, delay_ms))
         self._declared_retry.add(key)
 
@@ -315,8 +316,11 @@ class Client:
                     spec.name, spec.type, durable=True, arguments=spec.arguments or None
                 )
             for k in range(DELAY_LEVELS):
+                # Shared by every queue: quorum only when the client has one QueueOptions for all.
+                shared = self._queue_options if isinstance(self._queue_options, QueueOptions) else None
                 await self._declare_checked(
-                    self.names.delay_queue(k), delay_level_queue_arguments(self.names, k)
+                    self.names.delay_queue(k),
+                    quorum_queue_arguments(delay_level_queue_arguments(self.names, k), shared),
                 )
             for binding in delay_level_bindings(self.names):
                 await self._bind(binding)
@@ -327,9 +331,9 @@ class Client:
         if queue in self._landing_declared:
             return
         await self.declare_delay_levels()
-        await self._declare_checked(
-            self.names.delay_landing_queue(queue), delay_landing_queue_arguments(self.names, queue)
-        )
+        args = delay_landing_queue_arguments(self.names, queue)
+        args = quorum_queue_arguments(args, self.queue_options(queue))
+        await self._declare_checked(self.names.delay_landing_queue(queue), args)
         await self._bind(delay_deliver_binding(self.names, queue))
         self._landing_declared.add(queue)
 
@@ -824,7 +828,10 @@ def _push_error(exc: BaseException, job: Job) -> PushError:
         )
     if isinstance(exc, amqp.PublishNackedError):
         return QueueFullError(
-            f"QUEUE_FULL: queue {job.queue!r} rejected job {job.id} (x-overflow=reject-publish)",
+            # A nack carries no reason.  Besides a full queue, a quorum queue nacks while it
+            # has no leader (an election after a node failure, or its majority down).
+            f"QUEUE_FULL: queue {job.queue!r} rejected job {job.id} (full with x-overflow=reject-publish, "
+            f"or a quorum queue without a leader at that moment); it was not enqueued",
             job_id=job.id,
             queue=job.queue,
         )

@@ -121,7 +121,7 @@ from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp, new_job, parse_timestamp
 from ._exceptions import PushError, PushOutcomeUnknownError, TopologyConflictError
 from ._retry import RetryPolicy
-from ._topology import Names
+from ._topology import Names, QueueOptions, quorum_queue_arguments
 
 __all__ = [
     "Fired",
@@ -357,6 +357,7 @@ class Scheduler:
         self._fired: dict[str, datetime] = {}
         # leadership
         self._queue = ""
+        self._arguments: dict[str, Any] = {"x-single-active-consumer": True}
         self._leading = False
         self._leader_since: datetime | None = None
         self._held: amqp.IncomingMessage | None = None
@@ -488,6 +489,10 @@ class Scheduler:
             raise UsageError("this Scheduler is already running")
         self._running = True
         self._queue = leader_queue_name(client.names, self.name)
+        # A quorum client (one QueueOptions for every queue) gets a quorum leader queue, so
+        # leadership survives the loss of the node a classic queue would live on.
+        shared = client._queue_options if isinstance(client._queue_options, QueueOptions) else None
+        self._arguments = quorum_queue_arguments({"x-single-active-consumer": True}, shared)
         try:
             # Fail fast on a queue declared with other arguments (TopologyConflictError).
             for queue in sorted({s.queue for s in self._schedules.values()}):
@@ -598,7 +603,7 @@ class Scheduler:
             await self._publish_token(ch)
 
     async def _declare_queue(self, ch: amqp.Channel) -> amqp.QueueInfo:
-        arguments = {"x-single-active-consumer": True}
+        arguments = self._arguments
         try:
             return await ch.queue_declare(self._queue, durable=True, arguments=arguments)
         except amqp.PreconditionFailed as exc:

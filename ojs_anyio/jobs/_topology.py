@@ -64,7 +64,8 @@ Scheduled jobs without the plugin: binary delay levels (DECISIONS 5)
       delayed message for a queue without one is dropped at the last hop.
 
     Caveats for the runtime: classic-queue dead-lettering is at-most-once, so each hop can
-    lose a message if a broker node fails at that instant; a job queue with
+    lose a message if a broker node fails at that instant (quorum queues with at-least-once
+    dead-lettering, :meth:`QueueOptions.quorum`, redo such a hop instead); a job queue with
     ``x-overflow=reject-publish`` drops (not dead-letters) a delayed message that arrives
     while it is full.  Messages that went through the levels (or a retry queue) carry
     ``x-death`` headers; strip them (:func:`strip_dead_letter_headers`) before republishing,
@@ -113,6 +114,7 @@ __all__ = [
     "job_queue_arguments",
     "job_queue_binding",
     "priority_to_amqp",
+    "quorum_queue_arguments",
     "retry_queue_arguments",
     "retry_queue_binding",
     "strip_dead_letter_headers",
@@ -339,6 +341,15 @@ class QueueOptions(msgspec.Struct, frozen=True, kw_only=True):
     exactly as the spec declares it, with no arguments, and retention is the job of
     ``DeadLetters.prune``.  Setting them makes the DLQ incompatible with another OJS
     implementation that declares it plainly.
+
+    Quorum queues (RabbitMQ 3.10+, replicated with Raft; see docs/scaling.md): use
+    :meth:`quorum`.  With ``queue_type="quorum"`` the job queue's retry queues, delay
+    landing queue and dead-letter queue are quorum queues too (and the shared delay levels,
+    when these options are the client's only ones); ``dead_letter_strategy="at-least-once"``
+    makes every dead-letter hop between them (retry, scheduled, dead job) survive a node
+    loss, and needs ``overflow="reject-publish"``.  ``delivery_limit`` sets
+    ``x-delivery-limit``: after that many redeliveries (a worker or node died holding the
+    job) RabbitMQ dead-letters the job instead of delivering it again.
     """
 
     max_length: int | None = None
@@ -349,9 +360,27 @@ class QueueOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_priority: int | None = 10
     dlq_max_age_ms: int | None = None
     dlq_max_length: int | None = None
+    dead_letter_strategy: Literal["at-most-once", "at-least-once"] | None = None
+    delivery_limit: int | None = None
+
+    @classmethod
+    def quorum(cls, *, delivery_limit: int | None = None, **options: Any) -> QueueOptions:
+        """Quorum queues with at-least-once dead-lettering through the whole topology.
+
+        ``queue_type="quorum"``, no priority, ``overflow="reject-publish"`` and
+        ``dead_letter_strategy="at-least-once"``; other options as keywords.
+        """
+        defaults: dict[str, Any] = {
+            "queue_type": "quorum",
+            "max_priority": None,
+            "overflow": "reject-publish",
+            "dead_letter_strategy": "at-least-once",
+        }
+        return cls(delivery_limit=delivery_limit, **{**defaults, **options})
 
     def __post_init__(self) -> None:
-        for name in ("max_length", "max_length_bytes", "message_ttl_ms", "dlq_max_age_ms", "dlq_max_length"):
+        limits = ("max_length", "max_length_bytes", "message_ttl_ms", "dlq_max_age_ms", "dlq_max_length")
+        for name in (*limits, "delivery_limit"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise TopologyError(f"QueueOptions.{name} must be a non-negative int or None, got {value!r}")
@@ -364,6 +393,7 @@ class QueueOptions(msgspec.Struct, frozen=True, kw_only=True):
         ):
             raise TopologyError(f"QueueOptions.max_priority must be 1..255 or None: {self.max_priority!r}")
         _check_quorum(self)
+        _check_quorum_only(self)
 
 
 def _check_quorum(options: QueueOptions) -> None:
@@ -376,6 +406,19 @@ def _check_quorum(options: QueueOptions) -> None:
         )
     if options.overflow == "reject-publish-dlx":
         raise TopologyError("quorum queues do not support x-overflow=reject-publish-dlx; use reject-publish")
+
+
+def _check_quorum_only(options: QueueOptions) -> None:
+    quorum = options.queue_type == "quorum"
+    if options.dead_letter_strategy is not None and not quorum:
+        raise TopologyError("dead_letter_strategy applies to quorum queues only (queue_type='quorum')")
+    if options.delivery_limit is not None and not quorum:
+        raise TopologyError("delivery_limit (x-delivery-limit) applies to quorum queues only")
+    if options.dead_letter_strategy == "at-least-once" and options.overflow != "reject-publish":
+        raise TopologyError(
+            "at-least-once dead-lettering needs overflow='reject-publish' (RabbitMQ falls back to "
+            "at-most-once with any other overflow); use QueueOptions.quorum()"
+        )
 
 
 def job_queue_arguments(names: Names, queue: str, options: QueueOptions | None = None) -> dict[str, Any]:
@@ -403,6 +446,31 @@ def job_queue_arguments(names: Names, queue: str, options: QueueOptions | None =
         args["x-message-ttl"] = options.message_ttl_ms
     if options.queue_type is not None:
         args["x-queue-type"] = options.queue_type
+    if options.dead_letter_strategy is not None:
+        args["x-dead-letter-strategy"] = options.dead_letter_strategy
+    if options.delivery_limit is not None:
+        args["x-delivery-limit"] = options.delivery_limit
+    return args
+
+
+def quorum_queue_arguments(arguments: Mapping[str, Any], options: QueueOptions | None) -> dict[str, Any]:
+    """``arguments`` of a retry, delay-level or landing queue, made quorum when ``options`` say so.
+
+    Unchanged (a copy) unless ``options.queue_type == "quorum"``: then ``x-queue-type:
+    quorum`` is added, and for a queue that dead-letters (every one of these does: that is
+    how a message leaves it), ``x-dead-letter-strategy`` and ``x-overflow: reject-publish``
+    when ``options.dead_letter_strategy`` is set.  Opt-in only: these queues differ from
+    the spec's declarations (OJS AMQP binding §8.2), so another implementation sharing the
+    broker must declare them the same way.
+    """
+    args = dict(arguments)
+    if options is None or options.queue_type != "quorum":
+        return args
+    args["x-queue-type"] = "quorum"
+    if options.dead_letter_strategy is not None and "x-dead-letter-exchange" in args:
+        args["x-dead-letter-strategy"] = options.dead_letter_strategy
+        if options.dead_letter_strategy == "at-least-once":
+            args["x-overflow"] = "reject-publish"
     return args
 
 
