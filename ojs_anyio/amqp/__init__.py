@@ -61,9 +61,11 @@ from ._events import (
     RecoveryEvent,
     TopologyRecoveryFailed,
 )
+from ._metrics import timing_enabled as sdk_meter_provider_installed
 from ._url import AMQPURL, InvalidURL, parse_url
 
 __all__ = [
+    "sdk_meter_provider_installed",
     "AMQPError",
     "AMQPURL",
     "AccessRefused",

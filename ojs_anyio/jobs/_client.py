@@ -12,13 +12,14 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+import anyio.abc
 import msgspec
 
 from ojs_anyio.amqp import Int32, UsageError
@@ -39,6 +40,8 @@ from ._exceptions import (
     UnroutableJobError,
 )
 from ._failures import H_ERROR_BACKTRACE, H_ERROR_TYPE
+from ._middleware import Middleware, build_push_chain, check_middleware, overrides
+from ._results import PendingResult, ResultRouter
 from ._retry import RetryPolicy, merge
 from ._topology import (
     DELAY_LEVELS,
@@ -92,6 +95,8 @@ __all__ = [
     "PushResult",
     "connect",
 ]
+
+R = TypeVar("R")
 
 log = logging.getLogger("ojs_anyio.jobs")
 
@@ -150,6 +155,7 @@ class Client:
         queue_options: QueueOptions | dict[str, QueueOptions] | None = None,
         retry: RetryPolicy | None = None,
         scheduler: str = "levels",
+        middleware: Sequence[Middleware] | None = None,
     ) -> None:
         if declare not in ("eager", "lazy"):
             raise UsageError("declare must be 'eager' or 'lazy'")
@@ -165,6 +171,12 @@ class Client:
                 f"not {type(queue_options).__name__}"
             )
         self.conn = conn
+        #: Around-hooks of every push (first = outermost); see :class:`Middleware`.
+        self.middleware: tuple[Middleware, ...] = check_middleware(middleware)
+        self._push_hooks = tuple(m for m in self.middleware if overrides(m, "around_push"))
+        #: Set by connect(): the task group of the result queue's reader.
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._results: ResultRouter | None = None
         #: "levels" or "plugin" once resolved; "auto" until the first scheduled push (or
         #: :meth:`resolve_scheduler`) has asked the broker.
         self.scheduler = scheduler
@@ -493,7 +505,75 @@ class Client:
             expires_at=expires_at,
             id=id,
         )
-        return await self._push_job(job, idempotency_key=idempotency_key, window=idempotency_window)
+        return await self._push_through(job, idempotency_key, idempotency_window, None)
+
+    async def push_for_result(
+        self,
+        type: str,
+        args: Sequence[Any] = (),
+        *,
+        idempotency_key: str | None = None,
+        idempotency_window: DurationLike = DEFAULT_IDEMPOTENCY_WINDOW,
+        **options: Any,
+    ) -> PendingResult[Any]:
+        """PUSH one job that carries ``reply_to`` = this client's result queue; returns a
+        :class:`PendingResult` once the broker confirmed it: ``await pending.result(timeout=…)``.
+
+        ``options`` are :meth:`push`'s.  See :mod:`ojs_anyio.jobs._results` (and
+        ``docs/job-api.md``) for what happens when this client goes away first.
+        """
+        job = self.build(type, args, **options)
+        return await self.push_job_for_result(
+            job, idempotency_key=idempotency_key, idempotency_window=idempotency_window
+        )
+
+    async def push_job_for_result(
+        self,
+        job: Job,
+        *,
+        idempotency_key: str | None = None,
+        idempotency_window: DurationLike = DEFAULT_IDEMPOTENCY_WINDOW,
+        convert: Callable[[Any], R] | None = None,
+    ) -> PendingResult[R]:
+        """:meth:`push_for_result` for a job built with :meth:`build`."""
+        _check_pushable(job)
+        router = self._result_router()
+        reply_to = await router.reply_to()
+        pending: PendingResult[R] = router.expect(job, convert)
+        try:
+            pushed = await self._push_through(job, idempotency_key, idempotency_window, reply_to)
+        except BaseException:
+            router.forget(job.id)
+            raise
+        if pushed.id != job.id:  # a middleware replaced the job: wait for the one sent
+            router.forget(job.id)
+            pending = router.expect(pushed, convert)
+        pending.job = pushed
+        return pending
+
+    def _result_router(self) -> ResultRouter:
+        if self._results is None:
+            if self._tg is None:
+                raise UsageError("push_for_result needs a client from ojs_anyio.connect()")
+            self._results = ResultRouter(self.conn, self._tg)
+        return self._results
+
+    async def _push_through(
+        self, job: Job, idempotency_key: str | None, window: DurationLike, reply_to: str | None
+    ) -> Job:
+        """One push, wrapped by the middleware's ``around_push`` hooks (if any)."""
+        if not self._push_hooks:
+            return await self._push_job(
+                job, idempotency_key=idempotency_key, window=window, reply_to=reply_to
+            )
+
+        async def publish(changed: Job) -> Job:
+            _check_pushable(changed)
+            return await self._push_job(
+                changed, idempotency_key=idempotency_key, window=window, reply_to=reply_to
+            )
+
+        return await build_push_chain(self._push_hooks, publish)(job)
 
     async def push_job(
         self,
@@ -504,16 +584,21 @@ class Client:
     ) -> Job:
         """PUSH a job built with :meth:`build` (or :func:`new_job`); see :meth:`push`."""
         _check_pushable(job)
-        return await self._push_job(job, idempotency_key=idempotency_key, window=idempotency_window)
+        return await self._push_through(job, idempotency_key, idempotency_window, None)
 
     async def _push_job(
-        self, job: Job, *, idempotency_key: str | None = None, window: DurationLike | None = None
+        self,
+        job: Job,
+        *,
+        idempotency_key: str | None = None,
+        window: DurationLike | None = None,
+        reply_to: str | None = None,
     ) -> Job:
         """The push itself.  With a ``window``, the ``idempotency_key`` is claimed first (a
         duplicate raises); without one (the scheduler's label for a tick) it is only written
         to ``x-ojs-idempotency-key``."""
         if idempotency_key is None or window is None:
-            return await self._publish_job(job, idempotency_key)
+            return await self._publish_job(job, idempotency_key, reply_to)
         if not isinstance(idempotency_key, str) or not idempotency_key:
             raise TypeError(f"idempotency_key must be a non-empty str, got {idempotency_key!r}")
         window_ms = duration_ms(window, "idempotency_window", allow_zero=False)
@@ -527,7 +612,7 @@ class Client:
         except amqp.PublishError as exc:
             raise _push_error(exc, job) from exc
         try:
-            return await self._publish_job(job, idempotency_key)
+            return await self._publish_job(job, idempotency_key, reply_to)
         except BaseException:
             # Free the key, so that pushing again can succeed (at least once, as everywhere).
             with anyio.CancelScope(shield=True):
@@ -539,13 +624,15 @@ class Client:
                     )
             raise
 
-    async def _publish_job(self, job: Job, idempotency_key: str | None) -> Job:
+    async def _publish_job(self, job: Job, idempotency_key: str | None, reply_to: str | None = None) -> Job:
         if self.declare == "eager" or job.queue not in self._declared_queues:
             await self.declare_queue(job.queue)
         # The message's trace headers are written inside the PRODUCER span, so the worker's
         # CONSUMER span becomes its child (001 §12.2).
         with _tracing.producer_span(job, self.names.direct_exchange) as span:
             exchange, routing_key, props, body = await self._message(job, idempotency_key)
+            if reply_to is not None:
+                props = msgspec.structs.replace(props, reply_to=reply_to)
             if exchange != self.names.direct_exchange:
                 span.set_attribute("messaging.destination.name", exchange)
             ch = await self.channel()
@@ -567,6 +654,8 @@ class Client:
         Returns one :class:`PushResult` per job, in order; a failed job doesn't stop the others.
         """
         jobs = list(jobs)
+        if self._push_hooks:
+            jobs = [await self._through_hooks(job) for job in jobs]
         for job in jobs:
             _check_pushable(job)
         for queue in {j.queue for j in jobs}:
@@ -601,6 +690,15 @@ class Client:
             else:
                 results.append(PushResult(job))
         return results
+
+    async def _through_hooks(self, job: Job) -> Job:
+        """``push_batch``: the job as the ``around_push`` hooks leave it (the batch is
+        published afterwards, so their ``call_next`` only hands the job back)."""
+
+        async def record(changed: Job) -> Job:
+            return changed
+
+        return await build_push_chain(self._push_hooks, record)(job)
 
     def _mandatory(self, exchange: str) -> bool:
         """Pushes are mandatory (an unbound queue raises), except through the plugin's
@@ -1039,6 +1137,7 @@ async def connect(
     recovery: amqp.RecoveryPolicy | None = None,
     scheduler: str = "levels",
     queues: Iterable[str] = ("default",),
+    middleware: Sequence[Middleware] | None = None,
     **amqp_options: Any,
 ) -> AsyncIterator[Client]:
     """``async with ojs_anyio.connect("amqp://guest:guest@localhost/") as client:``
@@ -1067,14 +1166,21 @@ async def connect(
             queue_options=queue_options,
             retry=retry,
             scheduler=scheduler,
+            middleware=middleware,
         )
         client._probe_options = dict(amqp_options)
         try:
-            if scheduler != "levels":
-                await client.resolve_scheduler()
-            if declare == "eager":
-                await client.declare_eagerly(queues)
-            yield client
+            async with anyio.create_task_group() as tg:
+                client._tg = tg  # the result queue's reader, started on first use
+                if scheduler != "levels":
+                    await client.resolve_scheduler()
+                if declare == "eager":
+                    await client.declare_eagerly(queues)
+                try:
+                    yield client
+                finally:
+                    tg.cancel_scope.cancel()
         finally:
+            client._tg = None
             with anyio.CancelScope(shield=True):
                 await client.aclose()

@@ -60,7 +60,8 @@ class Middleware:
         return None
 
 
-def _overrides(mw: Middleware, name: str) -> bool:
+def overrides(mw: Middleware, name: str) -> bool:
+    """Whether ``mw`` overrides hook ``name`` (hooks left alone cost nothing)."""
     return getattr(type(mw), name) is not getattr(Middleware, name)
 
 
@@ -80,7 +81,7 @@ def check_middleware(middleware: Sequence[Middleware] | None) -> tuple[Middlewar
 def build_push_chain(middleware: Sequence[Middleware], publish: PushNext) -> PushNext:
     """``publish`` wrapped by every middleware's ``around_push`` (first = outermost)."""
     chain = publish
-    for mw in reversed([m for m in middleware if _overrides(m, "around_push")]):
+    for mw in reversed([m for m in middleware if overrides(m, "around_push")]):
         chain = _push_link(mw, chain)
     return chain
 
@@ -98,7 +99,7 @@ HandlerChain = Callable[["JobContext", HandlerNext], Awaitable[Any]]
 def build_handler_chain(middleware: Sequence[Middleware]) -> HandlerChain | None:
     """A function ``(ctx, call_handler) -> result`` running every ``around_handler``
     (first = outermost), or None when no middleware overrides it (call the handler directly)."""
-    hooks = [m for m in middleware if _overrides(m, "around_handler")]
+    hooks = [m for m in middleware if overrides(m, "around_handler")]
     if not hooks:
         return None
 
@@ -119,4 +120,4 @@ def _handler_link(mw: Middleware, ctx: JobContext, inner: HandlerNext) -> Handle
 
 
 def outcome_hooks(middleware: Sequence[Middleware]) -> tuple[Callable[[JobOutcome], None], ...]:
-    return tuple(m.on_outcome for m in middleware if _overrides(m, "on_outcome"))
+    return tuple(m.on_outcome for m in middleware if overrides(m, "on_outcome"))

@@ -21,15 +21,19 @@ is refused when the handler is registered.
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
+
+import msgspec
 
 from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from ._client import Client
     from ._envelope import Job
+    from ._results import PendingResult
     from ._worker import JobContext
 
 __all__ = ["JobDecorator", "JobHandle", "PushOptions"]
@@ -128,6 +132,29 @@ class JobHandle(Generic[P, R]):
     async def push(self, client: Client, *args: P.args, **kwargs: P.kwargs) -> Job:
         """PUSH this job with these arguments; returns the job once the broker confirmed it."""
         return await client.push(self.type, self.args_for(*args, **kwargs), **self.push_options)
+
+    async def push_for_result(self, client: Client, *args: P.args, **kwargs: P.kwargs) -> PendingResult[R]:
+        """PUSH it asking for its result: ``await (await h.push_for_result(c, ...)).result()``.
+
+        The result is converted to the handler's return annotation with msgspec (a
+        ``datetime``, a Struct, a dataclass…), so it comes back typed as the handler said."""
+        options = dict(self.push_options)
+        key = options.pop("idempotency_key", None)
+        job = client.build(self.type, self.args_for(*args, **kwargs), **options)
+        return await client.push_job_for_result(job, idempotency_key=key, convert=self._result_converter())
+
+    def _result_converter(self) -> Callable[[Any], R] | None:
+        try:
+            wanted = typing.get_type_hints(self.fn).get("return", Any)
+        except Exception:  # an annotation that does not resolve: hand back the JSON as is
+            return None
+        if wanted in (Any, None, type(None)) or isinstance(wanted, TypeVar):
+            return None
+
+        def convert(value: Any) -> R:
+            return cast(R, msgspec.convert(value, wanted, strict=False))
+
+        return convert
 
 
 def check_typed_signature(job_type: str, signature: inspect.Signature) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import inspect
 import logging
 import random
@@ -34,7 +35,7 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -65,6 +66,9 @@ from ._failures import (
     log_extra,
 )
 from ._handlers import ArgumentsError, HandlerSpec, inspect_handler
+from ._job_metrics import JobMetrics
+from ._middleware import HandlerChain, Middleware, build_handler_chain, check_middleware, outcome_hooks
+from ._results import encode_reply
 from ._retry import (
     DEFAULT_RETRY_POLICY,
     EffectiveRetryPolicy,
@@ -147,6 +151,8 @@ class JobOutcome:
     duration: float = 0.0
     #: The OJS error object of a failed attempt: ``type``, ``message``, ``backtrace``.
     error: dict[str, Any] | None = None
+    #: What the handler returned (completed attempts).
+    result: Any = None
 
 
 class Worker:
@@ -177,6 +183,8 @@ class Worker:
         heartbeat_interval: DurationLike = 5.0,
         cancel_memory: DurationLike = 3600.0,
         annotate_dead_letters: bool = False,
+        middleware: Sequence[Middleware] | None = None,
+        metrics: bool = True,
     ) -> None:
         self.queues = check_queue_names(queues, "Worker(queues=...)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -217,6 +225,12 @@ class Worker:
         self.cancel_memory = duration_seconds(cancel_memory, "cancel_memory")
         #: Opt-in departure from AMQP-009: dead letters are annotated copies (see _dead_letter).
         self.annotate_dead_letters = annotate_dead_letters
+        #: Around-hooks for every handler call and outcome (first = outermost); see Middleware.
+        self.middleware: list[Middleware] = list(check_middleware(middleware))
+        #: Add a JobMetrics middleware at run() when an OpenTelemetry SDK is installed.
+        self.metrics = metrics
+        self._handler_chain: HandlerChain | None = None
+        self._outcome_hooks: tuple[Callable[[JobOutcome], None], ...] = ()
         #: Jobs cancelled before they reached this worker: job id -> when (monotonic); bounded.
         self._cancelled: OrderedDict[str, float] = OrderedDict()
         #: Liveness seen through BEAT messages: job id -> (worker id, monotonic time); bounded.
@@ -323,6 +337,7 @@ class Worker:
             for queue in self.queues:
                 await client.declare_queue(queue)
             self._thread_limiter = anyio.CapacityLimiter(self.concurrency * len(self.queues))
+            self._prepare_middleware()
             log.info(
                 "worker %s starting: queues=%s concurrency=%d backend=%s broker=%s",
                 self.worker_id, ",".join(self.queues), self.concurrency,
@@ -657,6 +672,7 @@ class Worker:
         self._job_scopes[job.id] = (scope, ctx)
         self.active[job.id] = ctx
         raised: BaseException | None = None
+        result: Any = None
         try:
             with (
                 scope,
@@ -664,10 +680,13 @@ class Worker:
                     headers, queue=queue, job_id=job.id, job_type=job.type, attempt=attempt
                 ),
             ):
-                if spec.is_async:
-                    await spec.fn(ctx, *args)
+                chain = self._handler_chain
+                if chain is not None:
+                    result = await chain(ctx, functools.partial(self._call_handler, spec, ctx, args, scope))
+                elif spec.is_async:
+                    result = await spec.fn(ctx, *args)
                 else:
-                    await self._run_sync(spec, ctx, args, scope)
+                    result = await self._run_sync(spec, ctx, args, scope)
         except backend.cancelled:
             raise  # the worker itself is being cancelled: leave the job unacked
         except (KeyboardInterrupt, SystemExit):
@@ -689,7 +708,56 @@ class Worker:
             max_attempts=max_attempts,
             rng=self._rng,
         )
-        await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
+        await self._settle(client, ch, queue, msg, job, attempt, verdict, started, result)
+
+    async def _reply(
+        self,
+        ch: amqp.Channel,
+        msg: amqp.IncomingMessage,
+        job: Job,
+        reply_to: str,
+        verdict: Verdict,
+        result: Any,
+    ) -> None:
+        """The job's final outcome to the pusher's result queue (``reply_to``, OJS AMQP binding
+        §6.1).  Not mandatory: if the pusher has gone away its queue is gone and the broker
+        drops the reply, so nothing here can hold the worker up beyond one confirm."""
+        if verdict.action == "ack":
+            body = encode_reply(job.id, "completed", result=result)
+        else:
+            message = verdict.detail or verdict.message
+            error = {"code": verdict.code, "type": verdict.error_type, "message": message}
+            body = encode_reply(job.id, "discarded", error=error)
+        props = amqp.BasicProperties(
+            content_type="application/json",
+            message_id=job.id,
+            correlation_id=msg.properties.correlation_id,
+            type="ojs.result",
+            app_id="ojs",
+        )
+        try:
+            await ch.publish(body, exchange="", routing_key=reply_to, properties=props)
+        except amqp.PublishError as exc:
+            log.warning("job %s: the result reply to %r was refused: %s", job.id, reply_to, exc)
+
+    async def _call_handler(
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+    ) -> Any:
+        if spec.is_async:
+            return await spec.fn(ctx, *args)
+        return await self._run_sync(spec, ctx, args, scope)
+
+    def _prepare_middleware(self) -> None:
+        """Build the handler chain and outcome hooks once per run (see Middleware)."""
+        middleware = list(self.middleware)
+        has_metrics = any(isinstance(m, JobMetrics) for m in middleware)
+        if self.metrics and not has_metrics and amqp.sdk_meter_provider_installed():
+            middleware.append(JobMetrics())
+        for m in middleware:
+            if isinstance(m, JobMetrics):
+                m.registered = frozenset(self._handlers)
+        self._handler_chain = build_handler_chain(middleware)
+        self._outcome_hooks = outcome_hooks(middleware)
 
     async def _settle(
         self,
@@ -701,15 +769,22 @@ class Worker:
         attempt: int,
         verdict: Verdict,
         started: float,
+        result: Any = None,
     ) -> None:
         """Carry out ``verdict`` on the broker, then report the outcome."""
         action = verdict.action
+        reply_to = msg.properties.reply_to
+        if reply_to and job is not None and action in ("ack", "dead_letter"):
+            await self._reply(ch, msg, job, reply_to, verdict, result)
         if action == "ack" or action == "cancelled":
             assert job is not None
             await msg.ack()
             outcome = "completed" if action == "ack" else "cancelled"
             self._report(
-                JobOutcome(job.id, job.type, queue, attempt, outcome, duration=time.monotonic() - started)
+                JobOutcome(
+                    job.id, job.type, queue, attempt, outcome,
+                    duration=time.monotonic() - started, result=result,
+                )
             )
         elif action == "abandoned":
             # Left unacked: the broker redelivers it when the channel closes.
@@ -732,13 +807,13 @@ class Worker:
 
     async def _run_sync(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
-    ) -> None:
+    ) -> Any:
         """A plain ``def`` handler, in a worker thread bounded by the worker's concurrency.
 
         Not abandoned on cancel: a thread cannot be interrupted, so a timeout, CANCEL or
         the grace period waits for it to return (no thread outlives the worker), and what
         it returned or raised decides the job, as for a handler that finished in time."""
-        await anyio.to_thread.run_sync(_call, spec, ctx, args, limiter=self._thread_limiter)
+        result = await anyio.to_thread.run_sync(_call, spec, ctx, args, limiter=self._thread_limiter)
         late = anyio.current_time() >= scope.deadline
         if late or ctx.cancel_requested or ctx.abandoned:
             why = "its timeout" if late else "a CANCEL" if ctx.cancel_requested else "the grace period"
@@ -746,6 +821,7 @@ class Worker:
                 "job %s: sync handler %s ran past %s (a thread cannot be interrupted); its outcome counts",
                 ctx.id, spec.name, why, extra=log_extra(ctx.id, ctx.job.type, ctx.queue, ctx.attempt),
             )  # fmt: skip
+        return result
 
     async def _retry(
         self,
@@ -871,6 +947,7 @@ class Worker:
                     "worker_id": self.worker_id,
                     "finished_at": _FinishedAt(time.time()),
                     **({"error": outcome.error} if outcome.error is not None else {}),
+                    **({"result": outcome.result} if _small_json(outcome.result) else {}),
                 },
                 limit=1000,
             )
@@ -881,7 +958,7 @@ class Worker:
                 outcome.attempt, outcome.outcome, outcome.duration,
                 extra=log_extra(outcome.job_id, outcome.type, outcome.queue, outcome.attempt),
             )  # fmt: skip
-        for cb in list(self._listeners):
+        for cb in (*self._outcome_hooks, *self._listeners):
             try:
                 cb(outcome)
             except Exception:  # a listener's bug must not stop the worker
@@ -965,7 +1042,7 @@ class _Backend:
             self.clock = anyio.current_time
 
 
-def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> None:
+def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> Any:
     """Runs in the worker thread: the handler, and a check that it did not return an awaitable."""
     result = spec.fn(ctx, *args)
     if inspect.isawaitable(result):
@@ -975,6 +1052,7 @@ def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> None:
             f"handler {spec.name} is a plain function that returned an awaitable "
             f"({type(result).__name__}); declare it `async def` so the worker awaits it"
         )
+    return result
 
 
 def _warn_policy(policy: RetryPolicy | None, where: str) -> None:
@@ -999,3 +1077,16 @@ def _warn_policy(policy: RetryPolicy | None, where: str) -> None:
             stacklevel=3,
         )
 
+
+
+def _small_json(value: Any) -> bool:
+    """Whether a result may be kept for INFO answers (JSON, at most 4 KiB encoded)."""
+    if value is None:
+        return False
+    try:
+        return len(_RESULT_ENCODER.encode(value)) <= 4096
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+_RESULT_ENCODER = msgspec.json.Encoder()
