@@ -111,7 +111,7 @@ DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 #: Zero: a job must never run before its ``scheduled_at``.
 SCHEDULE_IMMEDIATE_MS = 0
 #: How scheduled jobs are delayed: the binary delay levels (no plugin), the
-#: delayed-message-exchange plugin, or the plugin when the broker has it (DECISIONS 5).
+#: delayed-message-exchange plugin, or the plugin when the broker has it (detected, never assumed).
 SCHEDULERS = ("levels", "plugin", "auto")
 #: The plugin's delay header (001 §9.1.2), in milliseconds.
 H_DELAY = "x-delay"
@@ -316,7 +316,7 @@ class Client:
         self._declared_retry.add(key)
 
     async def declare_delay_levels(self) -> None:
-        """Declare the 32 binary delay levels shared by every queue (DECISIONS 5)."""
+        """Declare the 32 binary delay levels shared by every queue (docs/scheduling.md)."""
         if self._delay_declared:
             return
         async with self._declare_lock:
@@ -352,7 +352,7 @@ class Client:
     # ------------------------------------------- delayed-message-exchange plugin
 
     async def detect_delayed_plugin(self, *, timeout: float = 10.0) -> bool:
-        """Whether the broker has the rabbitmq-delayed-message-exchange plugin (DECISIONS 5:
+        """Whether the broker has the rabbitmq-delayed-message-exchange plugin (scheduling:
         detected, not assumed).
 
         Declares a throwaway ``x-delayed-message`` exchange and deletes it again, on a

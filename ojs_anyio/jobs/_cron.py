@@ -41,7 +41,7 @@ State: what was fired
 The token's body carries the last fired tick of every schedule (JSON:
 ``{"v": 1, "group": …, "fired": {schedule: tick}, …}``).  After each fire the leader
 *swaps* the token: it publishes the updated token (persistent, confirmed) and only then
-acks the one it holds (publish-confirm-then-ack, as DECISIONS 2): a crash in between
+acks the one it holds (publish, confirm, then ack, as for retries): a crash in between
 leaves two tokens, never none, and the duplicate is merged as above (per schedule, the
 later tick wins).  So the next leader knows what was fired, and so does an instance
 restarted after a full outage (the queue is durable, the token persistent).  We keep the state in
@@ -50,7 +50,7 @@ the broker, without another queue or a store; in the body rather than in headers
 schedule names are free-form (table keys are short strings) and the body has no limits.
 The leader also swaps the token every ``token_refresh`` seconds (60 by default) when
 nothing fires: RabbitMQ closes a channel whose delivery stays unacked longer than its
-``consumer_timeout`` (30 min by default, DECISIONS 7), so a token held through a daily
+``consumer_timeout`` (30 min by default; RabbitMQ has no visibility timeout), so a token held through a daily
 schedule would otherwise cost the leader its channel.
 
 A leader never fires a tick twice: it fires a tick only when it is later than the last

@@ -19,7 +19,7 @@ Delay formulas (OJS retry §3, §5), for retry number ``n`` (the attempt that ju
     The result is capped at ``max_interval``, multiplied by ``0.5 + random()`` (a factor in
     ``[0.5, 1.5)``) when jitter is on, capped again, and rounded to whole milliseconds.
 
-The retry ladder (DECISIONS 4)
+The retry ladder (a bounded set of retry queues per job queue)
     Jitter would give nearly every failure its own ``delay_ms`` and so its own retry queue
     ``ojs.queue.retry.{q}.{delay_ms}``.  :func:`ladder_delay_ms` rounds each delay to the
     nearest rung of :data:`RETRY_LADDER_MS`, a fixed series of "round" durations from

@@ -2,7 +2,7 @@
 
 Nothing here talks to a broker; the runtime declares what these functions describe.
 
-Names (001 §4.1, DECISIONS 1)
+Names (OJS AMQP binding §4.1)
     :class:`Names` builds every exchange and queue name, with an optional tenant prefix
     (``Names("tenant1.").job_queue("email") == "tenant1.ojs.queue.email"``).  Because the
     spec nests per-queue entities under ``ojs.queue.`` (``ojs.queue.dlx.email``), an OJS
@@ -12,17 +12,18 @@ Names (001 §4.1, DECISIONS 1)
 
 Queue arguments
     Job queues get exactly ``x-dead-letter-exchange``, ``x-dead-letter-routing-key`` and
-    ``x-max-priority: 10`` by default (DECISIONS 12, 001 §15.1); length limits, overflow,
+    ``x-max-priority: 10`` by default (as in the binding's §15.1 example, so that it runs
+    unchanged beside us); length limits, overflow,
     TTL and the queue type are opt-in through :class:`QueueOptions`.  Retry queues get
-    exactly the three arguments of 001 §8.2 (DECISIONS 4).  Dead-letter and control queues
-    are plain durable queues with no arguments (DECISIONS 13), so another OJS
+    exactly the three arguments of the binding's §8.2.  Dead-letter and control queues
+    are plain durable queues with no arguments, as the binding declares them, so another OJS
     implementation can declare them first or second without a 406; their limits are
     opt-in too.  Dead-letter retention is enforced by ``DeadLetters.prune``.
 
-Priority (DECISIONS 9)
+Priority (binding §6.1: 0-9, only when the job has one)
     :func:`priority_to_amqp` keeps 0..9 and clamps anything else into it.
 
-Scheduled jobs without the plugin: binary delay levels (DECISIONS 5)
+Scheduled jobs without the plugin: binary delay levels
     A TTL queue delays correctly only if all its messages have the same TTL (001 §8.2), so
     an arbitrary delay ``d`` (0 <= d <= :data:`MAX_DELAY_MS` = 2**32 - 1 ms, 49.7 days) is
     spent in a chain of fixed-TTL queues: level ``k`` (k = 0..31) waits exactly 2**k ms, and
@@ -261,7 +262,7 @@ class Names(msgspec.Struct, frozen=True):
         """CANCEL and BEAT go to the direct exchange with the control queue's name as key (001 §5)."""
         return self.control_queue(queue)
 
-    # Binary delay levels (DECISIONS 5; module docstring)
+    # Binary delay levels (see the module docstring)
     def delay_exchange(self, level: int) -> str:
         return self._name(f"ojs.exchange.delay.{_check_level(level):02d}")
 
@@ -313,7 +314,7 @@ def exchanges(names: Names, *, delayed_plugin: bool = False) -> list[ExchangeSpe
 
     Direct, DLX and retry exchanges (direct, 001 §4.2, AMQP-001/002), the 32 delay-level
     exchanges and the deliver exchange (topic), and the plugin's ``x-delayed-message``
-    exchange only when ``delayed_plugin`` (DECISIONS 5: detected, not assumed).
+    exchange only when ``delayed_plugin`` (detected, not assumed).
     """
     specs = [
         ExchangeSpec(names.direct_exchange, "direct", {}),
@@ -505,7 +506,8 @@ def dlx_queue_binding(names: Names, queue: str) -> Binding:
 
 
 def retry_queue_arguments(names: Names, queue: str, delay_ms: int) -> dict[str, Any]:
-    """Exactly the arguments of 001 §8.2, nothing more (DECISIONS 4)."""
+    """Exactly the arguments of the binding's §8.2, nothing more, so that other OJS
+    implementations declare equivalent retry queues."""
     _check_delay(delay_ms, low=1, high=MAX_TTL_MS, what="retry delay")
     return {
         "x-dead-letter-exchange": names.direct_exchange,

@@ -1,4 +1,6 @@
-"""W3C trace context and OpenTelemetry spans for jobs (001 §12.2, DECISIONS 10).
+"""W3C trace context and OpenTelemetry spans for jobs (OJS AMQP binding §12.2).
+
+The summary page's ``x-ojs-traceparent`` header is written too, and either is read.
 
 Only ``opentelemetry-api`` is used: with no SDK configured every span is a cheap no-op.
 

@@ -10,7 +10,7 @@ Outcomes:
 * success → ``Basic.Ack`` (AMQP-008);
 * retryable failure → publish to ``ojs.exchange.retry`` (routing key ``{q}.{delay}``,
   delay on the bounded ladder) with ``x-ojs-attempt`` + 1 and the error headers, wait for
-  the confirm, then ``Basic.Ack`` the original (001 §5.4, DECISIONS 2): a crash in between
+  the confirm, then ``Basic.Ack`` the original (OJS AMQP binding §5.4; confirm first): a crash in between
   duplicates the job, never loses it;
 * exhausted, non-retryable, discarded or bad input → dead letter (see below);
 * the worker is stopping and the grace period ran out → the job is left unacked; the
@@ -101,7 +101,7 @@ Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
 
 DEFAULT_TIMEOUT = 1800.0
 #: RabbitMQ's default consumer_timeout (30 min): an unacked delivery older than this gets
-#: its channel closed with 406 PRECONDITION_FAILED (DECISIONS 7).
+#: its channel closed with 406 PRECONDITION_FAILED: RabbitMQ has no visibility timeout.
 BROKER_CONSUMER_TIMEOUT = 1800.0
 
 
@@ -989,10 +989,10 @@ _OUTCOME_STATE = {
 def _decode_delivered(body: bytes) -> Job:
     """:func:`decode_job`, but an envelope without ``specversion`` is read as version 1.0.
 
-    001 §15.1, the binding's own publishing example, sends ``{"id", "type", "queue",
-    "args", "created_at"}`` without ``specversion``; DECISIONS 12 wants jobs from those
-    examples to run.  Everything else stays strict, and the body is never rewritten
-    (retries and dead letters carry the bytes the producer sent).
+    The binding's own publishing example (§15.1) sends ``{"id", "type", "queue", "args",
+    "created_at"}`` without ``specversion``; jobs from that example must run here too.
+    Everything else stays strict, and the body is never rewritten (retries and dead
+    letters carry the bytes the producer sent).
     """
     try:
         return decode_job(body)
