@@ -54,9 +54,7 @@ class JobMetrics(Middleware):
         self._retried = meter.create_counter("ojs_jobs_retried_total", description="Attempts retried")
         self._dead = meter.create_counter("ojs_jobs_dead_lettered_total", description="Jobs dead-lettered")
         self._cancelled = meter.create_counter("ojs_jobs_cancelled_total", description="Jobs cancelled")
-        self._duration = meter.create_histogram(
-            "ojs_job_duration_seconds", unit="s", description="Handler duration per attempt"
-        )
+        self._duration = _duration_histogram(meter)
         self.max_label_sets = max_label_sets
         self.registered: frozenset[str] | None = None  # set by the worker: its job types
         self._attrs: dict[tuple[str, str], dict[str, Any]] = {}
@@ -98,3 +96,20 @@ class JobMetrics(Middleware):
         if outcome.duration > 0.0:
             self._duration.record(outcome.duration, attrs)
 
+
+
+#: Bucket bounds for handler durations, in seconds (the SDK's default bounds suit
+#: milliseconds: every job under 5 s would share one bucket).
+DURATION_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+)  # fmt: skip
+
+
+def _duration_histogram(meter: metrics.Meter) -> metrics.Histogram:
+    name, unit, description = "ojs_job_duration_seconds", "s", "Handler duration per attempt"
+    try:
+        return meter.create_histogram(
+            name, unit=unit, description=description, explicit_bucket_boundaries_advisory=DURATION_BUCKETS
+        )
+    except TypeError:  # opentelemetry-api before 1.23 has no bucket advice
+        return meter.create_histogram(name, unit=unit, description=description)
