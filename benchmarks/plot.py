@@ -96,9 +96,26 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("result", help="JSON written by benchmarks/jobs.py --json ('-' for stdin)")
-    ap.add_argument("output", help="the PNG to write")
+    ap.add_argument("result", nargs="?", help="JSON written by benchmarks/jobs.py --json ('-' for stdin)")
+    ap.add_argument("output", nargs="?", help="the PNG to write")
+    ap.add_argument("--smoke", action="store_true", help="CI: plot a made-up result into a temp file")
     args = ap.parse_args(argv)
+    if args.smoke:
+        import tempfile
+
+        made_up = {
+            "benchmark": "jobs",
+            "n": 10,
+            "ceiling": {"rates": {"enqueue": 100.0, "worker_c1": 50.0, "worker_c10": 80.0}},
+            "ours": {"asyncio": {"rates": {key: 40.0 for key, _l, _c in SCENARIOS}}},
+            "peers": {},
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            plot(made_up, Path(tmp) / "smoke.png")
+        print("smoke OK")
+        return 0
+    if args.result is None or args.output is None:
+        ap.error("give the JSON result and the PNG to write")
     text = sys.stdin.read() if args.result == "-" else Path(args.result).read_text()
     result = json.loads(text.strip().splitlines()[-1])
     if result.get("benchmark") != "jobs":
