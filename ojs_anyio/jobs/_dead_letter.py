@@ -7,7 +7,8 @@ unchanged but for RabbitMQ's ``x-death`` headers (reason ``rejected``) and the
 so a consumer that shares the queue (any client following the binding) never sees the job
 again.  A Nack cannot add headers, so the reason of the *final* failure is not on the
 message: it goes to the log line (``outcome=dead_lettered code=... : message``), to the
-``ojs_jobs_dead_lettered_total`` counter (attributes ``queue``, ``error_code``) and to a
+per-job-type metrics (:class:`JobMetrics`: ``ojs_jobs_dead_lettered_total`` and
+``ojs_jobs_failed_total`` with ``error.type``) and to a
 ``{queue} dead_letter`` span (``ojs.error.code``, ``ojs.error.message``, status ERROR).  The
 ``x-ojs-error-code`` / ``x-ojs-error-message`` headers an earlier retry wrote stay on it.
 
@@ -23,9 +24,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Final
 
-from opentelemetry import metrics
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import amqp
@@ -36,14 +35,6 @@ from ._wire import H_DEAD_LETTERED_AT, H_ERROR_CODE, H_ERROR_MESSAGE, with_heade
 __all__ = ["dead_letter"]
 
 log = logging.getLogger("ojs_anyio.worker")
-
-_meter: Final = metrics.get_meter("ojs_anyio.jobs", "0.1.0")
-_dead_lettered: Final = _meter.create_counter(
-    "ojs_jobs_dead_lettered_total",
-    unit="{job}",
-    description="Jobs the worker dead-lettered (discarded or retries exhausted), by final error code.",
-)
-
 
 async def dead_letter(
     ch: amqp.Channel,
@@ -57,7 +48,6 @@ async def dead_letter(
     annotate: bool,
 ) -> None:
     """Settle ``msg`` as dead (see the module docstring); record the final reason."""
-    _dead_lettered.add(1, {"queue": queue, "error_code": code})
     if _tracing._recording():
         with _tracing.tracer.start_as_current_span(
             f"{queue} dead_letter",

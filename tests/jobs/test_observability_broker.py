@@ -413,7 +413,8 @@ async def test_dead_letter_reason_in_span_and_metric(
 ) -> None:
     """A Nack cannot carry the final reason, so the worker records it: a ``{q} dead_letter``
     span in the job's trace (ojs.error.code / ojs.error.message, status ERROR) and the
-    counter ojs_jobs_dead_lettered_total{queue, error_code}."""
+    per-job-type counters (the worker adds JobMetrics when an SDK is installed):
+    ojs_jobs_dead_lettered_total and ojs_jobs_failed_total{error.type}."""
     worker = ojs.Worker(queues=[q])
     outcomes = Outcomes(worker)
 
@@ -434,14 +435,19 @@ async def test_dead_letter_reason_in_span_and_metric(
     assert dead.context is not None and dead.context.trace_id == by_name[f"{q} publish"].context.trace_id
     data = metric_reader.get_metrics_data()
     assert data is not None
-    counted = [
-        point.value
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        if sm.scope.name == "ojs_anyio.jobs"
-        for metric in sm.metrics
-        if metric.name == "ojs_jobs_dead_lettered_total"
-        for point in metric.data.data_points
-        if point.attributes == {"queue": q, "error_code": "DISCARDED"}
-    ]
-    assert counted == [1]
+    attrs = {"messaging.system": "rabbitmq", "messaging.destination.name": q, "ojs.job.type": "doomed.job"}
+
+    def counted(name: str, **extra: str) -> list[int]:
+        return [
+            point.value
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            if sm.scope.name == "ojs_anyio.jobs"
+            for metric in sm.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+            if point.attributes == {**attrs, **extra}
+        ]
+
+    assert counted("ojs_jobs_dead_lettered_total") == [1]
+    assert counted("ojs_jobs_failed_total", **{"error.type": "DISCARDED"}) == [1]
