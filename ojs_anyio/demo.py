@@ -58,8 +58,13 @@ async def run_demo(url: str | None, n_jobs: int) -> dict[str, int]:
 
     worker.add_listener(on_outcome)
     async with ojs.connect(url, retry=fast_retry) as client:
+        # The demo's own queues start afresh, whatever an earlier run (or an older version,
+        # with other queue arguments) left behind.
+        async with client.conn.channel(confirms=False) as ch:
+            names = client.names
+            for name in (names.job_queue(QUEUE), names.dlx_queue(QUEUE), names.control_queue(QUEUE)):
+                await ch.queue_delete(name)
         await client.declare_queue(QUEUE)
-        await client.dead_letters(QUEUE).purge()
         async with anyio.create_task_group() as tg:
             tg.start_soon(worker.run, client)
             await worker.wait_ready()
