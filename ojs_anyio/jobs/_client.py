@@ -751,10 +751,14 @@ class Client:
     # ------------------------------------------------- control plane (001 §5.6-5.8)
 
     async def declare_control_queue(self, queue: str) -> None:
-        """The durable ``ojs.queue.control.{q}`` (001 §4.1), bounded (see control_queue_arguments)."""
+        """The durable ``ojs.queue.control.{q}`` (OJS AMQP binding §4.1): no arguments, as the
+        binding declares it, unless the queue's options make it quorum."""
         ch = await self.channel()
         await self._declare_base(ch)
-        await self._declare_checked(self.names.control_queue(queue), control_queue_arguments())
+        # Quorum too when the queue's options say so: a classic queue lives on one node, and
+        # while that node is down every worker's control relay would fail with it.
+        arguments = quorum_queue_arguments(control_queue_arguments(), self.queue_options(queue))
+        await self._declare_checked(self.names.control_queue(queue), arguments)
         await self._bind(control_queue_binding(self.names, queue))
 
     async def _control_publish(self, queue: str, kind: str, body: dict[str, Any], **props: Any) -> None:
