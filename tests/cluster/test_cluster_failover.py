@@ -239,7 +239,12 @@ async def test_rejoining_node_loses_and_duplicates_nothing(cluster: Cluster) -> 
             assert all(r.ok for r in await client.push_batch(kept))
             await cluster.kill(member)
             await cluster.restart(member)
-            assert await cluster.messages(job_queue, ask=member) == len(kept)
+            # The rejoined member reports the queue once its replica has caught up (Raft
+            # replays the log asynchronously after the restart): wait for that, bounded.
+            with anyio.fail_after(60):
+                while (count := await cluster.messages(job_queue, ask=member)) != len(kept):
+                    assert count < len(kept), count
+                    await anyio.sleep(0.5)  # polling the broker: no event to wait on
             sentinel = client.build("rejoin.n", [-1], queue=queue)
             assert (await client.push_batch([sentinel]))[0].ok
             worker2 = ojs.Worker(queues=[queue], concurrency=1)  # FIFO: the sentinel comes last

@@ -54,6 +54,13 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
 _READER: InMemoryMetricReader | None = None
 
 
+@pytest.fixture(autouse=True)
+def fresh_queue_labels() -> None:
+    """The label set is process-wide and stops growing at MAX_QUEUE_LABELS: earlier tests
+    in the same process (thousands of queues) must not decide this test's labels."""
+    _metrics.queues.clear()
+
+
 @pytest.fixture(scope="session")
 def metric_reader() -> InMemoryMetricReader:
     """The session's SDK MeterProvider, installed globally once (the API proxies the
