@@ -22,14 +22,15 @@ import anyio
 import anyio.abc
 import msgspec
 
-from ojs_anyio.amqp import Int32, UsageError
+from ojs_anyio.amqp import UsageError
 
 from .. import amqp
 from . import _tracing
 from ._args import check_json_args
 from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
+from ._dlq import requeue_properties
 from ._durations import DurationLike, duration_ms, duration_seconds
-from ._envelope import ErrorInfo, Job, encode_job, format_timestamp, new_job, parse_timestamp
+from ._envelope import ErrorInfo, Job, encode_job, new_job, parse_timestamp
 from ._errors import DelayOutOfRangeError
 from ._exceptions import (
     PushError,
@@ -39,7 +40,6 @@ from ._exceptions import (
     TopologyConflictError,
     UnroutableJobError,
 )
-from ._failures import H_ERROR_BACKTRACE, H_ERROR_TYPE
 from ._middleware import Middleware, build_push_chain, check_middleware, overrides
 from ._results import PendingResult, ResultRouter
 from ._retry import RetryPolicy, merge
@@ -68,17 +68,12 @@ from ._topology import (
     quorum_queue_arguments,
     retry_queue_arguments,
     retry_queue_binding,
-    strip_dead_letter_headers,
 )
 from ._wire import (
     H_ATTEMPT,
-    H_DEAD_LETTER,
     H_DEAD_LETTERED_AT,
-    H_ENQUEUED_AT,
     H_ERROR_CODE,
     H_ERROR_MESSAGE,
-    H_ORIGINAL_PRIORITY,
-    H_SCHEDULED_AT,
     header_int,
     job_properties,
     with_headers,
@@ -1014,19 +1009,7 @@ class DeadLetters:
                 msg = await ch.get(self.name)
                 if msg is None:
                     break
-                props = with_headers(
-                    msg.properties,
-                    {H_ATTEMPT: Int32(1), H_ENQUEUED_AT: format_timestamp(datetime.now(UTC))},
-                    drop=(
-                        H_DEAD_LETTER, H_ERROR_CODE, H_ERROR_MESSAGE, H_SCHEDULED_AT,
-                        H_ORIGINAL_PRIORITY, H_DEAD_LETTERED_AT, H_ERROR_TYPE, H_ERROR_BACKTRACE,
-                    ),
-                    base=strip_dead_letter_headers(msg.properties.headers),
-                )  # fmt: skip
-                # Copies dead-lettered by earlier versions ran at priority 9: restore theirs.
-                original = (msg.properties.headers or {}).get(H_ORIGINAL_PRIORITY)
-                if isinstance(original, int) and not isinstance(original, bool) and 0 <= original <= 255:
-                    props = msgspec.structs.replace(props, priority=original)
+                props = requeue_properties(msg.properties)
                 try:
                     await ch.publish(
                         msg.body,

@@ -13,6 +13,7 @@ import msgspec
 
 from ..amqp import BasicProperties, Int32
 from ._envelope import format_timestamp, parse_timestamp
+from ._failures import H_ERROR_BACKTRACE, H_ERROR_TYPE
 from ._topology import strip_dead_letter_headers
 from ._wire import (
     H_ATTEMPT,
@@ -57,7 +58,7 @@ def requeue_properties(
         updates,
         drop=(
             H_DEAD_LETTER, H_ERROR_CODE, H_ERROR_MESSAGE, H_SCHEDULED_AT,
-            H_ORIGINAL_PRIORITY, _DEAD_LETTERED_AT,
+            H_ORIGINAL_PRIORITY, _DEAD_LETTERED_AT, H_ERROR_TYPE, H_ERROR_BACKTRACE,
         ),
         base=strip_dead_letter_headers(headers),
     )  # fmt: skip
