@@ -59,8 +59,9 @@ no-ops apart from the timestamp; ours (``async def noop(ctx, a, b)``) does nothi
 Rounds: round k runs, for every system in turn, one enqueue of N into a fresh queue and
 then the worker at the k-th concurrency (1, 10, 100) draining it; ours alternates
 ``push_batch`` (rounds 1 and 3) and ``push`` x100 (round 2).  Interleaving the systems
-makes drift in the machine's load hit them alike.  An enqueue rate is the best of the
-rounds that measured it (``--repeat R`` runs everything R times, best reported).  Each
+makes drift in the machine's load hit them alike.  Each figure is the median of the
+rounds that measured it (``--repeat R`` runs everything R times; 3 by default, 1 with
+``--smoke``), and the JSON keeps every round's rate.  Each
 run's queue (with the peer's side queues and exchanges) is deleted afterwards.  A round
 that fails (e.g. the shared broker restarted mid-run: a peer publishing without confirms
 then silently loses messages, which the queue-length check catches) is run again, once
@@ -122,6 +123,7 @@ import math
 import os
 import platform
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -242,12 +244,21 @@ def wait_for_count(url: str, queue: str, n: int, timeout: float = 30.0) -> int |
 
 @dataclass
 class Rates:
-    values: dict[str, float] = field(default_factory=dict)
+    """Every round's rate per scenario; a scenario's figure is the median of its rounds."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
 
-    def best(self, key: str, value: float | None) -> None:
-        if value is not None and value > self.values.get(key, 0.0):
-            self.values[key] = value
+    def add(self, key: str, value: float | None) -> None:
+        if value is not None:
+            self.samples.setdefault(key, []).append(value)
+
+    @property
+    def values(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.samples.items()}
+
+    def dump(self) -> dict[str, object]:
+        return {"rates": self.values, "rounds": self.samples, "notes": self.notes}
 
 
 async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
@@ -277,11 +288,11 @@ async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
                     for count in _split(n):
                         tg.start_soon(pusher, count)
                 dt = time.perf_counter() - t0
-            out.best(style, n / dt)
+            out.add(style, n / dt)
             info = await ch.queue_declare(names.job_queue(q), passive=True)
             if info.message_count != n:
                 raise RuntimeError(f"queue holds {info.message_count} jobs, expected {n}")
-            out.best(f"worker_c{c}", await _ours_worker(client, q, n, c))
+            out.add(f"worker_c{c}", await _ours_worker(client, q, n, c))
         finally:
             for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q)):
                 with contextlib.suppress(amqp.AMQPError):
@@ -349,11 +360,11 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
     conn = hotpath.RawConnection(url)
     try:
         seconds = conn.publish(q, n, exchange=exchange, properties=props, body=body, mandatory=True)
-        out.best("enqueue", n / seconds)
+        out.add("enqueue", n / seconds)
         count = wait_for_count(url, job_queue, n)
         if count != n:
             raise RuntimeError(f"raw enqueue: the queue holds {count} jobs, expected {n}")
-        out.best(f"worker_c{c}", n / conn.consume(job_queue, n, prefetch=c))
+        out.add(f"worker_c{c}", n / conn.consume(job_queue, n, prefetch=c))
     finally:
         conn.close()
     # Without confirms (as Celery and Dramatiq enqueue by default), for context: the rate
@@ -361,7 +372,7 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
     loose = hotpath.RawConnection(url, confirms=False)
     try:
         seconds = loose.publish_unconfirmed(exchange, q, job_queue, n, properties=props, body=body)
-        out.best("enqueue_unconfirmed", n / seconds)
+        out.add("enqueue_unconfirmed", n / seconds)
     finally:
         loose.close()
         delete_entities(url, [job_queue, f"ojs.queue.dlx.{q}", f"ojs.queue.control.{q}"])
@@ -582,8 +593,8 @@ def run_peer(python: str, url: str, row: str, peer: str, pool: str, n: int, c: i
         except Exception as exc:
             return f"worker c={c} failed: {exc}"
         log(f"  {row}: worker c={c}: {rate:,.0f} jobs/s")
-        out.best("enqueue", enqueue_rate)
-        out.best(f"worker_c{c}", rate)
+        out.add("enqueue", enqueue_rate)
+        out.add(f"worker_c{c}", rate)
         return None
     finally:
         delete_entities(url, ent.queues, ent.exchanges)
@@ -1043,7 +1054,9 @@ def main(argv: list[str] | None = None) -> int:
         help="backends for the memory:// column (the in-process broker, no network; 'none' to skip)",
     )
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)), help="worker concurrencies")
-    ap.add_argument("--repeat", type=int, default=1, help="rounds; the best of each is reported (default 1)")
+    ap.add_argument(
+        "--repeat", type=int, default=None, help="rounds, of which each figure is the median (default 3)"
+    )
     ap.add_argument("--profile", choices=["asyncio", "trio"], help="cProfile our push_batch and worker; exit")
     ap.add_argument("--profile-concurrency", type=int, default=10, help="worker concurrency for --profile")
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a round that failed (default 1)")
@@ -1062,6 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(args)
 
     n = args.n or (200 if args.smoke else 20_000)
+    repeat = args.repeat or (1 if args.smoke else 3)
     if n < 2:
         ap.error("--n must be at least 2")
     if args.profile:
@@ -1092,7 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             peers[row] = Rates()
     # Rounds interleave the systems, so drift in the machine's load hits all of them alike.
-    for rnd in range(args.repeat):
+    for rnd in range(repeat):
         for i, c in enumerate(concurrencies):
             style = "push_batch" if i % 2 == 0 else "push_concurrent"
             key = f"round {rnd + 1}.{i + 1}"
@@ -1165,18 +1179,19 @@ def main(argv: list[str] | None = None) -> int:
                     "n": n,
                     "args": list(ARGS),
                     "smoke": args.smoke,
+                    "repeat": repeat,
                     "python": platform.python_version(),
                     "cpus": os.cpu_count(),
                     "seconds": round(elapsed, 1),
-                    "ours": {b: {"rates": r.values, "notes": r.notes} for b, r in ours.items()},
-                    "memory": {b: {"rates": r.values, "notes": r.notes} for b, r in memory.items()},
+                    "ours": {b: r.dump() for b, r in ours.items()},
+                    "memory": {b: r.dump() for b, r in memory.items()},
                     "peers": {
                         name: (
-                            {"rates": r.values, "notes": r.notes} if isinstance(r, Rates) else {"status": r}
+                            r.dump() if isinstance(r, Rates) else {"status": r}
                         )
                         for name, r in peers.items()
                     },
-                    "ceiling": {"rates": ceiling.values, "notes": ceiling.notes},
+                    "ceiling": ceiling.dump(),
                     "comparison": comparison,
                     "target": TARGET,
                     "cli_worker": {"concurrency": args.cli_concurrency, "rates": cli_rates},
