@@ -1186,9 +1186,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ours": {b: r.dump() for b, r in ours.items()},
                     "memory": {b: r.dump() for b, r in memory.items()},
                     "peers": {
-                        name: (
-                            r.dump() if isinstance(r, Rates) else {"status": r}
-                        )
+                        name: (r.dump() if isinstance(r, Rates) else {"status": r})
                         for name, r in peers.items()
                     },
                     "ceiling": ceiling.dump(),
