@@ -397,34 +397,24 @@ async def cmd_dlq_prune(args: Any) -> int:
                 total = (await _need_queue(probe, name, "dead-letter queue")).message_count
             finally:
                 await probe.aclose()
-            excess = max(0, total - max_count) if max_count is not None else 0
             rules = []
             if max_age is not None:
                 rules.append(f"older than {args.max_age}")
             if max_count is not None:
                 rules.append(f"beyond the newest {max_count}")
             confirm(f"Delete the dead jobs in {name} {' or '.join(rules)} (of {total})?", args.yes)
-            cutoff = datetime.now(UTC) - max_age if max_age is not None else None
-            dropped = 0
             progress = Progress(total, "prune", enabled=not args.json)
-            async with client.conn.channel(confirms=False) as ch:
-                try:
-                    while dropped < total and not interrupt.requested:
-                        msg = await ch.get(name)
-                        if msg is None:
-                            break
-                        when = died_at(msg.properties)
-                        too_old = cutoff is not None and when is not None and when < cutoff
-                        if not (too_old or dropped < excess):
-                            # The queue is oldest first: everything after this is kept too.
-                            with anyio.CancelScope(shield=True):
-                                await msg.reject(requeue=True)
-                            break
-                        await msg.ack()
-                        dropped += 1
-                        progress.update(dropped)
-                finally:
-                    progress.close()
+            try:
+                # At most the jobs there at the start.
+                dropped = await client.dead_letters(args.queue).prune(
+                    max_age,
+                    max_jobs=max_count,
+                    limit=total,
+                    on_dropped=progress.update,
+                    stop=lambda: interrupt.requested,
+                )
+            finally:
+                progress.close()
         if args.json:
             print_json({"queue": args.queue, "pruned": dropped, "interrupted": interrupt.requested})
         else:
