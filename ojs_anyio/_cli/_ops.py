@@ -631,12 +631,7 @@ async def _check_queue(
     client: Client, probe: Probe, name: str, arguments: dict[str, Any], required: bool
 ) -> _Check:
     if await probe.queue(name) is None:
-        return _Check(
-            name,
-            "queue",
-            "missing" if required else "absent",
-            "" if required else "not declared yet (declared on first use)",
-        )
+        return _absent(name, "queue", required)
     # Redeclare-equivalence: a declare with the spec's properties changes nothing when the
     # queue is equivalent, and is refused (406, channel closed) when it is not.
     try:
@@ -649,14 +644,17 @@ async def _check_queue(
     )
 
 
+def _absent(name: str, kind: str, required: bool) -> _Check:
+    """The check of an entity the broker does not have: an error when the topology needs
+    it now, else only not declared yet."""
+    if required:
+        return _Check(name, kind, "missing", "")
+    return _Check(name, kind, "absent", "not declared yet (declared on first use)")
+
+
 async def _check_exchange(client: Client, probe: Probe, name: str, kind: str, required: bool) -> _Check:
     if not await probe.exchange(name):
-        return _Check(
-            name,
-            "exchange",
-            "missing" if required else "absent",
-            "" if required else "not declared yet (declared on first use)",
-        )
+        return _absent(name, "exchange", required)
     try:
         async with client.conn.channel(confirms=False) as ch:
             await ch.exchange_declare(name, kind, durable=True)
