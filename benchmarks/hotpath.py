@@ -714,29 +714,45 @@ def wait_for_broker(url: str, timeout: float = BROKER_WAIT) -> None:
 
 def run_all(url: str, n: int, repeat: int, window: int, only: list[str] | None) -> dict[str, Result]:
     names = [s for s in SCENARIOS if only is None or s in only]
-    results = {name: Result(name) for name in names}
     with contextlib.suppress(Exception):  # untimed warm-up of the broker; failures show up below
         wait_for_broker(url)
         run_raw(url, min(n, 2000), window)
+    scenarios = {name: (lambda url, n, run=SCENARIOS[name]: run(url, n, window)) for name in names}
+    return run_rounds("hotpath", scenarios, url, n, repeat, ATTEMPTS)
+
+
+def run_rounds(
+    label: str,
+    scenarios: dict[str, Callable[[str, int], tuple[float, float]]],
+    url: str,
+    n: int,
+    repeat: int,
+    attempts: int,
+) -> dict[str, Result]:
+    """``repeat`` rounds of every scenario (``scenario(url, n)`` returns the publish and
+    consume seconds); a scenario that raises :class:`Skipped` or fails ``attempts`` times
+    in a row is left out of the later rounds.  Also used by ``benchmarks/events.py``."""
+    results = {name: Result(name) for name in scenarios}
     for _ in range(repeat):
-        for name in names:
+        for name, scenario in scenarios.items():
             res = results[name]
             if res.skipped or res.error:
                 continue
-            for attempt in range(1, ATTEMPTS + 1):
+            for attempt in range(1, attempts + 1):
                 try:
                     wait_for_broker(url)
-                    pub, cons = SCENARIOS[name](url, n, window)
+                    pub, cons = scenario(url, n)
                 except Skipped as exc:
                     res.skipped = str(exc)
+                    print(f"{label}: skipping {name}: {exc}", file=sys.stderr)
                     break
                 except Exception as exc:
                     # A broker restart (or memory alarm) by another process fails a run
                     # without saying anything about the client: try again, say so.
                     msg = f"{type(exc).__name__}: {exc}"
-                    if attempt < ATTEMPTS:
+                    if attempt < attempts:
                         res.retries.append(msg)
-                        print(f"hotpath: {name} failed ({msg}); retrying", file=sys.stderr)
+                        print(f"{label}: {name} failed ({msg}); retrying", file=sys.stderr)
                         traceback.print_exc(file=sys.stderr)
                         continue
                     res.error = msg
@@ -748,23 +764,36 @@ def run_all(url: str, n: int, repeat: int, window: int, only: list[str] | None) 
     return results
 
 
-def ratios(results: dict[str, Result]) -> dict[str, Any]:
+def peer_ratios(
+    results: dict[str, Result],
+    ours: tuple[str, ...],
+    peers: tuple[str, ...],
+    ceiling: str,
+    workloads: tuple[tuple[str, str], ...],
+) -> dict[str, Any]:
+    """Each of ``ours`` as a fraction of the ceiling and of each peer, per workload:
+    ``{"to_ceiling": {"ours:wl": x}, "to_peers": {"ours/peer:wl": x}, "targets": []}``."""
     out: dict[str, Any] = {"to_ceiling": {}, "to_peers": {}, "targets": []}
-    ceiling = results.get(CEILING)
-    for ours in OURS:
-        r = results.get(ours)
+    top_result = results.get(ceiling)
+    for name in ours:
+        r = results.get(name)
         if r is None:
             continue
-        for wl, _label in WORKLOADS:
+        for wl, _label in workloads:
             mine = r.best(wl)
             if mine is None:
                 continue
-            if ceiling is not None and (top := ceiling.best(wl)):
-                out["to_ceiling"][f"{ours}:{wl}"] = mine / top
-            for peer in PEERS:
+            if top_result is not None and (top := top_result.best(wl)):
+                out["to_ceiling"][f"{name}:{wl}"] = mine / top
+            for peer in peers:
                 p = results.get(peer)
                 if p is not None and (theirs := p.best(wl)):
-                    out["to_peers"][f"{ours}/{peer}:{wl}"] = mine / theirs
+                    out["to_peers"][f"{name}/{peer}:{wl}"] = mine / theirs
+    return out
+
+
+def ratios(results: dict[str, Result]) -> dict[str, Any]:
+    out = peer_ratios(results, OURS, PEERS, CEILING, WORKLOADS)
     for ours, wl, minimum in TARGETS:
         got = out["to_ceiling"].get(f"{ours}:{wl}")
         out["targets"].append(
