@@ -148,6 +148,19 @@ async def _need_queue(probe: Probe, name: str, what: str) -> amqp.QueueInfo:
     return info
 
 
+async def _dead_letter_total(client: Client, queue: str, *, need_job_queue: bool = False) -> int:
+    """How many dead jobs ``queue``'s dead-letter queue holds; exit "not found" when it does
+    not exist, nor (with ``need_job_queue``) when the job queue does not."""
+    probe = Probe(client)
+    try:
+        info = await _need_queue(probe, client.names.dlx_queue(queue), "dead-letter queue")
+        if need_job_queue:
+            await _need_queue(probe, client.names.job_queue(queue), "job queue")
+    finally:
+        await probe.aclose()
+    return info.message_count
+
+
 # -------------------------------------------------------------------- queues
 
 
@@ -250,11 +263,7 @@ def _dead_row(msg: amqp.IncomingMessage, now: datetime) -> dict[str, Any]:
 async def cmd_dlq_peek(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         name = client.names.dlx_queue(args.queue)
-        probe = Probe(client)
-        try:
-            total = (await _need_queue(probe, name, "dead-letter queue")).message_count
-        finally:
-            await probe.aclose()
+        total = await _dead_letter_total(client, args.queue)
         rows: list[dict[str, Any]] = []
         now = datetime.now(UTC)
         async with client.conn.channel(confirms=False) as ch:
@@ -292,12 +301,7 @@ async def cmd_dlq_requeue(args: Any) -> int:
         async with open_client(args.url, args.prefix) as client:
             names = client.names
             dlq = names.dlx_queue(args.queue)
-            probe = Probe(client)
-            try:
-                total = (await _need_queue(probe, dlq, "dead-letter queue")).message_count
-                await _need_queue(probe, names.job_queue(args.queue), "job queue")
-            finally:
-                await probe.aclose()
+            total = await _dead_letter_total(client, args.queue, need_job_queue=True)
             if args.all:
                 confirm(
                     f"Requeue all {total} dead jobs of {args.queue!r} to {names.job_queue(args.queue)}?",
@@ -367,11 +371,7 @@ async def cmd_dlq_requeue(args: Any) -> int:
 async def cmd_dlq_purge(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         name = client.names.dlx_queue(args.queue)
-        probe = Probe(client)
-        try:
-            total = (await _need_queue(probe, name, "dead-letter queue")).message_count
-        finally:
-            await probe.aclose()
+        total = await _dead_letter_total(client, args.queue)
         confirm(f"Delete all {total} dead jobs in {name}?", args.yes)
         # Queue.Purge is one broker operation: it happens whole or not at all.
         async with client.conn.channel(confirms=False) as ch:
@@ -392,11 +392,7 @@ async def cmd_dlq_prune(args: Any) -> int:
     async def run(interrupt: Interrupt) -> int:
         async with open_client(args.url, args.prefix) as client:
             name = client.names.dlx_queue(args.queue)
-            probe = Probe(client)
-            try:
-                total = (await _need_queue(probe, name, "dead-letter queue")).message_count
-            finally:
-                await probe.aclose()
+            total = await _dead_letter_total(client, args.queue)
             rules = []
             if max_age is not None:
                 rules.append(f"older than {args.max_age}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,8 +15,6 @@ from ojs_codec import Int32
 
 from .cli_support import (
     URL,
-    cli_cmd,
-    cli_env,
     declare_raw,
     delete_exchanges,
     delete_queues,
@@ -145,13 +142,7 @@ def test_dlq_requeue_by_id_keeps_the_others_in_order(q: str) -> None:
 def test_dlq_requeue_interrupted_by_sigint_loses_and_doubles_nothing(q: str, tmp_path: Path) -> None:
     ok("topology", "declare", q)
     ids = dead_letters(q, 4000)
-    proc = subprocess.Popen(
-        cli_cmd("dlq", "requeue", q, "--all", "--yes", "--json"),
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn_cli("dlq", "requeue", q, "--all", "--yes", "--json", capture=True)
     with reaped(proc):
         wait_for(lambda: (queue_count(f"ojs.queue.{q}") or 0) >= 200, 60, "the requeue to be under way", 0.02)
         proc.send_signal(signal.SIGINT)
@@ -169,13 +160,7 @@ def test_dlq_requeue_interrupted_by_sigint_loses_and_doubles_nothing(q: str, tmp
 def test_dlq_prune_interrupted_by_sigint_stops_after_the_current_job(q: str) -> None:
     ok("topology", "declare", q)
     ids = dead_letters(q, 5000)
-    proc = subprocess.Popen(
-        cli_cmd("dlq", "prune", q, "--max-count", "0", "--yes", "--json"),
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn_cli("dlq", "prune", q, "--max-count", "0", "--yes", "--json", capture=True)
     with reaped(proc):
         wait_for(
             lambda: (queue_count(f"ojs.queue.dlx.{q}") or 5000) <= 4800, 60, "the prune to be under way", 0.02
