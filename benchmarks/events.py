@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import anyio
 import msgspec
-from hotpath import RawConnection, Result, Skipped, peer_ratios, run_rounds
+from hotpath import RawConnection, Result, Skipped, peer_ratios, print_rates, run_rounds
 
 import ojs_codec
 from ojs_anyio import amqp, events
@@ -341,24 +341,7 @@ def print_report(args: argparse.Namespace, results: dict[str, Result], rat: dict
     )
     if args.smoke:
         print("(smoke run: tiny N, the rates measure start-up more than throughput)")
-    ceiling = results.get(CEILING)
-    for wl, label in WORKLOADS:
-        print(f"\n{label} (events/s, best of {args.repeat}):")
-        top = ceiling.best(wl) if ceiling else None
-        for name, r in results.items():
-            best = r.best(wl)
-            rate = "skipped" if r.skipped else "error" if r.error else f"{best:>10,.0f}" if best else "-"
-            line = f"  {name:<16} {rate:>10}"
-            if top and best and name != CEILING:
-                line += f"   {100 * best / top:5.1f}% of ceiling"
-            samples = r.publish if wl == "publish" else r.consume
-            if len(samples) > 1:
-                line += "   [" + " ".join(f"{s:,.0f}" for s in samples) + "]"
-            if r.skipped:
-                line += f"   ({r.skipped})"
-            elif r.error:
-                line += f"   ({r.error[:100]})"
-            print(line)
+    print_rates(results, CEILING, WORKLOADS, args.repeat, unit="events/s", width=16, error_chars=100)
     print("\ntargets (context, not asserted):")
     for t in rat["targets"]:
         ratio = t["minimum"] > 1

@@ -1009,6 +1009,39 @@ def _fmt_rate(r: Result, wl: str) -> str:
     return f"{best:>10,.0f}" if best is not None else "-"
 
 
+def print_rates(
+    results: dict[str, Result],
+    ceiling: str,
+    workloads: tuple[tuple[str, str], ...],
+    repeat: int,
+    *,
+    unit: str,
+    width: int,
+    error_chars: int | None = None,
+) -> None:
+    """One table a workload: each scenario's best rate, its share of the ceiling, every
+    round's rate, and why it was skipped, failed or re-run.  Also used by events.py."""
+    top_result = results.get(ceiling)
+    for wl, label in workloads:
+        print(f"\n{label} ({unit}, best of {repeat}):")
+        top = top_result.best(wl) if top_result else None
+        for name, r in results.items():
+            line = f"  {name:<{width}} {_fmt_rate(r, wl):>10}"
+            best = r.best(wl)
+            if top and best and name != ceiling:
+                line += f"   {100 * best / top:5.1f}% of ceiling"
+            samples = r.publish if wl == "publish" else r.consume
+            if len(samples) > 1:
+                line += "   [" + " ".join(f"{s:,.0f}" for s in samples) + "]"
+            if r.skipped:
+                line += f"   ({r.skipped})"
+            elif r.error:
+                line += f"   ({r.error[:error_chars]})"
+            elif r.retries and wl == "publish":
+                line += f"   (re-run {len(r.retries)}x after: {r.retries[-1][:70]})"
+            print(line)
+
+
 def print_report(
     args: argparse.Namespace, results: dict[str, Result], rat: dict[str, Any], memory: dict[str, Any] | None
 ) -> None:
@@ -1019,25 +1052,7 @@ def print_report(
     )
     if args.smoke:
         print("(smoke run: tiny N, the rates below measure start-up more than throughput)")
-    ceiling = results.get(CEILING)
-    for wl, label in WORKLOADS:
-        print(f"\n{label} (msgs/s, best of {args.repeat}):")
-        top = ceiling.best(wl) if ceiling else None
-        for name, r in results.items():
-            line = f"  {name:<20} {_fmt_rate(r, wl):>10}"
-            best = r.best(wl)
-            if top and best and name != CEILING:
-                line += f"   {100 * best / top:5.1f}% of ceiling"
-            samples = r.publish if wl == "publish" else r.consume
-            if len(samples) > 1:
-                line += "   [" + " ".join(f"{s:,.0f}" for s in samples) + "]"
-            if r.skipped:
-                line += f"   ({r.skipped})"
-            elif r.error:
-                line += f"   ({r.error})"
-            elif r.retries and wl == "publish":
-                line += f"   (re-run {len(r.retries)}x after: {r.retries[-1][:70]})"
-            print(line)
+    print_rates(results, CEILING, WORKLOADS, args.repeat, unit="msgs/s", width=20)
     print("\nours / ceiling:")
     for ours in OURS:
         parts = []
