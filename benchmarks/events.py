@@ -39,9 +39,7 @@ import os
 import platform
 import sys
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import anyio
 import msgspec
-from hotpath import RawConnection, wait_for_broker
+from hotpath import RawConnection, Result, Skipped, peer_ratios, print_rates, run_rounds
 
 import ojs_codec
 from ojs_anyio import amqp, events
@@ -83,10 +81,6 @@ class Event(msgspec.Struct):
 PAYLOAD = Event(12345, "mongo", "read", {"collection": "users", "key": "a1b2c3d4e5f6", "by": "rBroker"})
 PAYLOAD_DICT = msgspec.to_builtins(PAYLOAD)
 BODY = msgspec.json.encode(PAYLOAD)
-
-
-class Skipped(Exception):
-    pass
 
 
 def _have(module: str) -> bool:
@@ -316,66 +310,13 @@ SCENARIOS: dict[str, Callable[[str, int], tuple[float, float]]] = {
 # =====================================================================================
 
 
-@dataclass
-class Result:
-    name: str
-    publish: list[float] = field(default_factory=list)
-    consume: list[float] = field(default_factory=list)
-    skipped: str | None = None
-    error: str | None = None
-
-    def best(self, workload: str) -> float | None:
-        samples = self.publish if workload == "publish" else self.consume
-        return max(samples) if samples else None
-
-
 def run_all(url: str, n: int, repeat: int, only: list[str] | None) -> dict[str, Result]:
-    names = [s for s in SCENARIOS if only is None or s in only]
-    results = {name: Result(name) for name in names}
-    for _ in range(repeat):
-        for name in names:
-            res = results[name]
-            if res.skipped or res.error:
-                continue
-            for attempt in range(1, ATTEMPTS + 1):
-                try:
-                    wait_for_broker(url)
-                    pub, cons = SCENARIOS[name](url, n)
-                except Skipped as exc:
-                    res.skipped = str(exc)
-                    print(f"events: skipping {name}: {exc}", file=sys.stderr)
-                    break
-                except Exception as exc:
-                    msg = f"{type(exc).__name__}: {exc}"
-                    traceback.print_exc(file=sys.stderr)
-                    if attempt < ATTEMPTS:
-                        print(f"events: {name} failed ({msg}); retrying", file=sys.stderr)
-                        continue
-                    res.error = msg
-                    break
-                res.publish.append(n / pub)
-                res.consume.append(n / cons)
-                break
-    return results
+    scenarios = {name: run for name, run in SCENARIOS.items() if only is None or name in only}
+    return run_rounds("events", scenarios, url, n, repeat, ATTEMPTS)
 
 
 def ratios(results: dict[str, Result]) -> dict[str, Any]:
-    out: dict[str, Any] = {"to_ceiling": {}, "to_peers": {}, "targets": []}
-    ceiling = results.get(CEILING)
-    for ours in OURS:
-        r = results.get(ours)
-        if r is None:
-            continue
-        for wl, _ in WORKLOADS:
-            mine = r.best(wl)
-            if mine is None:
-                continue
-            if ceiling is not None and (top := ceiling.best(wl)):
-                out["to_ceiling"][f"{ours}:{wl}"] = mine / top
-            for peer in PEERS:
-                p = results.get(peer)
-                if p is not None and (theirs := p.best(wl)):
-                    out["to_peers"][f"{ours}/{peer}:{wl}"] = mine / theirs
+    out = peer_ratios(results, OURS, PEERS, CEILING, WORKLOADS)
     for ours, minimum in TARGETS:
         for wl, _ in WORKLOADS:
             got = out["to_ceiling"].get(f"{ours}:{wl}")
@@ -400,24 +341,7 @@ def print_report(args: argparse.Namespace, results: dict[str, Result], rat: dict
     )
     if args.smoke:
         print("(smoke run: tiny N, the rates measure start-up more than throughput)")
-    ceiling = results.get(CEILING)
-    for wl, label in WORKLOADS:
-        print(f"\n{label} (events/s, best of {args.repeat}):")
-        top = ceiling.best(wl) if ceiling else None
-        for name, r in results.items():
-            best = r.best(wl)
-            rate = "skipped" if r.skipped else "error" if r.error else f"{best:>10,.0f}" if best else "-"
-            line = f"  {name:<16} {rate:>10}"
-            if top and best and name != CEILING:
-                line += f"   {100 * best / top:5.1f}% of ceiling"
-            samples = r.publish if wl == "publish" else r.consume
-            if len(samples) > 1:
-                line += "   [" + " ".join(f"{s:,.0f}" for s in samples) + "]"
-            if r.skipped:
-                line += f"   ({r.skipped})"
-            elif r.error:
-                line += f"   ({r.error[:100]})"
-            print(line)
+    print_rates(results, CEILING, WORKLOADS, args.repeat, unit="events/s", width=16, error_chars=100)
     print("\ntargets (context, not asserted):")
     for t in rat["targets"]:
         ratio = t["minimum"] > 1

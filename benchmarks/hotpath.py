@@ -714,29 +714,45 @@ def wait_for_broker(url: str, timeout: float = BROKER_WAIT) -> None:
 
 def run_all(url: str, n: int, repeat: int, window: int, only: list[str] | None) -> dict[str, Result]:
     names = [s for s in SCENARIOS if only is None or s in only]
-    results = {name: Result(name) for name in names}
     with contextlib.suppress(Exception):  # untimed warm-up of the broker; failures show up below
         wait_for_broker(url)
         run_raw(url, min(n, 2000), window)
+    scenarios = {name: (lambda url, n, run=SCENARIOS[name]: run(url, n, window)) for name in names}
+    return run_rounds("hotpath", scenarios, url, n, repeat, ATTEMPTS)
+
+
+def run_rounds(
+    label: str,
+    scenarios: dict[str, Callable[[str, int], tuple[float, float]]],
+    url: str,
+    n: int,
+    repeat: int,
+    attempts: int,
+) -> dict[str, Result]:
+    """``repeat`` rounds of every scenario (``scenario(url, n)`` returns the publish and
+    consume seconds); a scenario that raises :class:`Skipped` or fails ``attempts`` times
+    in a row is left out of the later rounds.  Also used by ``benchmarks/events.py``."""
+    results = {name: Result(name) for name in scenarios}
     for _ in range(repeat):
-        for name in names:
+        for name, scenario in scenarios.items():
             res = results[name]
             if res.skipped or res.error:
                 continue
-            for attempt in range(1, ATTEMPTS + 1):
+            for attempt in range(1, attempts + 1):
                 try:
                     wait_for_broker(url)
-                    pub, cons = SCENARIOS[name](url, n, window)
+                    pub, cons = scenario(url, n)
                 except Skipped as exc:
                     res.skipped = str(exc)
+                    print(f"{label}: skipping {name}: {exc}", file=sys.stderr)
                     break
                 except Exception as exc:
                     # A broker restart (or memory alarm) by another process fails a run
                     # without saying anything about the client: try again, say so.
                     msg = f"{type(exc).__name__}: {exc}"
-                    if attempt < ATTEMPTS:
+                    if attempt < attempts:
                         res.retries.append(msg)
-                        print(f"hotpath: {name} failed ({msg}); retrying", file=sys.stderr)
+                        print(f"{label}: {name} failed ({msg}); retrying", file=sys.stderr)
                         traceback.print_exc(file=sys.stderr)
                         continue
                     res.error = msg
@@ -748,23 +764,36 @@ def run_all(url: str, n: int, repeat: int, window: int, only: list[str] | None) 
     return results
 
 
-def ratios(results: dict[str, Result]) -> dict[str, Any]:
+def peer_ratios(
+    results: dict[str, Result],
+    ours: tuple[str, ...],
+    peers: tuple[str, ...],
+    ceiling: str,
+    workloads: tuple[tuple[str, str], ...],
+) -> dict[str, Any]:
+    """Each of ``ours`` as a fraction of the ceiling and of each peer, per workload:
+    ``{"to_ceiling": {"ours:wl": x}, "to_peers": {"ours/peer:wl": x}, "targets": []}``."""
     out: dict[str, Any] = {"to_ceiling": {}, "to_peers": {}, "targets": []}
-    ceiling = results.get(CEILING)
-    for ours in OURS:
-        r = results.get(ours)
+    top_result = results.get(ceiling)
+    for name in ours:
+        r = results.get(name)
         if r is None:
             continue
-        for wl, _label in WORKLOADS:
+        for wl, _label in workloads:
             mine = r.best(wl)
             if mine is None:
                 continue
-            if ceiling is not None and (top := ceiling.best(wl)):
-                out["to_ceiling"][f"{ours}:{wl}"] = mine / top
-            for peer in PEERS:
+            if top_result is not None and (top := top_result.best(wl)):
+                out["to_ceiling"][f"{name}:{wl}"] = mine / top
+            for peer in peers:
                 p = results.get(peer)
                 if p is not None and (theirs := p.best(wl)):
-                    out["to_peers"][f"{ours}/{peer}:{wl}"] = mine / theirs
+                    out["to_peers"][f"{name}/{peer}:{wl}"] = mine / theirs
+    return out
+
+
+def ratios(results: dict[str, Result]) -> dict[str, Any]:
+    out = peer_ratios(results, OURS, PEERS, CEILING, WORKLOADS)
     for ours, wl, minimum in TARGETS:
         got = out["to_ceiling"].get(f"{ours}:{wl}")
         out["targets"].append(
@@ -980,6 +1009,39 @@ def _fmt_rate(r: Result, wl: str) -> str:
     return f"{best:>10,.0f}" if best is not None else "-"
 
 
+def print_rates(
+    results: dict[str, Result],
+    ceiling: str,
+    workloads: tuple[tuple[str, str], ...],
+    repeat: int,
+    *,
+    unit: str,
+    width: int,
+    error_chars: int | None = None,
+) -> None:
+    """One table a workload: each scenario's best rate, its share of the ceiling, every
+    round's rate, and why it was skipped, failed or re-run.  Also used by events.py."""
+    top_result = results.get(ceiling)
+    for wl, label in workloads:
+        print(f"\n{label} ({unit}, best of {repeat}):")
+        top = top_result.best(wl) if top_result else None
+        for name, r in results.items():
+            line = f"  {name:<{width}} {_fmt_rate(r, wl):>10}"
+            best = r.best(wl)
+            if top and best and name != ceiling:
+                line += f"   {100 * best / top:5.1f}% of ceiling"
+            samples = r.publish if wl == "publish" else r.consume
+            if len(samples) > 1:
+                line += "   [" + " ".join(f"{s:,.0f}" for s in samples) + "]"
+            if r.skipped:
+                line += f"   ({r.skipped})"
+            elif r.error:
+                line += f"   ({r.error[:error_chars]})"
+            elif r.retries and wl == "publish":
+                line += f"   (re-run {len(r.retries)}x after: {r.retries[-1][:70]})"
+            print(line)
+
+
 def print_report(
     args: argparse.Namespace, results: dict[str, Result], rat: dict[str, Any], memory: dict[str, Any] | None
 ) -> None:
@@ -990,25 +1052,7 @@ def print_report(
     )
     if args.smoke:
         print("(smoke run: tiny N, the rates below measure start-up more than throughput)")
-    ceiling = results.get(CEILING)
-    for wl, label in WORKLOADS:
-        print(f"\n{label} (msgs/s, best of {args.repeat}):")
-        top = ceiling.best(wl) if ceiling else None
-        for name, r in results.items():
-            line = f"  {name:<20} {_fmt_rate(r, wl):>10}"
-            best = r.best(wl)
-            if top and best and name != CEILING:
-                line += f"   {100 * best / top:5.1f}% of ceiling"
-            samples = r.publish if wl == "publish" else r.consume
-            if len(samples) > 1:
-                line += "   [" + " ".join(f"{s:,.0f}" for s in samples) + "]"
-            if r.skipped:
-                line += f"   ({r.skipped})"
-            elif r.error:
-                line += f"   ({r.error})"
-            elif r.retries and wl == "publish":
-                line += f"   (re-run {len(r.retries)}x after: {r.retries[-1][:70]})"
-            print(line)
+    print_rates(results, CEILING, WORKLOADS, args.repeat, unit="msgs/s", width=20)
     print("\nours / ceiling:")
     for ours in OURS:
         parts = []

@@ -1,7 +1,8 @@
 """Helpers shared by every test folder (``from helpers import wait_until``).
 
 One home for what tests/amqp, tests/jobs and tests/resilience all need: polling state
-that has no event to wait on, waiting for a queue's message count, and unwrapping an
+that has no event to wait on, waiting for a queue's message count, whether a queue
+exists, and unwrapping an
 exception group to the one error a test expects (``unwrap_single_exception``, from the
 harness, which needs it itself).  ``tests/`` is on ``sys.path`` (the
 rootdir conftest), like the ``harness`` package.
@@ -16,7 +17,13 @@ from harness.proxy import unwrap_single_exception
 
 from ojs_anyio import amqp
 
-__all__ = ["message_count", "unwrap_single_exception", "wait_message_count", "wait_until"]
+__all__ = [
+    "message_count",
+    "queue_exists",
+    "unwrap_single_exception",
+    "wait_message_count",
+    "wait_until",
+]
 
 
 async def wait_until(
@@ -41,6 +48,16 @@ async def message_count(target: str | amqp.Connection | amqp.Channel, queue: str
             return (await ch.queue_declare(queue, passive=True)).message_count
     async with amqp.connect(target) as conn, conn.channel(confirms=False) as ch:
         return (await ch.queue_declare(queue, passive=True)).message_count
+
+
+async def queue_exists(url: str, queue: str) -> bool:
+    """Ask the broker directly (own connection) whether ``queue`` exists."""
+    async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
+        try:
+            await ch.queue_declare(queue, passive=True)
+        except amqp.NotFound:
+            return False
+    return True
 
 
 async def wait_message_count(

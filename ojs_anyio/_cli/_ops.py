@@ -148,6 +148,19 @@ async def _need_queue(probe: Probe, name: str, what: str) -> amqp.QueueInfo:
     return info
 
 
+async def _dead_letter_total(client: Client, queue: str, *, need_job_queue: bool = False) -> int:
+    """How many dead jobs ``queue``'s dead-letter queue holds; exit "not found" when it does
+    not exist, nor (with ``need_job_queue``) when the job queue does not."""
+    probe = Probe(client)
+    try:
+        info = await _need_queue(probe, client.names.dlx_queue(queue), "dead-letter queue")
+        if need_job_queue:
+            await _need_queue(probe, client.names.job_queue(queue), "job queue")
+    finally:
+        await probe.aclose()
+    return info.message_count
+
+
 # -------------------------------------------------------------------- queues
 
 
@@ -250,11 +263,7 @@ def _dead_row(msg: amqp.IncomingMessage, now: datetime) -> dict[str, Any]:
 async def cmd_dlq_peek(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         name = client.names.dlx_queue(args.queue)
-        probe = Probe(client)
-        try:
-            total = (await _need_queue(probe, name, "dead-letter queue")).message_count
-        finally:
-            await probe.aclose()
+        total = await _dead_letter_total(client, args.queue)
         rows: list[dict[str, Any]] = []
         now = datetime.now(UTC)
         async with client.conn.channel(confirms=False) as ch:
@@ -292,12 +301,7 @@ async def cmd_dlq_requeue(args: Any) -> int:
         async with open_client(args.url, args.prefix) as client:
             names = client.names
             dlq = names.dlx_queue(args.queue)
-            probe = Probe(client)
-            try:
-                total = (await _need_queue(probe, dlq, "dead-letter queue")).message_count
-                await _need_queue(probe, names.job_queue(args.queue), "job queue")
-            finally:
-                await probe.aclose()
+            total = await _dead_letter_total(client, args.queue, need_job_queue=True)
             if args.all:
                 confirm(
                     f"Requeue all {total} dead jobs of {args.queue!r} to {names.job_queue(args.queue)}?",
@@ -367,11 +371,7 @@ async def cmd_dlq_requeue(args: Any) -> int:
 async def cmd_dlq_purge(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         name = client.names.dlx_queue(args.queue)
-        probe = Probe(client)
-        try:
-            total = (await _need_queue(probe, name, "dead-letter queue")).message_count
-        finally:
-            await probe.aclose()
+        total = await _dead_letter_total(client, args.queue)
         confirm(f"Delete all {total} dead jobs in {name}?", args.yes)
         # Queue.Purge is one broker operation: it happens whole or not at all.
         async with client.conn.channel(confirms=False) as ch:
@@ -392,39 +392,25 @@ async def cmd_dlq_prune(args: Any) -> int:
     async def run(interrupt: Interrupt) -> int:
         async with open_client(args.url, args.prefix) as client:
             name = client.names.dlx_queue(args.queue)
-            probe = Probe(client)
-            try:
-                total = (await _need_queue(probe, name, "dead-letter queue")).message_count
-            finally:
-                await probe.aclose()
-            excess = max(0, total - max_count) if max_count is not None else 0
+            total = await _dead_letter_total(client, args.queue)
             rules = []
             if max_age is not None:
                 rules.append(f"older than {args.max_age}")
             if max_count is not None:
                 rules.append(f"beyond the newest {max_count}")
             confirm(f"Delete the dead jobs in {name} {' or '.join(rules)} (of {total})?", args.yes)
-            cutoff = datetime.now(UTC) - max_age if max_age is not None else None
-            dropped = 0
             progress = Progress(total, "prune", enabled=not args.json)
-            async with client.conn.channel(confirms=False) as ch:
-                try:
-                    while dropped < total and not interrupt.requested:
-                        msg = await ch.get(name)
-                        if msg is None:
-                            break
-                        when = died_at(msg.properties)
-                        too_old = cutoff is not None and when is not None and when < cutoff
-                        if not (too_old or dropped < excess):
-                            # The queue is oldest first: everything after this is kept too.
-                            with anyio.CancelScope(shield=True):
-                                await msg.reject(requeue=True)
-                            break
-                        await msg.ack()
-                        dropped += 1
-                        progress.update(dropped)
-                finally:
-                    progress.close()
+            try:
+                # At most the jobs there at the start.
+                dropped = await client.dead_letters(args.queue).prune(
+                    max_age,
+                    max_jobs=max_count,
+                    limit=total,
+                    on_dropped=progress.update,
+                    stop=lambda: interrupt.requested,
+                )
+            finally:
+                progress.close()
         if args.json:
             print_json({"queue": args.queue, "pruned": dropped, "interrupted": interrupt.requested})
         else:
@@ -641,12 +627,7 @@ async def _check_queue(
     client: Client, probe: Probe, name: str, arguments: dict[str, Any], required: bool
 ) -> _Check:
     if await probe.queue(name) is None:
-        return _Check(
-            name,
-            "queue",
-            "missing" if required else "absent",
-            "" if required else "not declared yet (declared on first use)",
-        )
+        return _absent(name, "queue", required)
     # Redeclare-equivalence: a declare with the spec's properties changes nothing when the
     # queue is equivalent, and is refused (406, channel closed) when it is not.
     try:
@@ -659,14 +640,17 @@ async def _check_queue(
     )
 
 
+def _absent(name: str, kind: str, required: bool) -> _Check:
+    """The check of an entity the broker does not have: an error when the topology needs
+    it now, else only not declared yet."""
+    if required:
+        return _Check(name, kind, "missing", "")
+    return _Check(name, kind, "absent", "not declared yet (declared on first use)")
+
+
 async def _check_exchange(client: Client, probe: Probe, name: str, kind: str, required: bool) -> _Check:
     if not await probe.exchange(name):
-        return _Check(
-            name,
-            "exchange",
-            "missing" if required else "absent",
-            "" if required else "not declared yet (declared on first use)",
-        )
+        return _absent(name, "exchange", required)
     try:
         async with client.conn.channel(confirms=False) as ch:
             await ch.exchange_declare(name, kind, durable=True)

@@ -25,9 +25,10 @@ The ladder
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Final
+
+from .._ladder import nearest_rung
 
 __all__ = ["MAX_WAIT_QUEUES", "WAIT_LADDER_MS", "RedeliveryPolicy", "ladder_ms"]
 
@@ -47,20 +48,7 @@ def ladder_ms(delay_ms: int, *, max_ms: int | None = None) -> int:
     With ``max_ms`` only rungs ``<= max_ms`` are candidates, unless ``max_ms`` is below the
     lowest rung.  Monotone: a longer delay never gets a shorter rung.
     """
-    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
-        raise ValueError(f"delay_ms must be a non-negative int, got {delay_ms!r}")
-    if delay_ms == 0:
-        return 0
-    rungs = WAIT_LADDER_MS
-    if max_ms is not None:
-        rungs = rungs[: max(1, bisect_left(rungs, max_ms + 1))]
-    i = bisect_left(rungs, delay_ms)
-    if i == 0:
-        return rungs[0]
-    if i == len(rungs):
-        return rungs[-1]
-    lower, upper = rungs[i - 1], rungs[i]
-    return lower if delay_ms - lower < upper - delay_ms else upper
+    return nearest_rung(WAIT_LADDER_MS, delay_ms, max_ms=max_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

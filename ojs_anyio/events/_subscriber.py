@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from .. import amqp
+from .._ladder import ttl_queue_arguments
 from ._redelivery import RedeliveryPolicy
 from ._wire import (
     CONTENT_JSON,
@@ -221,11 +222,9 @@ class Subscription:
             await ch.queue_declare(
                 name,
                 durable=True,
-                arguments={
-                    "x-message-ttl": wait_ms,
-                    "x-dead-letter-exchange": "",
-                    "x-dead-letter-routing-key": self.queue,
-                },
+                arguments=ttl_queue_arguments(
+                    wait_ms, dead_letter_exchange="", dead_letter_routing_key=self.queue
+                ),
             )
             self._wait_declared.add(key)
         return name

@@ -28,7 +28,7 @@ from .. import amqp
 from . import _tracing
 from ._args import check_json_args
 from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
-from ._dlq import requeue_properties
+from ._dlq import died_at, requeue_properties
 from ._durations import DurationLike, duration_ms, duration_seconds
 from ._envelope import ErrorInfo, Job, encode_job, new_job, parse_timestamp
 from ._errors import DelayOutOfRangeError
@@ -1036,6 +1036,8 @@ class DeadLetters:
         *,
         max_jobs: int | None = DLQ_MAX_LENGTH,
         limit: int = 100_000,
+        on_dropped: Callable[[int], object] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> int:
         """Enforce dead-letter retention: drop jobs that died more than ``older_than`` ago,
         then the oldest beyond ``max_jobs``.  Defaults: the OJS 180 days and 10,000 jobs.
@@ -1044,9 +1046,11 @@ class DeadLetters:
         the broker bounds nothing: run this periodically (``ojs-anyio dlq prune``
         or a task of your own).  The queue is FIFO by death, so it stops at the first job
         young enough to keep while the count is within bounds; at most ``limit`` are
-        dropped per call.  A job's death time is RabbitMQ's ``x-death`` time, or
-        ``x-ojs-dead-lettered-at`` (annotated mode), or its ``timestamp``.  Returns how
-        many were dropped.
+        dropped per call.  A job's death time is ``x-ojs-dead-lettered-at`` (annotated
+        mode), or RabbitMQ's ``x-death`` time, or its ``timestamp``.  ``on_dropped(n)`` is
+        called after each drop with the count so far (a progress report); ``stop()`` is
+        asked before each job and ends the call early when true.  Returns how many were
+        dropped.
         """
         cutoff = (
             None
@@ -1059,34 +1063,22 @@ class DeadLetters:
             if max_jobs is not None:
                 info = await ch.queue_declare(self.name, passive=True)
                 excess = max(0, info.message_count - max_jobs)
-            while dropped < limit:
+            while dropped < limit and not (stop is not None and stop()):
                 msg = await ch.get(self.name)
                 if msg is None:
                     break
                 if dropped >= excess:
-                    when = _died_at(msg)
+                    when = died_at(msg.properties)
                     if cutoff is None or when is None or when >= cutoff:
-                        await msg.reject(requeue=True)
+                        # The queue is oldest first: everything after this is kept too.
+                        with anyio.CancelScope(shield=True):
+                            await msg.reject(requeue=True)
                         break
                 await msg.ack()
                 dropped += 1
+                if on_dropped is not None:
+                    on_dropped(dropped)
         return dropped
-
-
-def _died_at(msg: amqp.IncomingMessage) -> datetime | None:
-    headers = msg.properties.headers or {}
-    died = headers.get(H_DEAD_LETTERED_AT)  # an annotated copy: the worker's time
-    if isinstance(died, str):
-        try:
-            return parse_timestamp(died)
-        except ValueError:
-            pass
-    deaths = headers.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        when = deaths[0].get("time")  # the most recent death comes first
-        if isinstance(when, datetime):
-            return when
-    return msg.properties.timestamp
 
 
 def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
@@ -1109,7 +1101,7 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
         body=msg.body,
         headers=headers,
         death_reason=reason if isinstance(reason, str) else None,
-        died_at=_died_at(msg),
+        died_at=died_at(msg.properties),
     )
 
 

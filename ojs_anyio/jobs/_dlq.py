@@ -76,19 +76,21 @@ def _x_death(headers: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def died_at(props: BasicProperties) -> datetime | None:
-    """When the job was dead-lettered: RabbitMQ's ``x-death`` time, else our
-    ``x-ojs-dead-lettered-at``, else the message's ``timestamp`` (when it was created)."""
+    """When the job was dead-lettered: our ``x-ojs-dead-lettered-at`` (an annotated copy:
+    the worker's time; any ``x-death`` it carries is from an earlier hop, such as a retry
+    queue), else RabbitMQ's latest ``x-death`` time, else the message's ``timestamp`` (when
+    it was created)."""
     headers = props.headers or {}
-    death = _x_death(headers)
-    if death is not None and isinstance(death.get("time"), datetime):
-        when: datetime = death["time"]
-        return when if when.tzinfo else when.replace(tzinfo=UTC)
     marked = headers.get(_DEAD_LETTERED_AT)
     if isinstance(marked, str):
         try:
             return parse_timestamp(marked)
         except ValueError:
             pass
+    death = _x_death(headers)
+    if death is not None and isinstance(death.get("time"), datetime):
+        when: datetime = death["time"]
+        return when if when.tzinfo else when.replace(tzinfo=UTC)
     stamp = props.timestamp
     if isinstance(stamp, datetime):
         return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)

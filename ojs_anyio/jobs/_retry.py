@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import random
-from bisect import bisect_left
 from datetime import timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from ojs_anyio._ladder import nearest_rung
 from ojs_anyio.amqp import UsageError
 
 from ._errors import InvalidDurationError, InvalidJobError
@@ -375,20 +375,7 @@ def ladder_delay_ms(delay_ms: int, *, max_ms: int | None = None) -> int:
     ``max_interval`` stays a hard cap), except when ``max_ms`` is below the lowest rung,
     which is then used.  Monotone: a longer delay never gets a shorter rung.
     """
-    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
-        raise UsageError(f"delay_ms must be a non-negative int, got {delay_ms!r}")
-    if delay_ms == 0:
-        return 0
-    rungs = RETRY_LADDER_MS
-    if max_ms is not None:
-        rungs = rungs[: max(1, bisect_left(rungs, max_ms + 1))]
-    i = bisect_left(rungs, delay_ms)
-    if i == 0:
-        return rungs[0]
-    if i == len(rungs):
-        return rungs[-1]
-    lower, upper = rungs[i - 1], rungs[i]
-    return lower if delay_ms - lower < upper - delay_ms else upper
+    return nearest_rung(RETRY_LADDER_MS, delay_ms, max_ms=max_ms, error=UsageError)
 
 
 def retry_queue_delay_ms(

@@ -83,6 +83,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
+from .._ladder import ttl_queue_arguments
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, TopologyError
 
 __all__ = [
@@ -509,11 +510,9 @@ def retry_queue_arguments(names: Names, queue: str, delay_ms: int) -> dict[str, 
     """Exactly the arguments of the binding's §8.2, nothing more, so that other OJS
     implementations declare equivalent retry queues."""
     _check_delay(delay_ms, low=1, high=MAX_TTL_MS, what="retry delay")
-    return {
-        "x-dead-letter-exchange": names.direct_exchange,
-        "x-dead-letter-routing-key": _check_queue(queue),
-        "x-message-ttl": delay_ms,
-    }
+    return ttl_queue_arguments(
+        delay_ms, dead_letter_exchange=names.direct_exchange, dead_letter_routing_key=_check_queue(queue)
+    )
 
 
 def retry_queue_binding(names: Names, queue: str, delay_ms: int) -> Binding:
@@ -617,11 +616,9 @@ def delay_deliver_binding(names: Names, queue: str) -> Binding:
 
 def delay_landing_queue_arguments(names: Names, queue: str) -> dict[str, Any]:
     """TTL 0, dead-letter to the direct exchange with routing key ``queue`` (the last hop)."""
-    return {
-        "x-message-ttl": 0,
-        "x-dead-letter-exchange": names.direct_exchange,
-        "x-dead-letter-routing-key": _check_queue(queue),
-    }
+    return ttl_queue_arguments(
+        0, dead_letter_exchange=names.direct_exchange, dead_letter_routing_key=_check_queue(queue)
+    )
 
 
 def strip_dead_letter_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:

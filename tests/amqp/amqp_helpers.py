@@ -56,6 +56,20 @@ async def deleted_afterwards(
                         await ch.exchange_delete(exchange)
 
 
+@asynccontextmanager
+async def scratch_channel(
+    url: str, *, queues: Iterable[str] = (), exchanges: Iterable[str] = ()
+) -> AsyncIterator[amqp.Channel]:
+    """A channel on a connection of its own; these queues and exchanges are deleted when
+    the block ends (see :func:`deleted_afterwards`), then the channel and connection close."""
+    async with (
+        amqp.connect(url) as conn,
+        conn.channel() as ch,
+        deleted_afterwards(conn, queues=queues, exchanges=exchanges),
+    ):
+        yield ch
+
+
 async def drain(ch: amqp.Channel, queue: str) -> list[bytes]:
     """Basic.Get (no_ack) every message left in ``queue``; return the bodies in order."""
     bodies = []

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import deleted_afterwards
+from amqp_helpers import scratch_channel
 from harness import FaultProxy
 
 from ojs_anyio import amqp
@@ -144,11 +144,7 @@ async def test_returns_are_tied_to_their_publish_on_a_headers_exchange(
     the publish it belongs to, not the earliest one with that key still awaiting its confirm."""
     exchange = unique("headers")
     with anyio.fail_after(20):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, exchanges=[exchange]),
-        ):
+        async with scratch_channel(amqp_url, exchanges=[exchange]) as ch:
             await ch.exchange_declare(exchange, "headers")
             queue = (await ch.queue_declare("", exclusive=True)).name
             await ch.queue_bind(queue, exchange, arguments={"x-match": "all", "kind": "email"})

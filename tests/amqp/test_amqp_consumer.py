@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, unacked_on, wait_for_message_count, wait_until
+from amqp_helpers import deleted_afterwards, scratch_channel, unacked_on, wait_for_message_count, wait_until
 
 from ojs_anyio import amqp
 
@@ -84,11 +84,7 @@ async def test_no_ack_deliveries_are_already_settled(amqp_url: str) -> None:
 async def test_stream_holds_at_most_prefetch(amqp_url: str, unique: Callable[[str], str]) -> None:
     queue = unique("prefetch")
     with anyio.fail_after(20):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, queues=[queue]),
-        ):
+        async with scratch_channel(amqp_url, queues=[queue]) as ch:
             await ch.queue_declare(queue, arguments={"x-expires": 60000})
             window = ch.publish_window()
             for i in range(50):

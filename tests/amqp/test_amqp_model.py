@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, drain, memory_rows, wait_for_message_count
+from amqp_helpers import deleted_afterwards, drain, memory_rows, scratch_channel, wait_for_message_count
 from harness import rabbitmqctl
 
 from ojs_anyio import amqp
@@ -91,11 +91,7 @@ async def test_exchange_delete(amqp_url: str, unique: Unique) -> None:
 async def test_alternate_exchange_argument_takes_effect(amqp_url: str, unique: Unique) -> None:
     main, alternate = unique("main"), unique("ae")
     with anyio.fail_after(10):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, exchanges=[main, alternate]),
-        ):
+        async with scratch_channel(amqp_url, exchanges=[main, alternate]) as ch:
             await ch.exchange_declare(alternate, "fanout")
             await ch.exchange_declare(main, "direct", arguments={"alternate-exchange": alternate})
             caught = (await ch.queue_declare("", exclusive=True)).name
@@ -107,11 +103,7 @@ async def test_alternate_exchange_argument_takes_effect(amqp_url: str, unique: U
 async def test_exchange_to_exchange_bind_and_unbind(amqp_url: str, unique: Unique) -> None:
     source, destination = unique("src"), unique("dst")
     with anyio.fail_after(10):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, exchanges=[source, destination]),
-        ):
+        async with scratch_channel(amqp_url, exchanges=[source, destination]) as ch:
             await ch.exchange_declare(source, "topic")
             await ch.exchange_declare(destination, "direct")
             queue = (await ch.queue_declare("", exclusive=True)).name
@@ -134,11 +126,7 @@ async def test_exchange_to_exchange_bind_and_unbind(amqp_url: str, unique: Uniqu
 async def test_routing_by_type(amqp_url: str, unique: Unique) -> None:
     fanout, topic, headers = unique("fanout"), unique("topic"), unique("headers")
     with anyio.fail_after(10):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, exchanges=[fanout, topic, headers]),
-        ):
+        async with scratch_channel(amqp_url, exchanges=[fanout, topic, headers]) as ch:
             await ch.exchange_declare(fanout, "fanout")
             await ch.exchange_declare(topic, "topic")
             await ch.exchange_declare(headers, "headers")
@@ -179,11 +167,7 @@ async def test_routing_by_type(amqp_url: str, unique: Unique) -> None:
 async def test_queue_declare_variants(amqp_url: str, unique: Unique) -> None:
     named, auto = unique("named"), unique("auto")
     with anyio.fail_after(20):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, queues=[named, auto]),
-        ):
+        async with scratch_channel(amqp_url, queues=[named, auto]) as ch:
             server_named = await ch.queue_declare("", exclusive=True)
             assert server_named.name.startswith("amq.gen-")
             assert (server_named.message_count, server_named.consumer_count) == (0, 0)

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, wait_for_message_count
+from amqp_helpers import deleted_afterwards, scratch_channel, wait_for_message_count
 
 from ojs_anyio import amqp
 
@@ -30,21 +30,21 @@ async def _get(ch: amqp.Channel, queue: str) -> amqp.IncomingMessage:
     return msg
 
 
+async def _dead_lettering_queue(
+    ch: amqp.Channel, queue: str, target: str, arguments: dict[str, Any] | None = None
+) -> None:
+    """Declare ``target``, then ``queue`` (with ``arguments``) dead-lettering into it through
+    the default exchange."""
+    await ch.queue_declare(target)
+    args = {**(arguments or {}), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
+    await ch.queue_declare(queue, arguments=args)
+
+
 async def test_message_ttl_dead_letters_with_x_death(amqp_url: str, unique: Unique) -> None:
     source, target = unique("ttl"), unique("dead")
     with anyio.fail_after(10):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, queues=[source, target]),
-        ):
-            await ch.queue_declare(target)
-            args = {
-                "x-message-ttl": 50,
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": target,
-            }
-            await ch.queue_declare(source, arguments=args)
+        async with scratch_channel(amqp_url, queues=[source, target]) as ch:
+            await _dead_lettering_queue(ch, source, target, {"x-message-ttl": 50})
             await ch.publish(b"late", routing_key=source, mandatory=True)
             await wait_for_message_count(ch, target, 1)
             assert (await ch.queue_declare(source, passive=True)).message_count == 0
@@ -64,15 +64,8 @@ async def test_message_ttl_dead_letters_with_x_death(amqp_url: str, unique: Uniq
 async def test_per_message_expiration_applies_only_at_the_head(amqp_url: str, unique: Unique) -> None:
     queue, target = unique("head"), unique("dead")
     with anyio.fail_after(10):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, queues=[queue, target]),
-        ):
-            await ch.queue_declare(target)
-            await ch.queue_declare(
-                queue, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
-            )
+        async with scratch_channel(amqp_url, queues=[queue, target]) as ch:
+            await _dead_lettering_queue(ch, queue, target)
             await ch.publish(b"long", routing_key=queue, properties=amqp.BasicProperties(expiration="60000"))
             await ch.publish(b"short", routing_key=queue, properties=amqp.BasicProperties(expiration="10"))
             await anyio.sleep(0.3)  # the time that passes is what is tested
@@ -94,14 +87,8 @@ async def test_per_message_expiration_applies_only_at_the_head(amqp_url: str, un
 async def test_max_length_drop_head_dead_letters_as_maxlen(amqp_url: str, unique: Unique) -> None:
     queue, target = unique("full"), unique("dead")
     with anyio.fail_after(10):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, queues=[queue, target]),
-        ):
-            await ch.queue_declare(target)
-            args = {"x-max-length": 1, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
-            await ch.queue_declare(queue, arguments=args)
+        async with scratch_channel(amqp_url, queues=[queue, target]) as ch:
+            await _dead_lettering_queue(ch, queue, target, {"x-max-length": 1})
             await ch.publish(b"old", routing_key=queue)
             await ch.publish(b"new", routing_key=queue)
             await wait_for_message_count(ch, target, 1)
@@ -116,14 +103,8 @@ async def test_max_length_drop_head_dead_letters_as_maxlen(amqp_url: str, unique
 async def test_rejected_twice_counts_two_deaths(amqp_url: str, unique: Unique) -> None:
     queue, target = unique("work"), unique("dead")
     with anyio.fail_after(10):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, queues=[queue, target]),
-        ):
-            await ch.queue_declare(target)
-            args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
-            await ch.queue_declare(queue, arguments=args)
+        async with scratch_channel(amqp_url, queues=[queue, target]) as ch:
+            await _dead_lettering_queue(ch, queue, target)
             await ch.publish(b"job", routing_key=queue)
             await (await _get(ch, queue)).reject(requeue=False)
             await wait_for_message_count(ch, target, 1)
@@ -142,11 +123,7 @@ async def test_rejected_twice_counts_two_deaths(amqp_url: str, unique: Unique) -
 async def test_priority_queue_delivers_highest_first(amqp_url: str, unique: Unique) -> None:
     queue = unique("prio")
     with anyio.fail_after(10):
-        async with (
-            amqp.connect(amqp_url) as conn,
-            conn.channel() as ch,
-            deleted_afterwards(conn, queues=[queue]),
-        ):
+        async with scratch_channel(amqp_url, queues=[queue]) as ch:
             await ch.queue_declare(queue, arguments={"x-max-priority": 5})
             for body, priority in ((b"p1", 1), (b"none", None), (b"p9", 9), (b"p3", 3), (b"p5", 5)):
                 await ch.publish(body, routing_key=queue, properties=amqp.BasicProperties(priority=priority))

@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,7 @@ def run_cli(
 
 def run_many(cases: Sequence[Sequence[str]], timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
     """``run_cli`` for each argument list, all at once (they are independent)."""
-    procs = [
-        subprocess.Popen(cli_cmd(*args), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL, text=True)
-        for args in cases
-    ]  # fmt: skip
+    procs = [spawn_cli(*args, capture=True) for args in cases]
     results = []
     for args, proc in zip(cases, procs, strict=True):
         out, err = proc.communicate(timeout=timeout)
@@ -60,28 +57,40 @@ def run_many(cases: Sequence[Sequence[str]], timeout: float = 120) -> list[subpr
     return results
 
 
-def spawn_cli(*args: str, cwd: str | Path | None = None, log: Path | None = None) -> subprocess.Popen[str]:
-    """Start ``ojs-anyio ARGS``; its stdout and stderr go to ``log`` (or nowhere)."""
+def spawn_cli(
+    *args: str, cwd: str | Path | None = None, log: Path | None = None, capture: bool = False
+) -> subprocess.Popen[str]:
+    """Start ``ojs-anyio ARGS``; its stdout and stderr go to ``log`` (together), to pipes
+    with ``capture`` (read them with ``communicate``), or nowhere."""
+    if capture:
+        return _popen(args, cwd, subprocess.PIPE, subprocess.PIPE)
     if log is None:
-        return subprocess.Popen(
-            cli_cmd(*args),
-            cwd=cwd,
-            env=cli_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
+        return _popen(args, cwd, subprocess.DEVNULL, subprocess.DEVNULL)
     with open(log, "w") as out:  # the child has its own copy of the descriptor
-        return subprocess.Popen(
-            cli_cmd(*args),
-            cwd=cwd,
-            env=cli_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
+        return _popen(args, cwd, out, subprocess.STDOUT)
+
+
+def _popen(args: Sequence[str], cwd: str | Path | None, stdout: Any, stderr: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        cli_cmd(*args),
+        cwd=cwd,
+        env=cli_env(),
+        stdout=stdout,
+        stderr=stderr,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+@contextmanager
+def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """Kill ``proc`` when the block ends if it still runs, so a failing test leaves no
+    child process behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,14 +15,13 @@ from ojs_codec import Int32
 
 from .cli_support import (
     URL,
-    cli_cmd,
-    cli_env,
     declare_raw,
     delete_exchanges,
     delete_queues,
     drain,
     publish_raw,
     queue_count,
+    reaped,
     run_cli,
     run_many,
     spawn_cli,
@@ -144,20 +142,11 @@ def test_dlq_requeue_by_id_keeps_the_others_in_order(q: str) -> None:
 def test_dlq_requeue_interrupted_by_sigint_loses_and_doubles_nothing(q: str, tmp_path: Path) -> None:
     ok("topology", "declare", q)
     ids = dead_letters(q, 4000)
-    proc = subprocess.Popen(
-        cli_cmd("dlq", "requeue", q, "--all", "--yes", "--json"),
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    proc = spawn_cli("dlq", "requeue", q, "--all", "--yes", "--json", capture=True)
+    with reaped(proc):
         wait_for(lambda: (queue_count(f"ojs.queue.{q}") or 0) >= 200, 60, "the requeue to be under way", 0.02)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, err
     report = json.loads(out)
     assert report["interrupted"] is True and 200 <= report["requeued"] < 4000
@@ -166,6 +155,23 @@ def test_dlq_requeue_interrupted_by_sigint_loses_and_doubles_nothing(q: str, tmp
     assert len(requeued) == report["requeued"]
     assert len(set(requeued)) == len(requeued) and not set(requeued) & set(remaining)
     assert sorted(requeued + remaining) == sorted(ids), "no job lost or doubled"
+
+
+def test_dlq_prune_interrupted_by_sigint_stops_after_the_current_job(q: str) -> None:
+    ok("topology", "declare", q)
+    ids = dead_letters(q, 5000)
+    proc = spawn_cli("dlq", "prune", q, "--max-count", "0", "--yes", "--json", capture=True)
+    with reaped(proc):
+        wait_for(
+            lambda: (queue_count(f"ojs.queue.dlx.{q}") or 5000) <= 4800, 60, "the prune to be under way", 0.02
+        )
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    report = json.loads(out)
+    assert report["interrupted"] is True and 200 <= report["pruned"] < 5000
+    remaining = [str(m.properties.message_id) for m in drain(f"ojs.queue.dlx.{q}")]
+    assert remaining == ids[report["pruned"] :], "the oldest went; the rest is kept, in order"
 
 
 def test_topology_check_catches_a_hand_made_difference(q: str) -> None:
@@ -191,7 +197,7 @@ def test_info_and_cancel_against_a_running_worker(app_dir: Path, q: str) -> None
     ok("topology", "declare", q)
     job_id = ok("push", "t.work", "--queue", q, "--args", "[60]").strip()
     worker = spawn_cli("worker", "app:worker", "--backend", "trio", cwd=app_dir, log=app_dir / "w.out")
-    try:
+    with reaped(worker):
         wait_for(
             lambda: (
                 f"start:{job_id}" in (app_dir / "jobs.log").read_text()
@@ -212,9 +218,6 @@ def test_info_and_cancel_against_a_running_worker(app_dir: Path, q: str) -> None
         assert r.returncode == 5 and "cancel sent" in r.stderr
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
-    finally:
-        if worker.poll() is None:
-            worker.kill()
 
 
 def test_errors_are_one_line_with_a_documented_code(q: str) -> None:

@@ -87,3 +87,12 @@ def test_death_time_and_reason_fallbacks() -> None:
     marked = _dead({"x-ojs-dead-lettered-at": "2026-02-01T00:00:00.000Z"})
     assert died_at(marked) == datetime(2026, 2, 1, tzinfo=UTC)
     assert died_at(_dead({})) is None and death_reason(_dead({})) == "-"
+    # An annotated copy is published by the worker; the x-death it carries is an earlier
+    # hop's (here a retry queue's expiry), so the worker's stamp is when it died.
+    retried = _dead(
+        {
+            "x-ojs-dead-lettered-at": "2026-02-01T00:00:00.000Z",
+            "x-death": [{"reason": "expired", "time": datetime(2026, 1, 31, tzinfo=UTC)}],
+        }
+    )
+    assert died_at(retried) == datetime(2026, 2, 1, tzinfo=UTC)

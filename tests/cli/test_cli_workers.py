@@ -14,7 +14,7 @@ import ojs_anyio as ojs
 from ojs_anyio._cli._worker import Supervisor
 from ojs_anyio.jobs._cron import leader_queue_name
 
-from .cli_support import delete_queues, lines, queue_count, run_cli, spawn_cli, wait_for
+from .cli_support import delete_queues, lines, queue_count, reaped, run_cli, spawn_cli, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -45,13 +45,10 @@ def test_supervisor_sigterm_loses_nothing_and_runs_nothing_twice(app_dir: Path, 
     out = app_dir / "sup.out"
     ids = push_jobs(q, 60, 0.5)  # one process alone would need 15 s: both get jobs
     sup = spawn_cli("worker", "app:worker", "--processes", "2", "--concurrency", "2", cwd=app_dir, log=out)
-    try:
+    with reaped(sup):
         wait_for(lambda: len({pid for _, pid in events(log, "start")}) == 2, 60, "both processes to run jobs")
         sup.send_signal(signal.SIGTERM)
         assert sup.wait(timeout=45) == 0, out.read_text()
-    finally:
-        if sup.poll() is None:
-            sup.kill()
     done_first = [job_id for job_id, _ in events(log, "done")]
     started_first = {job_id for job_id, _ in events(log, "start")}
     # Graceful: every job that started also completed (within the grace period).
@@ -61,13 +58,10 @@ def test_supervisor_sigterm_loses_nothing_and_runs_nothing_twice(app_dir: Path, 
     assert left == 60 - len(done_first), "the rest is back in the queue, nothing lost"
     # Run the rest: nothing completed runs again, nothing is missing.
     again = spawn_cli("worker", "app:worker", cwd=app_dir)
-    try:
+    with reaped(again):
         wait_for(lambda: len(events(log, "done")) >= 60, 90, "all 60 jobs done")
         again.send_signal(signal.SIGTERM)
         assert again.wait(timeout=30) == 0
-    finally:
-        if again.poll() is None:
-            again.kill()
     done = [job_id for job_id, _ in events(log, "done")]
     assert sorted(done) == sorted(ids)
 
@@ -77,7 +71,7 @@ def test_kill_9_of_a_child_restarts_it_and_its_jobs_are_redelivered(app_dir: Pat
     out = app_dir / "sup.out"
     ids = push_jobs(q, 4, 2.0)
     sup = spawn_cli("worker", "app:worker", "--processes", "2", "--concurrency", "2", cwd=app_dir, log=out)
-    try:
+    with reaped(sup):
         starts = wait_for(
             lambda: len(events(log, "start")) >= 4 and events(log, "start"), 60, "4 jobs running"
         )
@@ -94,9 +88,6 @@ def test_kill_9_of_a_child_restarts_it_and_its_jobs_are_redelivered(app_dir: Pat
         wait_for(lambda: out.read_text().count("started (pid") >= 3, 30, "the restarted child")
         sup.send_signal(signal.SIGTERM)
         assert sup.wait(timeout=45) == 0, out.read_text()
-    finally:
-        if sup.poll() is None:
-            sup.kill()
     assert victim not in {pid for _, pid in events(log, "done")}
 
 
@@ -133,15 +124,12 @@ def test_worker_single_process_trio_from_a_script_outside_the_app_dir(
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
+    with reaped(proc):
         wait_for(
             lambda: len(events(app_dir / "jobs.log", "done")) >= 3 or proc.poll() is not None, 60, "jobs"
         )
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 0, err
     assert sorted(j for j, _ in events(app_dir / "jobs.log", "done")) == sorted(ids)
     import json
@@ -170,16 +158,13 @@ def test_reload_restarts_the_workers_on_a_source_change(app_dir: Path, q: str) -
     out = app_dir / "sup.out"
     push_jobs(q, 0, 0)
     sup = spawn_cli("worker", "app:worker", "--reload", cwd=app_dir, log=out)
-    try:
+    with reaped(sup):
         wait_for(lambda: "queues " + q in out.read_text(), 60, "the worker to start")
         (app_dir / "app.py").write_text((app_dir / "app.py").read_text() + "\n# changed\n")
         wait_for(lambda: "app.py changed" in out.read_text(), 30, "the change to be seen")
         wait_for(lambda: out.read_text().count("worker 0 started") >= 2, 60, "the restarted worker")
         sup.send_signal(signal.SIGTERM)
         assert sup.wait(timeout=45) == 0, out.read_text()
-    finally:
-        if sup.poll() is None:
-            sup.kill()
 
 
 def test_worker_errors_are_one_line(app_dir: Path) -> None:

@@ -89,12 +89,3 @@ async def take(url: str, queue: str, count: int, timeout: float = WAIT) -> list[
                 if len(got) >= count:
                     break
     return got
-
-
-async def queue_exists(url: str, queue: str) -> bool:
-    async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
-        try:
-            await ch.queue_declare(queue, passive=True)
-        except amqp.NotFound:
-            return False
-    return True

@@ -11,12 +11,13 @@ import anyio.lowlevel
 import msgspec
 import pytest
 from harness.broker import list_connections
+from helpers import queue_exists
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from ojs_anyio import amqp, events
 
-from .support import URL, Names, Seen, queue_exists, take
+from .support import URL, Names, Seen, take
 
 pytestmark = pytest.mark.anyio
 

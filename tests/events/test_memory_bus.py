@@ -15,10 +15,11 @@ from collections.abc import Iterator
 import anyio
 import msgspec
 import pytest
+from helpers import queue_exists
 
 from ojs_anyio import amqp, events
 
-from .support import Seen, queue_exists, take
+from .support import Seen, take
 
 pytestmark = pytest.mark.anyio
 

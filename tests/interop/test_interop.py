@@ -69,12 +69,12 @@ async def dlq_ids(client: ojs.Client, q: str) -> list[str | None]:
 
 
 async def test_foreign_declares_first_then_our_push_worker_retry_and_dead_letter_work(
-    ojs_vhost: str, shared_queue: str
+    ojs_vhost: str, spec_queue: str
 ) -> None:
     """The foreign client declares every entity first, plainly; then our eager declaration
     (job, dead-letter, control queues, no conflict), push, worker, retry through a §15.3
     retry queue and dead letter into its plain DLQ all work."""
-    q = shared_queue
+    q = spec_queue
     with anyio.fail_after(WAIT):
         await in_thread(foreign.declare_everything, q)
     worker = ojs.Worker(queues=[q])
@@ -98,12 +98,12 @@ async def test_foreign_declares_first_then_our_push_worker_retry_and_dead_letter
 
 
 async def test_ours_declare_first_then_foreign_declarations_succeed(
-    ojs_vhost: str, shared_queue: str
+    ojs_vhost: str, spec_queue: str
 ) -> None:
     """Our eager declaration, §15.3's retry delays and a running worker (control queue)
     first; then every foreign declaration succeeds (a 406 would raise in the thread), and
     a job the foreign client publishes runs in our worker."""
-    q = shared_queue
+    q = spec_queue
     worker = ojs.Worker(queues=[q])
     outcomes = Outcomes(worker)
     register_interop_handler(worker, [])
@@ -120,15 +120,15 @@ async def test_ours_declare_first_then_foreign_declarations_succeed(
 # ------------------------------------------------------------------ shared job queue
 
 
-async def test_shared_queue_200_jobs_failing_ones_dead_lettered_exactly_once(
-    ojs_vhost: str, shared_queue: str
+async def test_spec_queue_200_jobs_failing_ones_dead_lettered_exactly_once(
+    ojs_vhost: str, spec_queue: str
 ) -> None:
     """Our worker and a foreign §15.2 consumer share one queue with 200 jobs (half pushed
     by each side); every fifth always fails, with 2 attempts.  Counting executions per job
     id across both consumers: each good job ran once, each failing job exactly twice (the
     second run being its last attempt), and each failing job is in the DLQ exactly once.
     Once the job and retry queues are empty, nothing can run again: the counts are final."""
-    q = shared_queue
+    q = spec_queue
     with anyio.fail_after(WAIT):
         await in_thread(foreign.declare_everything, q)
     ours_runs: list[tuple[str, int]] = []
@@ -190,13 +190,13 @@ async def test_shared_queue_200_jobs_failing_ones_dead_lettered_exactly_once(
 
 
 async def test_attempt_headers_are_int32_on_the_wire_push_retry_dead_letter_requeue(
-    ojs_vhost: str, shared_queue: str
+    ojs_vhost: str, spec_queue: str
 ) -> None:
     """x-ojs-attempt / x-ojs-max-attempts read as type codes from the bytes: ``I`` on a
     push; on a retry (even of a message that came in with int8 headers); in the DLQ (the
     Nacked message we pushed; the annotated copy we wrote of an int8 one); and after
     DeadLetters.requeue."""
-    q = shared_queue
+    q = spec_queue
     attempt_keys = ("x-ojs-attempt", "x-ojs-max-attempts")
 
     def types(wire: bytes) -> tuple[str, str]:
@@ -297,12 +297,12 @@ async def test_attempt_headers_are_int32_on_the_wire_push_retry_dead_letter_requ
 
 
 async def test_unprioritised_jobs_stay_fifo_across_clients_and_150_arrives_as_9(
-    ojs_vhost: str, shared_queue: str
+    ojs_vhost: str, spec_queue: str
 ) -> None:
     """Foreign §15.1 jobs (no priority) and ours (no priority), interleaved, come out in
     the order they went in.  A job with OJS priority 150 is accepted, overtakes them with
     AMQP priority 9, and runs (never dead-lettered for its priority)."""
-    q = shared_queue
+    q = spec_queue
     with anyio.fail_after(WAIT):
         await in_thread(foreign.declare_everything, q)
     order: list[str] = []
@@ -374,13 +374,13 @@ async def three_blocked_workers(client: ojs.Client, q: str) -> AsyncIterator[Blo
 
 @pytest.mark.parametrize("via", ["default", "direct"])
 async def test_foreign_cancel_reaches_the_worker_running_the_job(
-    ojs_vhost: str, shared_queue: str, via: str
+    ojs_vhost: str, spec_queue: str, via: str
 ) -> None:
     """A foreign CANCEL published to ojs.queue.control.{q} (through the default exchange,
     or through ojs.exchange.direct), with three workers on the queue each running one job:
     only the named job is cancelled, by the worker running it, exactly once; the others
     complete."""
-    q = shared_queue
+    q = spec_queue
     async with ojs.connect(ojs_vhost) as client, three_blocked_workers(client, q) as blocked:
         workers, outcomes = blocked.workers, blocked.outcomes
         jobs = [await client.push("interop.block", [], queue=q) for _ in range(3)]
@@ -401,11 +401,11 @@ async def test_foreign_cancel_reaches_the_worker_running_the_job(
         assert [o.job_id for o in cancelled] == [target.id]
 
 
-async def test_foreign_info_is_answered_on_the_foreign_reply_queue(ojs_vhost: str, shared_queue: str) -> None:
+async def test_foreign_info_is_answered_on_the_foreign_reply_queue(ojs_vhost: str, spec_queue: str) -> None:
     """A foreign INFO (exclusive auto-delete reply queue, reply_to, correlation_id) sent to
     the control queue through the default exchange, with three workers on the queue: the
     worker running the job answers, on that reply queue, with the same correlation id."""
-    q = shared_queue
+    q = spec_queue
     async with ojs.connect(ojs_vhost) as client, three_blocked_workers(client, q) as blocked:
         job = await client.push("interop.block", [], queue=q)
         await blocked.wait_running([job.id])
@@ -427,11 +427,11 @@ async def test_foreign_info_is_answered_on_the_foreign_reply_queue(ojs_vhost: st
 # ------------------------------------------------------------------ retries both ways
 
 
-async def test_foreign_retry_runs_in_our_worker_and_ours_in_theirs(ojs_vhost: str, shared_queue: str) -> None:
+async def test_foreign_retry_runs_in_our_worker_and_ours_in_theirs(ojs_vhost: str, spec_queue: str) -> None:
     """A retry the foreign client publishes through ojs.exchange.retry (§15.4, attempt 2,
     1000 ms) is run by our worker as attempt 2.  A retry our worker publishes (attempt 1
     failed) is run by the foreign §15.2 consumer as attempt 2, with our error headers."""
-    q = shared_queue
+    q = spec_queue
     with anyio.fail_after(WAIT):
         await in_thread(foreign.declare_everything, q)
     runs: list[tuple[str, int]] = []

@@ -67,6 +67,8 @@ def _memory_broker(vhost: str) -> Any:
 
 OJS_VHOST = "/ojs"
 OJS_VHOST_URL = os.environ.get("OJS_AMQP_VHOST_URL", "amqp://guest:guest@127.0.0.1:5672/%2Fojs")
+#: The retry delays of the OJS AMQP binding's §15.3 example (its retry queues).
+SPEC_RETRY_DELAYS_MS = (1000, 2000, 4000, 8000, 16000, 32000, 60000)
 #: Bound on any single wait in these tests (seconds).
 WAIT = 15.0
 

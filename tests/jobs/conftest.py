@@ -24,7 +24,7 @@ from ojs_anyio import amqp
 from ojs_anyio.jobs._retry import RETRY_LADDER_MS
 
 from . import broker_support
-from .broker_support import OJS_VHOST, OJS_VHOST_URL, URL
+from .broker_support import OJS_VHOST, OJS_VHOST_URL, SPEC_RETRY_DELAYS_MS, URL
 
 
 class Cleanup:
@@ -121,6 +121,16 @@ async def client(broker_url: str) -> AsyncIterator[ojs.Client]:
 async def raw(broker_url: str) -> AsyncIterator[amqp.Connection]:
     async with amqp.connect(broker_url) as conn:
         yield conn
+
+
+@pytest.fixture
+def spec_queue(ojs_vhost: str, new_queue: Callable[..., str], cleanup: Cleanup) -> str:
+    """A fresh OJS queue on vhost ``/ojs``; its §15.3 retry queues (which a foreign client
+    declares) are cleaned up too."""
+    q = new_queue(url=ojs_vhost)
+    for delay in SPEC_RETRY_DELAYS_MS:
+        cleanup.queue(f"ojs.queue.retry.{q}.{delay}", url=ojs_vhost)
+    return q
 
 
 @pytest.fixture

@@ -154,6 +154,7 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
         assert await dead_letters.prune(max_jobs=3) == 2
         assert [d.job_id for d in await dead_letters.peek()] == [j.id for j in jobs[2:]]
         assert await dead_letters.prune(timedelta(days=1), max_jobs=None) == 0
+        assert await dead_letters.prune(None, max_jobs=0, stop=lambda: True) == 0  # asked to stop at once
         assert await dead_letters.prune(timedelta(days=1), max_jobs=2) == 1
     if current_url().startswith("memory://"):
         # The CLI runs in another process, which cannot reach an in-process broker.
@@ -169,4 +170,6 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
         assert done.stdout.decode().strip() == f"pruned 1 dead job(s) from {client.names.dlx_queue(q)}"
     with anyio.fail_after(WAIT):
         assert [d.job_id for d in await dead_letters.peek()] == [jobs[4].id]
-        assert await dead_letters.prune(timedelta(0), max_jobs=None) == 1  # died before now: old
+        progress: list[int] = []
+        assert await dead_letters.prune(timedelta(0), max_jobs=None, on_dropped=progress.append) == 1  # old
+        assert progress == [1]

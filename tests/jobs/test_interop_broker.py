@@ -9,7 +9,6 @@ client first then the snippets (theirs must be equivalent to ours: no 406).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -26,9 +25,6 @@ from .broker_support import OJS_VHOST, WAIT, Outcomes, running
 from .conftest import Cleanup
 
 pytestmark = [pytest.mark.anyio, pytest.mark.rabbitmq_only("plain pika connects over TCP to localhost")]
-
-SPEC_RETRY_DELAYS_MS = [1000, 2000, 4000, 8000, 16000, 32000, 60000]
-
 
 # fmt: off
 def spec_15_1_publish(queue_name: str) -> str:
@@ -108,15 +104,6 @@ def pika_basic_get(queue: str) -> tuple[Any, Any, bytes]:
         return method, properties, body
     finally:
         conn.close()
-
-
-@pytest.fixture
-def spec_queue(ojs_vhost: str, new_queue: Callable[..., str], cleanup: Cleanup) -> str:
-    """A fresh OJS queue on vhost /ojs; its §15.3 retry queues are cleaned up too."""
-    q = new_queue(url=ojs_vhost)
-    for delay in SPEC_RETRY_DELAYS_MS:
-        cleanup.queue(f"ojs.queue.retry.{q}.{delay}", url=ojs_vhost)
-    return q
 
 
 async def test_spec_snippets_first_then_our_worker(ojs_vhost: str, spec_queue: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ojs_anyio.amqp import UsageError
 from ojs_anyio.jobs._errors import InvalidDurationError, InvalidJobError
 from ojs_anyio.jobs._retry import (
     DEFAULT_RETRY_POLICY,
@@ -364,7 +365,7 @@ def test_ladder_is_monotone(a: int, b: int, max_ms: int | None) -> None:
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True])
 def test_ladder_rejects(bad: object) -> None:
-    with pytest.raises(ValueError, match="delay_ms"):
+    with pytest.raises(UsageError, match="delay_ms"):  # the job layer's misuse error, a ValueError
         ladder_delay_ms(bad)  # type: ignore[arg-type]
 
 

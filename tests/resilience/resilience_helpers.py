@@ -8,14 +8,14 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import anyio
-from helpers import message_count
+from helpers import message_count, queue_exists
 from helpers import wait_until as _wait_until
 
 from ojs_anyio import amqp
 
 #: Resilience waits span reconnects: 10 s unless the caller says otherwise.
 wait_until = functools.partial(_wait_until, timeout=10.0)
-__all__ = ["message_count"]  # re-exported from tests/helpers.py
+__all__ = ["message_count", "queue_exists"]  # re-exported from tests/helpers.py
 
 E = TypeVar("E", bound=amqp.RecoveryEvent)
 
@@ -66,16 +66,6 @@ class EventLog:
 
     async def wait_recovered(self, count: int = 1, *, timeout: float = 10.0) -> None:
         await self.wait_for(amqp.ConnectionRecovered, count, timeout=timeout)
-
-
-async def queue_exists(url: str, queue: str) -> bool:
-    """Ask the broker directly (own connection) whether ``queue`` exists."""
-    async with amqp.connect(url) as conn, conn.channel(confirms=False) as ch:
-        try:
-            await ch.queue_declare(queue, passive=True)
-        except amqp.NotFound:
-            return False
-    return True
 
 
 async def wait_queue_exists(url: str, queue: str, exists: bool, *, timeout: float = 10.0) -> None:
