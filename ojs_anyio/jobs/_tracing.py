@@ -8,7 +8,11 @@ Only ``opentelemetry-api`` is used: with no SDK configured every span is a cheap
   ``x-ojs-trace-id`` (001) and ``x-ojs-traceparent`` (000), and ``tracestate`` into
   ``x-ojs-trace-state``.
 * The worker reads either header and runs the handler in a CONSUMER span
-  ``{queue} process`` whose parent is the producer's span.
+  ``{queue} process`` whose parent is the producer's span.  That is the :class:`Tracing`
+  middleware, which the worker puts first (outermost) at ``run()`` when a tracer provider
+  is installed (``Worker(tracing=False)`` leaves it out).  The PRODUCER span stays in the
+  client's publish path: its headers are written while the message is built, inside the
+  span, and ``push_batch`` publishes after its ``around_push`` hooks have run.
 * A retry republishes the original headers, so every attempt links to the original trace.
 """
 
@@ -16,16 +20,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from ._envelope import Job
+from ._middleware import HandlerNext, Middleware
 from ._wire import H_TRACE_ID, H_TRACE_STATE, H_TRACEPARENT
 
-__all__ = ["consumer_span", "extract_context", "inject_headers", "producer_span", "tracer"]
+if TYPE_CHECKING:
+    from ._worker import JobContext
+
+__all__ = ["Tracing", "consumer_span", "extract_context", "inject_headers", "producer_span", "tracer"]
 
 tracer = trace.get_tracer("ojs_anyio.jobs", "0.1.0")
 
@@ -135,3 +143,20 @@ def consumer_span(
     return tracer.start_as_current_span(
         f"{queue} process", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
     )
+
+
+class Tracing(Middleware):
+    """Runs each handler call in a CONSUMER span ``{queue} process``, a child of the span
+    whose context the job's headers carry, so jobs pushed from the handler join the trace.
+
+    The worker adds one itself, first in the chain, when a tracer provider is installed as
+    ``run()`` starts (``Worker(tracing=False)`` leaves it out).  Give one explicitly, in the
+    place you want, to trace a worker whose provider is installed after it started: with
+    no provider it costs a check per job and records nothing.
+    """
+
+    async def around_handler(self, ctx: JobContext, call_next: HandlerNext) -> Any:
+        job = ctx.job
+        headers = ctx.message.properties.headers
+        with consumer_span(headers, queue=ctx.queue, job_id=job.id, job_type=job.type, attempt=ctx.attempt):
+            return await call_next()
