@@ -42,6 +42,7 @@ from .jobs._middleware import Middleware
 from .jobs._retry import RetryPolicy
 from .jobs._sync import SyncClient
 from .jobs._topology import Names, QueueOptions
+from .jobs._tracing import Tracing
 from .jobs._typed import JobHandle
 from .jobs._worker import JobContext, JobOutcome, Worker
 
@@ -84,6 +85,7 @@ __all__ = [
     "SyncClient",
     "TopologyConflictError",
     "TopologyError",
+    "Tracing",
     "UniquePolicy",
     "UnroutableJobError",
     "Worker",

@@ -20,11 +20,11 @@ from contextlib import AbstractContextManager
 from typing import Any, Final
 
 import msgspec
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from .. import amqp
+from .._trace_context import NO_SPAN, context_from, current_traceparent
 
 __all__ = [
     "CONTENT_BYTES",
@@ -144,38 +144,16 @@ def _recording() -> bool:
 
 def trace_headers() -> dict[str, str] | None:
     """The current W3C trace context as headers, or None when there is no valid span."""
-    if not otel_context.get_current():  # empty context: no span (the common, cheap case)
+    current = current_traceparent()
+    if current is None:
         return None
-    if not trace.get_current_span().get_span_context().is_valid:
-        return None
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    parent = carrier.get("traceparent")
-    if not parent:
-        return None
-    out = {"traceparent": parent}
-    state = carrier.get("tracestate")
-    if state:
-        out["tracestate"] = state
-    return out
-
-
-class _NoSpan:
-    __slots__ = ()
-
-    def __enter__(self) -> trace.Span:
-        return trace.INVALID_SPAN
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-
-_NO_SPAN: Final = _NoSpan()
+    parent, state = current
+    return {"traceparent": parent, "tracestate": state} if state else {"traceparent": parent}
 
 
 def producer_span(exchange: str, routing_key: str, message_id: str) -> AbstractContextManager[trace.Span]:
     if not _recording():
-        return _NO_SPAN
+        return NO_SPAN
     return tracer.start_as_current_span(
         f"{exchange} publish",
         kind=SpanKind.PRODUCER,
@@ -194,15 +172,11 @@ def consumer_span(
     headers: Mapping[str, Any] | None, queue: str, routing_key: str, message_id: str | None, attempt: int
 ) -> AbstractContextManager[trace.Span]:
     if not _recording():
-        return _NO_SPAN
-    carrier: dict[str, str] = {}
+        return NO_SPAN
     if headers:
-        for key in ("traceparent", "tracestate"):
-            value = headers.get(key)
-            if isinstance(value, bytes):
-                value = value.decode("ascii", "replace")
-            if isinstance(value, str):
-                carrier[key] = value
+        ctx = context_from(headers.get("traceparent"), headers.get("tracestate"))
+    else:
+        ctx = context_from(None)
     attributes: dict[str, Any] = {
         "messaging.system": "rabbitmq",
         "messaging.operation.type": "process",
@@ -214,7 +188,7 @@ def consumer_span(
     if message_id:
         attributes["messaging.message.id"] = message_id
     return tracer.start_as_current_span(
-        f"{queue} process", context=propagate.extract(carrier), kind=SpanKind.CONSUMER, attributes=attributes
+        f"{queue} process", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
     )
 
 

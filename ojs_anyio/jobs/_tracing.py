@@ -8,7 +8,11 @@ Only ``opentelemetry-api`` is used: with no SDK configured every span is a cheap
   ``x-ojs-trace-id`` (001) and ``x-ojs-traceparent`` (000), and ``tracestate`` into
   ``x-ojs-trace-state``.
 * The worker reads either header and runs the handler in a CONSUMER span
-  ``{queue} process`` whose parent is the producer's span.
+  ``{queue} process`` whose parent is the producer's span.  That is the :class:`Tracing`
+  middleware, which the worker puts first (outermost) at ``run()`` when a tracer provider
+  is installed (``Worker(tracing=False)`` leaves it out).  The PRODUCER span stays in the
+  client's publish path: its headers are written while the message is built, inside the
+  span, and ``push_batch`` publishes after its ``around_push`` hooks have run.
 * A retry republishes the original headers, so every attempt links to the original trace.
 """
 
@@ -16,16 +20,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from .._trace_context import NO_SPAN, context_from, current_traceparent
 from ._envelope import Job
+from ._middleware import HandlerNext, Middleware
 from ._wire import H_TRACE_ID, H_TRACE_STATE, H_TRACEPARENT
 
-__all__ = ["consumer_span", "extract_context", "inject_headers", "producer_span", "tracer"]
+if TYPE_CHECKING:
+    from ._worker import JobContext
+
+__all__ = ["Tracing", "consumer_span", "extract_context", "inject_headers", "producer_span", "tracer"]
 
 tracer = trace.get_tracer("ojs_anyio.jobs", "0.1.0")
 
@@ -49,15 +58,11 @@ def inject_headers() -> dict[str, str]:
 
     A valid context is propagated even when nothing records spans here (for example a
     remote parent set by a web framework with the API alone)."""
-    if not trace.get_current_span().get_span_context().is_valid:
+    current = current_traceparent()
+    if current is None:
         return {}
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    parent = carrier.get("traceparent")
-    if not parent:
-        return {}
+    parent, state = current
     headers = {H_TRACE_ID: parent, H_TRACEPARENT: parent}
-    state = carrier.get("tracestate")
     if state:
         headers[H_TRACE_STATE] = state
     return headers
@@ -65,39 +70,14 @@ def inject_headers() -> dict[str, str]:
 
 def extract_context(headers: Mapping[str, Any] | None) -> otel_context.Context:
     """The producer's context from ``x-ojs-trace-id`` or ``x-ojs-traceparent``."""
-    carrier: dict[str, str] = {}
-    if headers:
-        parent = headers.get(H_TRACE_ID) or headers.get(H_TRACEPARENT)
-        if isinstance(parent, bytes):
-            parent = parent.decode("ascii", "replace")
-        if isinstance(parent, str):
-            carrier["traceparent"] = parent
-            state = headers.get(H_TRACE_STATE)
-            if isinstance(state, bytes):
-                state = state.decode("ascii", "replace")
-            if isinstance(state, str):
-                carrier["tracestate"] = state
-    return propagate.extract(carrier)
-
-
-class _NoSpan:
-    """The context manager of a span nobody records: enters as the invalid span."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> trace.Span:
-        return trace.INVALID_SPAN
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-
-_NO_SPAN: Final = _NoSpan()
+    if not headers:
+        return context_from(None)
+    return context_from(headers.get(H_TRACE_ID) or headers.get(H_TRACEPARENT), headers.get(H_TRACE_STATE))
 
 
 def producer_span(job: Job, exchange: str) -> AbstractContextManager[trace.Span]:
     if not _recording():
-        return _NO_SPAN  # no generator, no span: this runs once per push
+        return NO_SPAN  # no generator, no span: this runs once per push
     return tracer.start_as_current_span(
         f"{job.queue} publish",
         kind=SpanKind.PRODUCER,
@@ -118,7 +98,7 @@ def consumer_span(
     headers: Mapping[str, Any] | None, *, queue: str, job_id: str | None, job_type: str | None, attempt: int
 ) -> AbstractContextManager[trace.Span]:
     if not _recording():
-        return _NO_SPAN
+        return NO_SPAN
     ctx = extract_context(headers)
     attributes: dict[str, Any] = {
         "messaging.system": "rabbitmq",
@@ -135,3 +115,20 @@ def consumer_span(
     return tracer.start_as_current_span(
         f"{queue} process", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
     )
+
+
+class Tracing(Middleware):
+    """Runs each handler call in a CONSUMER span ``{queue} process``, a child of the span
+    whose context the job's headers carry, so jobs pushed from the handler join the trace.
+
+    The worker adds one itself, first in the chain, when a tracer provider is installed as
+    ``run()`` starts (``Worker(tracing=False)`` leaves it out).  Give one explicitly, in the
+    place you want, to trace a worker whose provider is installed after it started: with
+    no provider it costs a check per job and records nothing.
+    """
+
+    async def around_handler(self, ctx: JobContext, call_next: HandlerNext) -> Any:
+        job = ctx.job
+        headers = ctx.message.properties.headers
+        with consumer_span(headers, queue=ctx.queue, job_id=job.id, job_type=job.type, attempt=ctx.attempt):
+            return await call_next()

@@ -185,6 +185,7 @@ class Worker:
         annotate_dead_letters: bool = False,
         middleware: Sequence[Middleware] | None = None,
         metrics: bool = True,
+        tracing: bool = True,
     ) -> None:
         self.queues = check_queue_names(queues, "Worker(queues=...)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -229,6 +230,8 @@ class Worker:
         self.middleware: list[Middleware] = list(check_middleware(middleware))
         #: Add a JobMetrics middleware at run() when an OpenTelemetry SDK is installed.
         self.metrics = metrics
+        #: Put a Tracing middleware first at run() when a tracer provider is installed.
+        self.tracing = tracing
         self._handler_chain: HandlerChain | None = None
         self._outcome_hooks: tuple[Callable[[JobOutcome], None], ...] = ()
         #: Jobs cancelled before they reached this worker: job id -> when (monotonic); bounded.
@@ -674,12 +677,7 @@ class Worker:
         raised: BaseException | None = None
         result: Any = None
         try:
-            with (
-                scope,
-                _tracing.consumer_span(
-                    headers, queue=queue, job_id=job.id, job_type=job.type, attempt=attempt
-                ),
-            ):
+            with scope:  # tracing is middleware (_tracing.Tracing, added by _prepare_middleware)
                 chain = self._handler_chain
                 if chain is not None:
                     result = await chain(ctx, functools.partial(self._call_handler, spec, ctx, args, scope))
@@ -750,6 +748,11 @@ class Worker:
     def _prepare_middleware(self) -> None:
         """Build the handler chain and outcome hooks once per run (see Middleware)."""
         middleware = list(self.middleware)
+        # Tracing goes first, so its span covers every other hook, as it covered the whole
+        # handler call when it was built in; without a tracer provider it is left out.
+        has_tracing = any(isinstance(m, _tracing.Tracing) for m in middleware)
+        if self.tracing and not has_tracing and _tracing._recording():
+            middleware.insert(0, _tracing.Tracing())
         has_metrics = any(isinstance(m, JobMetrics) for m in middleware)
         if self.metrics and not has_metrics and amqp.sdk_meter_provider_installed():
             middleware.append(JobMetrics())

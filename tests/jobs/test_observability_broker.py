@@ -225,6 +225,66 @@ async def test_retried_attempts_join_the_original_trace(
     assert consumers[1].status.status_code is StatusCode.UNSET
 
 
+async def test_tracing_middleware_is_outermost_and_follows_pushes_from_handlers(
+    client: ojs.Client, q: str, spans: InMemorySpanExporter
+) -> None:
+    """With a tracer provider the worker puts :class:`ojs.Tracing` first: a user middleware
+    runs inside the CONSUMER span, and a job pushed from the handler joins the trace (its
+    PRODUCER span is a child of the CONSUMER span, and its own CONSUMER span a child of that)."""
+    seen_in_middleware: list[int] = []
+
+    class Peek(ojs.Middleware):
+        async def around_handler(self, ctx: ojs.JobContext, call_next: Any) -> Any:
+            seen_in_middleware.append(trace.get_current_span().get_span_context().span_id)
+            return await call_next()
+
+    worker = ojs.Worker(queues=[q], middleware=[Peek()])
+    outcomes = Outcomes(worker)
+
+    @worker.handler("parent.job")
+    async def parent_job(ctx: ojs.JobContext) -> None:
+        await client.push("child.job", [], queue=q)
+
+    @worker.handler("child.job")
+    async def child_job(ctx: ojs.JobContext) -> None:
+        return None
+
+    async with running(worker, client):
+        with _tracing.tracer.start_as_current_span("request"), anyio.fail_after(WAIT):
+            job = await client.push("parent.job", [], queue=q)
+        await outcomes.wait_final(job.id)
+        await outcomes.wait_for(lambda o: o.type == "child.job" and o.outcome == "completed")
+    producers = sorted(by_name(spans, f"{q} publish"), key=lambda s: s.start_time or 0)
+    consumers = sorted(by_name(spans, f"{q} process"), key=lambda s: s.start_time or 0)
+    assert len(producers) == 2 and len(consumers) == 2
+    trace_ids = {s.context.trace_id for s in producers + consumers}
+    assert len(trace_ids) == 1  # one trace from the first push to the child's handler
+    first_consumer, child_consumer = consumers
+    assert producers[1].parent is not None and producers[1].parent.span_id == first_consumer.context.span_id
+    assert child_consumer.parent is not None and child_consumer.parent.span_id == producers[1].context.span_id
+    assert sorted(seen_in_middleware) == sorted(c.context.span_id for c in consumers)
+
+
+async def test_worker_tracing_false_records_no_consumer_span(
+    client: ojs.Client, q: str, spans: InMemorySpanExporter
+) -> None:
+    """``Worker(tracing=False)``: no CONSUMER span, though a provider is installed (the
+    producer still traces its push)."""
+    worker = ojs.Worker(queues=[q], tracing=False)
+    outcomes = Outcomes(worker)
+
+    @worker.handler("untraced.job")
+    async def handler(ctx: ojs.JobContext) -> None:
+        return None
+
+    async with running(worker, client):
+        with anyio.fail_after(WAIT):
+            job = await client.push("untraced.job", [], queue=q)
+        await outcomes.wait_final(job.id)
+    assert len(by_name(spans, f"{q} publish")) == 1
+    assert by_name(spans, f"{q} process") == []
+
+
 # -------------------------------------------------------------------------- metrics
 
 
