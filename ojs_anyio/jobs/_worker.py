@@ -951,13 +951,15 @@ class Worker:
                 },
                 limit=1000,
             )
-        if outcome.outcome in ("completed", "cancelled", "abandoned"):
+        if outcome.outcome in ("completed", "cancelled", "abandoned") and log.isEnabledFor(logging.INFO):
             log.info(
                 "job %s type=%s queue=%s attempt=%d outcome=%s duration=%.3fs",
                 outcome.job_id, outcome.type, outcome.queue,
                 outcome.attempt, outcome.outcome, outcome.duration,
                 extra=log_extra(outcome.job_id, outcome.type, outcome.queue, outcome.attempt),
             )  # fmt: skip
+        if not (self._outcome_hooks or self._listeners):
+            return
         for cb in (*self._outcome_hooks, *self._listeners):
             try:
                 cb(outcome)
