@@ -49,6 +49,8 @@ def inject_headers() -> dict[str, str]:
 
     A valid context is propagated even when nothing records spans here (for example a
     remote parent set by a web framework with the API alone)."""
+    if not otel_context.get_current():  # empty context: no span (the common, cheap case)
+        return {}
     if not trace.get_current_span().get_span_context().is_valid:
         return {}
     carrier: dict[str, str] = {}
