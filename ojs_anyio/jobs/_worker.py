@@ -1040,6 +1040,10 @@ class _Backend:
         self.clock: Callable[[], float]
         if self.cancelled is asyncio.CancelledError:
             self.clock = asyncio.get_running_loop().time  # what anyio.current_time() reads
+        elif sniffio.current_async_library() == "trio":
+            import trio
+
+            self.clock = trio.current_time  # likewise
         else:
             self.clock = anyio.current_time
 
