@@ -696,7 +696,8 @@ class Worker:
         finally:
             self._job_scopes.pop(job.id, None)
             self.active.pop(job.id, None)
-            self._jobs_changed.set()
+            if self._stopping:  # only _enforce_grace (started by stop()) waits on it
+                self._jobs_changed.set()
         verdict = decide(
             raised,
             cancelled_caught=scope.cancelled_caught,
