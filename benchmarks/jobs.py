@@ -405,6 +405,77 @@ async def _profile_ours(url: str, n: int, c: int, prof: Any, phase: str) -> None
                     await ch.queue_delete(name)
 
 
+RSS_SIZES = (20_000, 200_000)
+RSS_LIMIT_MB = 20.0
+
+
+async def _rss_fill(url: str, q: str, n: int) -> None:
+    """Declare ``q`` and push ``n`` jobs in batches (in this process, not the measured one)."""
+    async with ojs.connect(url) as client:
+        await client.declare_queue(q)
+        left = n
+        while left:
+            k = min(left, 10_000)
+            results = await client.push_batch([client.build("bench.noop", ARGS, queue=q) for _ in range(k)])
+            if not all(r.ok for r in results):
+                raise RuntimeError("push_batch: some jobs failed")
+            left -= k
+
+
+async def _rss_drain(url: str, q: str, n: int, c: int) -> None:
+    async with ojs.connect(url) as client:
+        await _ours_worker(client, q, n, c)
+
+
+async def _rss_cleanup(url: str, q: str) -> None:
+    async with ojs.connect(url) as client:
+        ch = await client.channel()
+        names = client.names
+        for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q)):
+            with contextlib.suppress(amqp.AMQPError):
+                await ch.queue_delete(name)
+
+
+def rss_child(args: argparse.Namespace) -> int:
+    """``--rss-child``: drain the queue's ``--n`` jobs, then print the peak RSS in KiB."""
+    import resource
+
+    anyio.run(_rss_drain, args.url, args.queue, args.n, args.c, backend=args.rss_backend)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)  # KiB on Linux
+    return 0
+
+
+def run_rss(url: str, backends: Sequence[str], c: int) -> bool:
+    """Peak RSS of a worker process draining 20,000 and 200,000 jobs (issue 15's memory
+    target: the larger within RSS_LIMIT_MB of the smaller).  The jobs are pushed by this
+    process first; a fresh subprocess per size runs only the worker."""
+    ok = True
+    print(f"\nPeak RSS of a worker process (concurrency {c}) draining N jobs:")
+    for backend in backends:
+        peaks: dict[int, float] = {}
+        for n in RSS_SIZES:
+            q = f"bench-rss-{uuid.uuid4().hex[:10]}"
+            try:
+                anyio.run(_rss_fill, url, q, n)
+                cmd = [sys.executable, os.path.abspath(__file__), "--rss-child", "--rss-backend", backend,
+                       "--url", url, "--queue", q, "--n", str(n), "--c", str(c)]  # fmt: skip
+                proc = subprocess.run(cmd, capture_output=True, check=False, timeout=max(120.0, n / 100))
+                if proc.returncode != 0:
+                    raise RuntimeError(f"worker exited {proc.returncode}: {_tail(proc.stderr)}")
+                peaks[n] = int(proc.stdout.split()[-1]) / 1024
+            finally:
+                anyio.run(_rss_cleanup, url, q)
+            log(f"  {backend}: N={n:,}: peak RSS {peaks[n]:.1f} MiB")
+        small, large = peaks[RSS_SIZES[0]], peaks[RSS_SIZES[-1]]
+        verdict = "met" if large - small <= RSS_LIMIT_MB else "MISSED"
+        ok = ok and verdict == "met"
+        print(
+            f"  {backend:8} N={RSS_SIZES[0]:,}: {small:6.1f} MiB   N={RSS_SIZES[-1]:,}: {large:6.1f} MiB   "
+            f"growth {large - small:+.1f} MiB (target <= {RSS_LIMIT_MB:.0f} MiB: {verdict})"
+        )
+    return ok
+
+
 def profile_ours(url: str, n: int, c: int, backend: str, top: int = 35) -> None:
     """cProfile our push_batch and our worker draining N at concurrency c: top functions by
     own time, then own time summed per file."""
@@ -1069,10 +1140,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue", help=argparse.SUPPRESS)
     ap.add_argument("--c", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--pool", default="-", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--rss",
+        action="store_true",
+        help="peak RSS of a worker subprocess draining 20,000 and then 200,000 jobs "
+        "(per --backends, at the last --concurrency); exit",
+    )
+    ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rss-backend", default="asyncio", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.child:
         return child_main(args)
+    if args.rss_child:
+        return rss_child(args)
+    if args.rss:
+        c = int(args.concurrency.split(",")[-1]) if args.concurrency else 100
+        return 0 if run_rss(args.url, [b for b in args.backends.split(",") if b], c) else 1
 
     n = args.n or (200 if args.smoke else 20_000)
     repeat = args.repeat or (1 if args.smoke else 3)

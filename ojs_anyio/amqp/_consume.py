@@ -6,18 +6,19 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import anyio
 import anyio.lowlevel
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectStreamStatistics
 from pamqp import commands
 
 from ojs_codec import AMQPError, Delivery, GetOk, UsageError
 
-from . import _metrics
+from . import _metrics, _park
 from ._errors import ConsumerCancelledError, DeliveryAlreadySettledError, StaleDeliveryError
 from ._publish import _FLUSH_THRESHOLD, PublishingChannel
 
@@ -206,13 +207,19 @@ class Consumer:
         self.no_ack = no_ack
         self.exclusive = exclusive
         self.arguments = arguments
-        self._send: MemoryObjectSendStream[IncomingMessage]
-        self._receive: MemoryObjectReceiveStream[IncomingMessage]
-        self._send, self._receive = anyio.create_memory_object_stream[IncomingMessage](max_buffer)
+        #: Deliveries received and not yet handed out, at most ``_max_buffer`` of them.
+        self._buffer: deque[IncomingMessage] = deque()
+        self._max_buffer = max_buffer
+        #: Tasks parked in ``__anext__`` until a delivery or the end comes (see _park).
+        self._waiters: deque[Any] = deque()
+        #: No more deliveries come (``_end``); the buffer still drains.
+        self._ended = False
+        #: Closed for reading (``_close``): iteration ends at once.
+        self._closed = False
         self._error: BaseException | None = None
         self._active = False
         self._unacked = 0
-        #: Deliveries pushed into the stream and not yet handed to the user.
+        #: Deliveries buffered and not yet handed to the user (``len(_buffer)``).
         self._buffered = 0
         self._since_yield = 0
         self._resubscribe_scope: anyio.CancelScope | None = None
@@ -224,41 +231,52 @@ class Consumer:
         return self
 
     async def __anext__(self) -> IncomingMessage:
-        if self._buffered == 0:
-            conn = self.channel._conn
-            if conn._transport.deferred_flush:
-                # About to wait for the broker: send the acks batched meanwhile first.
-                await conn._transport.flush_quietly()
-        elif self._since_yield < _YIELD_EVERY:
+        buffer = self._buffer
+        if buffer and self._since_yield < _YIELD_EVERY:
             # A delivery is already buffered: take it without a trip through the event loop
             # (still a cancellation point); a full checkpoint every _YIELD_EVERY messages
             # keeps other tasks running.
             self._since_yield += 1
             await anyio.lowlevel.checkpoint_if_cancelled()
-            try:
-                msg = self._receive.receive_nowait()
-            except anyio.WouldBlock:
-                pass
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
-                return self._finish()
-            else:
-                self._buffered -= 1
-                return msg
-        self._since_yield = 0
-        try:
-            msg = await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
+        else:
+            self._since_yield = 0
+            if not buffer:
+                conn = self.channel._conn
+                if conn._transport.deferred_flush:
+                    # About to wait for the broker: send the acks batched meanwhile first.
+                    await conn._transport.flush_quietly()
+            if buffer:
+                await anyio.lowlevel.checkpoint()
+            while not buffer:
+                if self._ended or self._closed:
+                    return self._finish()
+                # Parked until _push or _end wakes us (woken in FIFO order, one per delivery).
+                await _park.wait_in(self._waiters)
+        if self._closed:
             return self._finish()
+        if not buffer:
+            # Another reader took it while this one checkpointed: wait like the others.
+            return await self.__anext__()
         self._buffered -= 1
-        return msg
+        return buffer.popleft()
 
     def _finish(self) -> NoReturn:
+        if self._waiters:
+            _park.wake_all(self._waiters)  # every reader sees the end, not only the first
         if self._error is not None:
             raise self._error  # as it is: "from None" would erase its __cause__
         raise StopAsyncIteration
 
-    def statistics(self) -> Any:
-        return self._receive.statistics()
+    def statistics(self) -> MemoryObjectStreamStatistics:
+        """The buffer's fill (``current_buffer_used``), its bound and the parked readers."""
+        return MemoryObjectStreamStatistics(
+            current_buffer_used=len(self._buffer),
+            max_buffer_size=self._max_buffer,
+            open_send_streams=0 if self._ended or self._closed else 1,
+            open_receive_streams=0 if self._closed else 1,
+            tasks_waiting_send=0,
+            tasks_waiting_receive=len(self._waiters),
+        )
 
     @property
     def unacked(self) -> int:
@@ -274,31 +292,33 @@ class Consumer:
         return [(self._label, self._unacked, window)]
 
     def _push(self, msg: IncomingMessage) -> bool:
-        try:
-            self._send.send_nowait(msg)
-        except anyio.WouldBlock:
+        if self._ended or self._closed or len(self._buffer) >= self._max_buffer:
             return False
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            return False
+        self._buffer.append(msg)
         self._buffered += 1
         if not msg._settled:
             self._unacked += 1
+        if self._waiters:
+            _park.wake_first(self._waiters)
         return True
 
     def _end(self, error: BaseException | None) -> None:
         if error is not None and self._error is None:
             self._error = error
         self._active = False
-        self._send.close()
+        self._ended = True
+        _park.wake_all(self._waiters)
+
+    def _close(self) -> None:
+        """Stop iteration at once (the consume block is left); the buffer must be dropped."""
+        self._ended = self._closed = True
+        _park.wake_all(self._waiters)
 
     def _drop_buffered(self) -> list[IncomingMessage]:
-        dropped = []
-        while True:
-            try:
-                dropped.append(self._receive.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                self._buffered = 0
-                return dropped
+        dropped = list(self._buffer)
+        self._buffer.clear()
+        self._buffered = 0
+        return dropped
 
 
 class ConsumingChannel(PublishingChannel):
@@ -342,7 +362,7 @@ class ConsumingChannel(PublishingChannel):
             consumer._end(
                 ConsumerCancelledError(
                     f"consumer on {consumer.queue!r} could not keep up: its buffer of "
-                    f"{consumer._send.statistics().max_buffer_size} messages is full (set a prefetch)",
+                    f"{consumer._max_buffer} messages is full (set a prefetch)",
                     consumer_tag=consumer.consumer_tag,
                     queue=consumer.queue,
                 )
@@ -426,7 +446,7 @@ class ConsumingChannel(PublishingChannel):
             await self._basic_consume(consumer)
         except BaseException:
             consumer._end(None)
-            consumer._receive.close()
+            consumer._close()
             raise
         try:
             yield consumer
@@ -477,7 +497,7 @@ class ConsumingChannel(PublishingChannel):
             self._conn.topology.consumer_gone(consumer.queue, self._conn._queue_consumed)
             consumer._end(None)
             buffered = consumer._drop_buffered()
-            consumer._receive.close()  # iteration ends; no stream is left unclosed
+            consumer._close()  # iteration ends
             # Give back what was buffered but never handed to the user.
             if not consumer.no_ack and self._cid and not self._closed:
                 returned = 0

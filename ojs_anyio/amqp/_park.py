@@ -9,16 +9,18 @@ checkpoint: the waiting task gets the backend's cancellation exception and the s
 cleared.
 
 Used where one task waits for one thing to happen, often: a publish waiting for its
-broker confirm.
+broker confirm.  :func:`wait_in` / :func:`wake_first` do the same for several tasks parked
+in a FIFO (a consumer's idle readers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections import deque
 from typing import Any, Protocol
 
-__all__ = ["wait", "wake"]
+__all__ = ["wait", "wait_in", "wake", "wake_all", "wake_first"]
 
 
 class Slot(Protocol):
@@ -68,3 +70,65 @@ def wake(slot: Slot) -> None:
         import trio
 
         trio.lowlevel.reschedule(waiter)
+
+
+# ----------------------------------------------------------- several waiters, FIFO
+
+
+async def wait_in(waiters: deque[Any]) -> None:
+    """Park in the FIFO ``waiters`` until :func:`wake_first` (or :func:`wake_all`) picks us.
+
+    A condition-variable notify, not a hand-off: the woken task re-checks what it waits for.
+    A task cancelled while parked leaves the queue; one woken and cancelled at the same
+    time passes its wake-up on to the next waiter, so no notification is lost.
+    """
+    if not _on_trio():
+        fut = asyncio.get_running_loop().create_future()
+        waiters.append(fut)
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                wake_first(waiters)  # woken, then cancelled before it ran: pass it on
+            else:
+                try:
+                    waiters.remove(fut)
+                except ValueError:
+                    pass
+            raise
+        return
+    import trio
+
+    task = trio.lowlevel.current_task()
+    waiters.append(task)
+
+    def abort(_: Any) -> trio.lowlevel.Abort:
+        # Only called while still parked (Trio never aborts a rescheduled task).
+        try:
+            waiters.remove(task)
+        except ValueError:
+            pass
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def wake_first(waiters: deque[Any]) -> None:
+    """Resume the longest-parked task of ``waiters`` (see :func:`wait_in`), if any."""
+    while waiters:
+        waiter = waiters.popleft()
+        if isinstance(waiter, asyncio.Future):
+            if waiter.done():
+                continue  # cancelled, its task not yet run to leave the queue
+            waiter.set_result(None)
+            return
+        import trio
+
+        trio.lowlevel.reschedule(waiter)
+        return
+
+
+def wake_all(waiters: deque[Any]) -> None:
+    """Resume every task parked in ``waiters``."""
+    while waiters:
+        wake_first(waiters)

@@ -694,7 +694,8 @@ class Worker:
         finally:
             self._job_scopes.pop(job.id, None)
             self.active.pop(job.id, None)
-            self._jobs_changed.set()
+            if self._stopping:  # only _enforce_grace (started by stop()) waits on it
+                self._jobs_changed.set()
         verdict = decide(
             raised,
             cancelled_caught=scope.cancelled_caught,
@@ -954,13 +955,15 @@ class Worker:
                 },
                 limit=1000,
             )
-        if outcome.outcome in ("completed", "cancelled", "abandoned"):
+        if outcome.outcome in ("completed", "cancelled", "abandoned") and log.isEnabledFor(logging.INFO):
             log.info(
                 "job %s type=%s queue=%s attempt=%d outcome=%s duration=%.3fs",
                 outcome.job_id, outcome.type, outcome.queue,
                 outcome.attempt, outcome.outcome, outcome.duration,
                 extra=log_extra(outcome.job_id, outcome.type, outcome.queue, outcome.attempt),
             )  # fmt: skip
+        if not (self._outcome_hooks or self._listeners):
+            return
         for cb in (*self._outcome_hooks, *self._listeners):
             try:
                 cb(outcome)
@@ -1041,6 +1044,10 @@ class _Backend:
         self.clock: Callable[[], float]
         if self.cancelled is asyncio.CancelledError:
             self.clock = asyncio.get_running_loop().time  # what anyio.current_time() reads
+        elif sniffio.current_async_library() == "trio":
+            import trio
+
+            self.clock = trio.current_time  # likewise
         else:
             self.clock = anyio.current_time
 

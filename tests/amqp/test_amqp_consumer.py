@@ -340,3 +340,41 @@ async def test_unbounded_consumer_that_overflows(amqp_url: str, no_ack: bool) ->
                 await wait_for_message_count(ch, queue, 200 - len(got))
             await ch.publish(b"after", routing_key=queue)
             assert ch.is_open
+
+
+async def test_parked_readers_share_deliveries_and_cancelled_ones_lose_none(amqp_url: str) -> None:
+    """Several tasks read one consumer: each delivery goes to exactly one of them, readers
+    cancelled while parked leave no delivery behind, and the end reaches every reader."""
+    with anyio.fail_after(20):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            got: dict[str, list[bytes]] = {}
+            ended: list[str] = []
+            async with ch.consume(queue, prefetch=8) as messages:
+
+                async def reader(name: str, scope: anyio.CancelScope) -> None:
+                    got[name] = []
+                    with scope:
+                        async for msg in messages:
+                            got[name].append(msg.body)
+                            await msg.ack()
+                    if not scope.cancelled_caught:
+                        ended.append(name)
+
+                scopes = {f"r{i}": anyio.CancelScope() for i in range(5)}
+                async with anyio.create_task_group() as tg:
+                    for name, scope in scopes.items():
+                        tg.start_soon(reader, name, scope)
+                    await wait_until(lambda: messages.statistics().tasks_waiting_receive == 5, what="parked")
+                    scopes["r0"].cancel()
+                    scopes["r3"].cancel()
+                    await wait_until(lambda: messages.statistics().tasks_waiting_receive == 3, what="left")
+                    for i in range(40):
+                        await ch.publish(b"%d" % i, routing_key=queue)
+                    await wait_until(lambda: sum(map(len, got.values())) == 40, what="all read")
+                    messages._end(None)  # as when the broker cancels: every reader stops
+            bodies = sorted(int(b) for name in got for b in got[name])
+            assert bodies == list(range(40))  # each exactly once
+            assert got["r0"] == got["r3"] == []
+            assert sorted(ended) == ["r1", "r2", "r4"]
+            assert messages.unacked == 0

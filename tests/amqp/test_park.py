@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
+import sniffio
 
 from ojs_anyio.amqp import PublishHandle, PublishNackedError, _park
 
@@ -77,3 +80,122 @@ async def test_publish_handle_wakes_every_waiter_with_the_outcome() -> None:
         await ok.wait()
         with pytest.raises(PublishNackedError):
             await nacked.wait()
+
+
+async def _parked(waiters: deque[Any], n: int) -> None:
+    while len(waiters) < n:
+        await anyio.lowlevel.checkpoint()
+
+
+async def test_wait_in_wakes_in_fifo_order_one_at_a_time() -> None:
+    waiters: deque[Any] = deque()
+    woken: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await _park.wait_in(waiters)
+        woken.append(i)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(waiter, i)
+                await _parked(waiters, i + 1)
+            _park.wake_first(waiters)
+            while not woken:
+                await anyio.lowlevel.checkpoint()
+            assert woken == [0] and len(waiters) == 2
+            _park.wake_first(waiters)
+            while len(woken) < 2:
+                await anyio.lowlevel.checkpoint()
+            assert woken == [0, 1]
+            tg.start_soon(waiter, 3)
+            await _parked(waiters, 2)
+            _park.wake_all(waiters)  # Trio runs the woken in any order
+    assert woken[:2] == [0, 1] and sorted(woken[2:]) == [2, 3]
+    assert not waiters
+    _park.wake_first(waiters)  # nobody parked: a no-op
+
+
+async def test_wait_in_cancelled_leaves_the_queue() -> None:
+    waiters: deque[Any] = deque()
+    woken: list[str] = []
+
+    async def waiter(name: str, scope: anyio.CancelScope) -> None:
+        with scope:
+            await _park.wait_in(waiters)
+            woken.append(name)
+
+    a, b = anyio.CancelScope(), anyio.CancelScope()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter, "a", a)
+            await _parked(waiters, 1)
+            tg.start_soon(waiter, "b", b)
+            await _parked(waiters, 2)
+            a.cancel()
+            while len(waiters) > 1:
+                await anyio.lowlevel.checkpoint()
+            _park.wake_first(waiters)  # goes to b, not to the cancelled a
+    assert woken == ["b"]
+    assert a.cancelled_caught
+
+
+async def test_wait_in_woken_and_cancelled_at_once_loses_no_wake_up() -> None:
+    """A wake-up that reaches a task cancelled in the same step is either taken by it (it
+    returns normally) or passed on to the next parked task: never dropped."""
+    waiters: deque[Any] = deque()
+    woken: list[str] = []
+
+    async def waiter(name: str, scope: anyio.CancelScope) -> None:
+        with scope:
+            await _park.wait_in(waiters)
+            woken.append(name)
+
+    a, b = anyio.CancelScope(), anyio.CancelScope()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter, "a", a)
+            await _parked(waiters, 1)
+            tg.start_soon(waiter, "b", b)
+            await _parked(waiters, 2)
+            _park.wake_first(waiters)
+            a.cancel()
+            while not woken:
+                await anyio.lowlevel.checkpoint()
+            b.cancel()
+    assert len(woken) == 1
+
+
+async def test_wait_in_cancel_landing_after_the_wake_up() -> None:
+    """On asyncio a bare ``Task.cancel()`` can land after the wake-up: the task gets the
+    cancellation and the next waiter the wake-up.  Trio never cancels a task it already
+    rescheduled: there the first waiter returns and takes the wake-up itself."""
+    on_asyncio = sniffio.current_async_library() == "asyncio"
+    waiters: deque[Any] = deque()
+    woken: list[str] = []
+    cancel: dict[str, Any] = {}
+
+    async def waiter(name: str) -> None:
+        scope = anyio.CancelScope()
+        cancel[name] = asyncio.current_task().cancel if on_asyncio else scope.cancel  # type: ignore[union-attr]
+        with scope:
+            try:
+                await _park.wait_in(waiters)
+            except asyncio.CancelledError:
+                woken.append(f"{name} cancelled")
+                return  # swallowed for the test: cancelled by hand, not by a scope
+            woken.append(name)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter, "a")
+            await _parked(waiters, 1)
+            tg.start_soon(waiter, "b")
+            await _parked(waiters, 2)
+            _park.wake_first(waiters)
+            cancel["a"]()
+            while len(woken) < (2 if on_asyncio else 1):
+                await anyio.lowlevel.checkpoint()
+            if not on_asyncio:
+                cancel["b"]()
+    assert woken == (["a cancelled", "b"] if on_asyncio else ["a"])
