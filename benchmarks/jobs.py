@@ -490,8 +490,9 @@ def profile_ours(url: str, n: int, c: int, backend: str, top: int = 35) -> None:
         entries = pstats.Stats(prof).stats  # type: ignore[attr-defined]
         total = sum(v[2] for v in entries.values()) or 1e-9
         label = phase if phase == "push_batch" else f"worker c={c}"
+        calls = sum(v[1] for v in entries.values())  # steadier than the times
         print(f"\n== cProfile ojs-anyio/{backend}, {label}, N={n}: profiled {total:.2f}s "
-              f"(this phase's run took {wall:.1f}s with setup) ==")  # fmt: skip
+              f"(this phase's run took {wall:.1f}s with setup); {calls / n:.1f} calls/job ==")  # fmt: skip
         print(f"{'own%':>6} {'cum%':>6} {'calls':>9}  function")
         rows = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
         for (filename, line, func), (_cc, nc, tt, ct, _callers) in rows:
