@@ -20,11 +20,9 @@ through ``on_lost``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -71,8 +69,6 @@ class Transport:
         #: The running backend's CancelScope class, found at the first write:
         #: ``anyio.CancelScope()`` looks the backend up anew on each call.
         self._scope_type: Callable[..., anyio.CancelScope] | None = None
-        #: On asyncio, the plain TCP stream's asyncio transport and protocol (see _direct).
-        self._direct = _direct_writer(stream)
         self.handshake_done = anyio.Event()
         self.close_ok = anyio.Event()
         #: Why this transport ended (None while it is healthy).
@@ -140,14 +136,6 @@ class Transport:
                 data = proto.data_to_send()
                 if not data:
                     return
-                direct = self._direct
-                if direct is not None and _can_write_now(stream, *direct):
-                    # asyncio, writing not paused: hand the bytes to the asyncio transport
-                    # as anyio's send() would, without its two checkpoints and loop trip.
-                    direct[0].write(data)
-                    if direct[1].write_event.is_set():
-                        continue
-                    data = b""  # over the high-water mark: wait for the drain as send() does
                 scope_type = self._scope_type
                 if scope_type is None:
                     scope_type = self._scope_type = type(anyio.CancelScope())
@@ -244,29 +232,3 @@ class Transport:
             if proto.has_data_to_send:
                 await self.flush_quietly()
             await anyio.sleep(max(0.0, deadline - anyio.current_time()))
-
-
-def _direct_writer(stream: anyio.abc.ByteStream | None) -> tuple[Any, Any] | None:
-    """``(asyncio transport, anyio's protocol)`` of anyio's plain asyncio socket stream, or
-    None (Trio, TLS, anything else): those always write through ``stream.send()``."""
-    cls = type(stream)
-    if cls.__name__ != "SocketStream" or cls.__module__ != "anyio._backends._asyncio":
-        return None
-    transport = getattr(stream, "_transport", None)
-    protocol = getattr(stream, "_protocol", None)
-    if not isinstance(transport, asyncio.Transport) or not isinstance(
-        getattr(protocol, "write_event", None), asyncio.Event
-    ):
-        return None
-    return transport, protocol
-
-
-def _can_write_now(stream: Any, transport: Any, protocol: Any) -> bool:
-    """Whether ``stream.send()`` would write at once: open, healthy, writing not paused.
-    Otherwise send() itself waits or raises its usual error."""
-    return (
-        protocol.write_event.is_set()
-        and not getattr(stream, "_closed", True)
-        and protocol.exception is None
-        and not transport.is_closing()
-    )
