@@ -66,9 +66,9 @@ class Transport:
         #: Bytes were queued without writing them (batched acks); the flusher sends them.
         self.deferred_flush = False
         self._flush_soon = anyio.Event()
-        #: The running backend's CancelScope class: ``anyio.CancelScope()`` looks the
-        #: backend up anew on each call, and flush() makes one per write.
-        self._scope_type: Callable[..., anyio.CancelScope] = type(anyio.CancelScope())
+        #: The running backend's CancelScope class, found at the first write:
+        #: ``anyio.CancelScope()`` looks the backend up anew on each call.
+        self._scope_type: Callable[..., anyio.CancelScope] | None = None
         self.handshake_done = anyio.Event()
         self.close_ok = anyio.Event()
         #: Why this transport ended (None while it is healthy).
@@ -136,7 +136,10 @@ class Transport:
                 data = proto.data_to_send()
                 if not data:
                     return
-                with self._scope_type(shield=True):
+                scope_type = self._scope_type
+                if scope_type is None:
+                    scope_type = self._scope_type = type(anyio.CancelScope())
+                with scope_type(shield=True):
                     await stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as exc:
             err = ConnectionLostError(f"socket error while sending: {exc!r}")

@@ -247,7 +247,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
 
     def __post_init__(self) -> None:
         for name in _TIMESTAMP_FIELDS:
-            _check_timestamp(name, getattr(self, name))
+            value = getattr(self, name)
+            if isinstance(value, str):  # most are unset: no call for those
+                _check_timestamp(name, value)
         if isinstance(self.retry, RetryPolicy):
             try:
                 resolve_retry(self.retry)
