@@ -61,6 +61,8 @@ def run_once(tree: Path, script: Path, extra: list[str]) -> dict[str, float]:
         args += ["--memory", "none"]
     if "--cli-processes" in known:
         args += ["--cli-processes", ""]
+    if "--repeat" in known and "--repeat" not in extra:
+        args += ["--repeat", "1"]  # the rounds are this script's
     # --json with no path prints the JSON object on stdout (the only form older trees know).
     stdout = subprocess.run(
         [sys.executable, str(script), "--json", *args],
@@ -79,14 +81,21 @@ def main() -> int:
         description=__doc__.split("\n")[0],
         usage="%(prog)s A B [--rounds R] [--script PATH] [-- jobs.py args]",
     )
-    ap.add_argument("a", type=Path, help="tree A (the baseline)")
-    ap.add_argument("b", type=Path, help="tree B")
+    ap.add_argument("a", type=Path, nargs="?", help="tree A (the baseline)")
+    ap.add_argument("b", type=Path, nargs="?", help="tree B")
+    ap.add_argument("--smoke", action="store_true", help="this tree against itself, jobs.py --smoke")
     ap.add_argument("--rounds", type=int, default=3, help="runs per tree (default 3; the median is shown)")
     ap.add_argument("--script", type=Path, help="one jobs.py for both trees (default: each tree's own)")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
     args.jobs_args = argv[cut + 1 :]  # after --: arguments for jobs.py
+    if args.smoke:
+        here = Path(__file__).resolve().parent.parent
+        args.a, args.b, args.rounds = args.a or here, args.b or here, 1
+        args.jobs_args.append("--smoke")
+    elif args.a is None or args.b is None:
+        ap.error("two trees are needed: A B")
     trees = [args.a.resolve(), args.b.resolve()]
     for tree in trees:
         _check_imports(tree, _env(tree))

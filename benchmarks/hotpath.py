@@ -251,12 +251,15 @@ class RawConnection:
         properties: ojs_codec.BasicProperties | None = None,
         body: bytes = BODY,
         mandatory: bool = False,
+        window: int | None = None,
     ) -> float:
         """Publish N pre-encoded messages in large writes; return seconds until all acked.
 
-        ``queue`` is the routing key (the queue itself through the default exchange)."""
+        ``queue`` is the routing key (the queue itself through the default exchange).  With
+        ``window``, at most that many publishes are unconfirmed at any time (what ``window``
+        callers each awaiting their own confirm can reach at best)."""
         one = ojs_codec.encode_publish(self.cid, exchange, queue, properties, body, self.frame_max, mandatory)
-        chunks = _large_writes(one, n)
+        chunks = [] if window else _large_writes(one, n)
         sock = self.sock
         recv = sock.recv
         dontwait = socket.MSG_DONTWAIT
@@ -309,6 +312,17 @@ class RawConnection:
                 if not data:
                     raise ConnectionError("broker closed the socket")
                 parse(data)
+        if window:
+            sent = 0
+            while sent < n:
+                room = min(window - (sent - state[0]), n - sent)
+                if room > 0:
+                    sock.sendall(one * room)
+                    sent += room
+                data = recv(READ_SIZE)
+                if not data:
+                    raise ConnectionError("broker closed the socket")
+                parse(data)
         while state[0] < n:
             data = recv(READ_SIZE)
             if not data:
@@ -319,6 +333,10 @@ class RawConnection:
         if state[1]:
             raise RuntimeError(f"{state[1]} publishes were nacked")
         return elapsed
+
+    def purge(self, queue: str) -> int:
+        """Queue.Purge; the number of messages it removed."""
+        return int(self._rpc(commands.Queue.Purge(queue=queue), commands.Queue.PurgeOk).message_count)
 
     def publish_unconfirmed(
         self,
