@@ -173,6 +173,8 @@ class RawConnection:
             )
         )
         self._rest = b""
+        #: Publishes confirmed so far on this channel (delivery tags continue across calls).
+        self._confirmed = 0
         self.proto.initiate()
         self._flush_proto()
         opened = self._until(ojs_codec.ConnectionOpened)
@@ -263,7 +265,8 @@ class RawConnection:
         sock = self.sock
         recv = sock.recv
         dontwait = socket.MSG_DONTWAIT
-        state = [0, 0, self._rest]  # confirmed up to (contiguous), nacks, leftover bytes
+        base = self._confirmed
+        state = [base, 0, self._rest]  # confirmed up to (contiguous), nacks, leftover bytes
         early: set[int] = set()
 
         def parse(data: bytes) -> None:
@@ -315,7 +318,7 @@ class RawConnection:
         if window:
             sent = 0
             while sent < n:
-                room = min(window - (sent - state[0]), n - sent)
+                room = min(window - (sent - (state[0] - base)), n - sent)
                 if room > 0:
                     sock.sendall(one * room)
                     sent += room
@@ -323,13 +326,14 @@ class RawConnection:
                 if not data:
                     raise ConnectionError("broker closed the socket")
                 parse(data)
-        while state[0] < n:
+        while state[0] < base + n:
             data = recv(READ_SIZE)
             if not data:
                 raise ConnectionError("broker closed the socket")
             parse(data)
         elapsed = time.perf_counter() - t0
         self._rest = state[2]
+        self._confirmed = base + n
         if state[1]:
             raise RuntimeError(f"{state[1]} publishes were nacked")
         return elapsed
