@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -116,15 +117,24 @@ async def test_wait_in_wakes_in_fifo_order_one_at_a_time() -> None:
     _park.wake_first(waiters)  # nobody parked: a no-op
 
 
-async def test_wait_in_cancelled_leaves_the_queue() -> None:
-    waiters: deque[Any] = deque()
-    woken: list[str] = []
+def _named_waiter(
+    waiters: deque[Any], woken: list[str]
+) -> Callable[[str, anyio.CancelScope], Awaitable[None]]:
+    """A task body that parks in ``waiters`` under ``scope`` and records its name once woken."""
 
     async def waiter(name: str, scope: anyio.CancelScope) -> None:
         with scope:
             await _park.wait_in(waiters)
             woken.append(name)
 
+    return waiter
+
+
+async def test_wait_in_cancelled_leaves_the_queue() -> None:
+    waiters: deque[Any] = deque()
+    woken: list[str] = []
+
+    waiter = _named_waiter(waiters, woken)
     a, b = anyio.CancelScope(), anyio.CancelScope()
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
@@ -146,11 +156,7 @@ async def test_wait_in_woken_and_cancelled_at_once_loses_no_wake_up() -> None:
     waiters: deque[Any] = deque()
     woken: list[str] = []
 
-    async def waiter(name: str, scope: anyio.CancelScope) -> None:
-        with scope:
-            await _park.wait_in(waiters)
-            woken.append(name)
-
+    waiter = _named_waiter(waiters, woken)
     a, b = anyio.CancelScope(), anyio.CancelScope()
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
