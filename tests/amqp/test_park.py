@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 import sniffio
@@ -130,18 +131,25 @@ def _named_waiter(
     return waiter
 
 
+async def _park_a_then_b(
+    tg: anyio.abc.TaskGroup, waiters: deque[Any], woken: list[str], a: anyio.CancelScope, b: anyio.CancelScope
+) -> None:
+    """Park task "a" (under scope ``a``), then task "b" (under ``b``), in that order."""
+    waiter = _named_waiter(waiters, woken)
+    tg.start_soon(waiter, "a", a)
+    await _parked(waiters, 1)
+    tg.start_soon(waiter, "b", b)
+    await _parked(waiters, 2)
+
+
 async def test_wait_in_cancelled_leaves_the_queue() -> None:
     waiters: deque[Any] = deque()
     woken: list[str] = []
 
-    waiter = _named_waiter(waiters, woken)
     a, b = anyio.CancelScope(), anyio.CancelScope()
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter, "a", a)
-            await _parked(waiters, 1)
-            tg.start_soon(waiter, "b", b)
-            await _parked(waiters, 2)
+            await _park_a_then_b(tg, waiters, woken, a, b)
             a.cancel()
             while len(waiters) > 1:
                 await anyio.lowlevel.checkpoint()
@@ -156,14 +164,10 @@ async def test_wait_in_woken_and_cancelled_at_once_loses_no_wake_up() -> None:
     waiters: deque[Any] = deque()
     woken: list[str] = []
 
-    waiter = _named_waiter(waiters, woken)
     a, b = anyio.CancelScope(), anyio.CancelScope()
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter, "a", a)
-            await _parked(waiters, 1)
-            tg.start_soon(waiter, "b", b)
-            await _parked(waiters, 2)
+            await _park_a_then_b(tg, waiters, woken, a, b)
             _park.wake_first(waiters)
             a.cancel()
             while not woken:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import signal
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,16 +141,27 @@ def test_dlq_requeue_by_id_keeps_the_others_in_order(q: str) -> None:
     assert r.returncode == 5 and "nope" in r.stderr
 
 
-def test_dlq_requeue_interrupted_by_sigint_loses_and_doubles_nothing(q: str, tmp_path: Path) -> None:
-    ok("topology", "declare", q)
-    ids = dead_letters(q, 4000)
-    proc = spawn_cli("dlq", "requeue", q, "--all", "--yes", "--json", capture=True)
+def _interrupted(args: list[str], under_way: Callable[[], bool], what: str) -> dict[str, Any]:
+    """Run the CLI with ``args``, SIGINT it once ``under_way()`` holds; its --json report
+    (after checking it exited with 130)."""
+    proc = spawn_cli(*args, capture=True)
     with reaped(proc):
-        wait_for(lambda: (queue_count(f"ojs.queue.{q}") or 0) >= 200, 60, "the requeue to be under way", 0.02)
+        wait_for(under_way, 60, what, 0.02)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    report = json.loads(out)
+    report: dict[str, Any] = json.loads(out)
+    return report
+
+
+def test_dlq_requeue_interrupted_by_sigint_loses_and_doubles_nothing(q: str, tmp_path: Path) -> None:
+    ok("topology", "declare", q)
+    ids = dead_letters(q, 4000)
+    report = _interrupted(
+        ["dlq", "requeue", q, "--all", "--yes", "--json"],
+        lambda: (queue_count(f"ojs.queue.{q}") or 0) >= 200,
+        "the requeue to be under way",
+    )
     assert report["interrupted"] is True and 200 <= report["requeued"] < 4000
     requeued = [str(m.properties.message_id) for m in drain(f"ojs.queue.{q}")]
     remaining = [str(m.properties.message_id) for m in drain(f"ojs.queue.dlx.{q}")]
@@ -160,15 +173,11 @@ def test_dlq_requeue_interrupted_by_sigint_loses_and_doubles_nothing(q: str, tmp
 def test_dlq_prune_interrupted_by_sigint_stops_after_the_current_job(q: str) -> None:
     ok("topology", "declare", q)
     ids = dead_letters(q, 5000)
-    proc = spawn_cli("dlq", "prune", q, "--max-count", "0", "--yes", "--json", capture=True)
-    with reaped(proc):
-        wait_for(
-            lambda: (queue_count(f"ojs.queue.dlx.{q}") or 5000) <= 4800, 60, "the prune to be under way", 0.02
-        )
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
-    report = json.loads(out)
+    report = _interrupted(
+        ["dlq", "prune", q, "--max-count", "0", "--yes", "--json"],
+        lambda: (queue_count(f"ojs.queue.dlx.{q}") or 5000) <= 4800,
+        "the prune to be under way",
+    )
     assert report["interrupted"] is True and 200 <= report["pruned"] < 5000
     remaining = [str(m.properties.message_id) for m in drain(f"ojs.queue.dlx.{q}")]
     assert remaining == ids[report["pruned"] :], "the oldest went; the rest is kept, in order"
