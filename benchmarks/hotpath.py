@@ -56,6 +56,7 @@ import platform
 import pstats
 import resource
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -714,10 +715,16 @@ class Result:
     skipped: str | None = None
     error: str | None = None
     retries: list[str] = field(default_factory=list)
+    #: "best" (the fastest round) or "median" (of the rounds): what :meth:`rate` reports.
+    stat: str = "best"
+    #: Other per-round figures a scenario returned (e.g. CPU per message), by name.
+    extra: dict[str, list[float]] = field(default_factory=dict)
 
-    def best(self, workload: str) -> float | None:
+    def rate(self, workload: str) -> float | None:
         samples = self.publish if workload == "publish" else self.consume
-        return max(samples) if samples else None
+        if not samples:
+            return None
+        return statistics.median(samples) if self.stat == "median" else max(samples)
 
 
 def wait_for_broker(url: str, timeout: float = BROKER_WAIT) -> None:
@@ -745,16 +752,18 @@ def run_all(url: str, n: int, repeat: int, window: int, only: list[str] | None) 
 
 def run_rounds(
     label: str,
-    scenarios: dict[str, Callable[[str, int], tuple[float, float]]],
+    scenarios: dict[str, Callable[[str, int], tuple[Any, ...]]],
     url: str,
     n: int,
     repeat: int,
     attempts: int,
+    stat: str = "best",
 ) -> dict[str, Result]:
     """``repeat`` rounds of every scenario (``scenario(url, n)`` returns the publish and
-    consume seconds); a scenario that raises :class:`Skipped` or fails ``attempts`` times
-    in a row is left out of the later rounds.  Also used by ``benchmarks/events.py``."""
-    results = {name: Result(name) for name in scenarios}
+    consume seconds, and optionally a dict of other figures for :attr:`Result.extra`); a
+    scenario that raises :class:`Skipped` or fails ``attempts`` times in a row is left out
+    of the later rounds.  Also used by ``benchmarks/events.py``."""
+    results = {name: Result(name, stat=stat) for name in scenarios}
     for _ in range(repeat):
         for name, scenario in scenarios.items():
             res = results[name]
@@ -763,7 +772,7 @@ def run_rounds(
             for attempt in range(1, attempts + 1):
                 try:
                     wait_for_broker(url)
-                    pub, cons = scenario(url, n)
+                    pub, cons, *more = scenario(url, n)
                 except Skipped as exc:
                     res.skipped = str(exc)
                     print(f"{label}: skipping {name}: {exc}", file=sys.stderr)
@@ -782,6 +791,8 @@ def run_rounds(
                     break
                 res.publish.append(n / pub)
                 res.consume.append(n / cons)
+                for key, value in (more[0] if more else {}).items():
+                    res.extra.setdefault(key, []).append(value)
                 break
     return results
 
@@ -802,14 +813,14 @@ def peer_ratios(
         if r is None:
             continue
         for wl, _label in workloads:
-            mine = r.best(wl)
+            mine = r.rate(wl)
             if mine is None:
                 continue
-            if top_result is not None and (top := top_result.best(wl)):
+            if top_result is not None and (top := top_result.rate(wl)):
                 out["to_ceiling"][f"{name}:{wl}"] = mine / top
             for peer in peers:
                 p = results.get(peer)
-                if p is not None and (theirs := p.best(wl)):
+                if p is not None and (theirs := p.rate(wl)):
                     out["to_peers"][f"{name}/{peer}:{wl}"] = mine / theirs
     return out
 
@@ -1027,8 +1038,8 @@ def _fmt_rate(r: Result, wl: str) -> str:
         return "skipped"
     if r.error:
         return "error"
-    best = r.best(wl)
-    return f"{best:>10,.0f}" if best is not None else "-"
+    rate = r.rate(wl)
+    return f"{rate:>10,.0f}" if rate is not None else "-"
 
 
 def print_rates(
@@ -1041,17 +1052,19 @@ def print_rates(
     width: int,
     error_chars: int | None = None,
 ) -> None:
-    """One table a workload: each scenario's best rate, its share of the ceiling, every
-    round's rate, and why it was skipped, failed or re-run.  Also used by events.py."""
+    """One table a workload: each scenario's rate (best or median of the rounds, as the
+    results say), its share of the ceiling, every round's rate, and why it was skipped,
+    failed or re-run.  Also used by events.py."""
     top_result = results.get(ceiling)
     for wl, label in workloads:
-        print(f"\n{label} ({unit}, best of {repeat}):")
-        top = top_result.best(wl) if top_result else None
+        stat = top_result.stat if top_result else "best"
+        print(f"\n{label} ({unit}, {'median' if stat == 'median' else 'best'} of {repeat}):")
+        top = top_result.rate(wl) if top_result else None
         for name, r in results.items():
             line = f"  {name:<{width}} {_fmt_rate(r, wl):>10}"
-            best = r.best(wl)
-            if top and best and name != ceiling:
-                line += f"   {100 * best / top:5.1f}% of ceiling"
+            rate = r.rate(wl)
+            if top and rate and name != ceiling:
+                line += f"   {100 * rate / top:5.1f}% of ceiling"
             samples = r.publish if wl == "publish" else r.consume
             if len(samples) > 1:
                 line += "   [" + " ".join(f"{s:,.0f}" for s in samples) + "]"
@@ -1181,8 +1194,8 @@ def main(argv: list[str] | None = None) -> int:
                     "python": platform.python_version(),
                     "results": {
                         name: {
-                            "publish_msgs_per_s": r.best("publish"),
-                            "consume_msgs_per_s": r.best("consume"),
+                            "publish_msgs_per_s": r.rate("publish"),
+                            "consume_msgs_per_s": r.rate("consume"),
                             "publish_samples": r.publish,
                             "consume_samples": r.consume,
                             "skipped": r.skipped,
