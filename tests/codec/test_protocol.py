@@ -9,6 +9,7 @@ import struct
 from typing import Any
 
 import pytest
+from codec_strategies import SETTINGS, split_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
@@ -394,10 +395,11 @@ def test_unexpected_reply_is_command_invalid_and_closes() -> None:
     assert proto.receive_data(Peer.ack(cid, 1)) == []  # dead machine ignores input
 
 
-def test_frame_on_unopened_channel() -> None:
+@pytest.mark.parametrize("stream", [Peer.ack(7, 1), Peer.deliver(7, 1, b"whole delivery")])
+def test_frame_on_unopened_channel(stream: bytes) -> None:
     proto = open_connection()
     with pytest.raises(codec.ChannelProtocolError):
-        proto.receive_data(Peer.ack(7, 1))
+        proto.receive_data(stream)
 
 
 # --------------------------------------------------------------------------- content
@@ -431,6 +433,87 @@ def test_empty_body_completes_at_header() -> None:
     assert isinstance(ev, codec.Delivery) and ev.body == b""
 
 
+def _delivery_frames(cid: int, tag: int, body: bytes, props: BasicProperties, body_frame: int) -> list[bytes]:
+    """A delivery's frames, its body cut into frames of at most ``body_frame`` bytes."""
+    deliver = commands.Basic.Deliver(f"c{cid}", tag, False, "ex", f"k{tag}")
+    method = Peer.method(cid, deliver)
+    head = codec.encode_content(cid, 60, props, b"", 131072)  # the header frame alone
+    size = struct.pack(">Q", len(body))
+    head = head[:11] + size + head[19:]  # announce the real body size
+    bodies = [codec.encode_frame(3, cid, body[i : i + body_frame]) for i in range(0, len(body), body_frame)]
+    return [method, head, *bodies]
+
+
+def _seen(events: list[Any]) -> list[tuple[Any, ...]]:
+    return [
+        (type(e).__name__, e.channel_id, e.delivery_tag, e.routing_key, e.consumer_tag, e.properties, e.body)
+        if isinstance(e, codec.Delivery)
+        else (type(e).__name__,)
+        for e in events
+    ]
+
+
+@given(
+    items=st.lists(
+        st.tuples(
+            st.sampled_from([0, 1]),  # which channel
+            st.binary(max_size=40),  # body (empty bodies complete at the header)
+            st.sampled_from([7, 16, 1000]),  # body frame size: one frame, or several
+            st.booleans(),  # properties or none
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    interleave=st.randoms(use_true_random=False),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=6),
+    heartbeats=st.booleans(),
+)
+@settings(SETTINGS, max_examples=200)
+def test_deliveries_are_the_same_however_the_bytes_arrive(
+    items: list[tuple[int, bytes, int, bool]], interleave: Any, cuts: list[int], heartbeats: bool
+) -> None:
+    """A read holding whole deliveries takes a shortcut past the channel state machine;
+    it must give exactly the events the frame-by-frame path gives, for any mix of
+    channels, body sizes and body frames, content interleaved across channels, and any
+    cut of the stream into reads."""
+    props = BasicProperties(content_type="application/json", message_id="m", headers={"a": 1})
+    per_channel: list[list[bytes]] = [[], []]
+    for tag, (which, body, body_frame, with_props) in enumerate(items, start=1):
+        sent_props = props if with_props else BasicProperties()
+        per_channel[which].extend(_delivery_frames(which + 1, tag, body, sent_props, body_frame))
+    # Interleave the two channels' frames, each channel's in order (content frames of
+    # different channels may interleave; a channel's own may not).
+    stream: list[bytes] = []
+    queues = [list(per_channel[0]), list(per_channel[1])]
+    while queues[0] or queues[1]:
+        which = interleave.choice([i for i in (0, 1) if queues[i]])
+        stream.append(queues[which].pop(0))
+        if heartbeats and interleave.random() < 0.2:
+            stream.append(codec.encode_frame(8, 0, b""))
+    data = b"".join(stream)
+
+    def run(reads: list[bytes]) -> list[tuple[Any, ...]]:
+        proto = open_connection()
+        assert (open_channel(proto), open_channel(proto)) == (1, 2)
+        events: list[Any] = []
+        for read in reads:
+            events += proto.receive_data(read)
+        assert proto.state is codec.ConnectionState.OPEN
+        return _seen(events)
+
+    byte_by_byte = run([data[i : i + 1] for i in range(len(data))])  # never a whole frame at once
+    # Every delivery, each channel's in the order sent, with its own body and properties.
+    for which in (0, 1):
+        sent = [
+            (tag, body, props if with_props else BasicProperties())
+            for tag, (ch, body, _, with_props) in enumerate(items, start=1)
+            if ch == which
+        ]
+        assert [(e[2], e[6], e[5]) for e in byte_by_byte if e[1] == which + 1] == sent
+    assert run([data]) == byte_by_byte
+    assert run(split_at(data, cuts)) == byte_by_byte
+
+
 @pytest.mark.parametrize(
     ("stream", "error"),
     [
@@ -439,6 +522,14 @@ def test_empty_body_completes_at_header() -> None:
             lambda c: (
                 Peer.method(c, commands.Basic.Deliver(consumer_tag="c", delivery_tag=1, routing_key="q"))
                 + Peer.ack(c, 1)
+            ),
+            codec.UnexpectedFrame,
+        ),
+        # a whole delivery where the previous one's content header was expected
+        (
+            lambda c: (
+                Peer.method(c, commands.Basic.Deliver(consumer_tag="c", delivery_tag=1, routing_key="q"))
+                + Peer.deliver(c, 2, b"whole")
             ),
             codec.UnexpectedFrame,
         ),
@@ -465,6 +556,56 @@ def test_illegal_content_sequences(stream: Any, error: type[Exception]) -> None:
     with pytest.raises(error):
         proto.receive_data(stream(cid))
     assert proto.state is codec.ConnectionState.ERROR
+
+
+def _header(channel: int, size: int) -> bytes:
+    """A content header frame announcing ``size`` body bytes."""
+    head = codec.encode_content(channel, 60, BasicProperties(), b"", 131072)
+    return head[:11] + struct.pack(">Q", size) + head[19:]
+
+
+def _body(channel: int, data: bytes) -> bytes:
+    return codec.encode_frame(3, channel, data)
+
+
+def _deliver(channel: int, tag: int = 1) -> bytes:
+    return Peer.method(channel, commands.Basic.Deliver(consumer_tag="c", delivery_tag=tag, routing_key="q"))
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        # the header that follows is another channel's, which expects no content
+        lambda a, b: _deliver(a) + _header(b, 3) + _body(a, b"abc"),
+        # the body that follows is another channel's
+        lambda a, b: _deliver(a) + _header(a, 3) + _body(b, b"abc"),
+        # a method frame where the body was expected (its payload as long as announced)
+        lambda a, b: _deliver(a) + _header(a, len(Peer.ack(a, 1)) - 8) + Peer.ack(a, 1),
+        # an empty body frame after a header that announced none (the content was complete)
+        lambda a, b: _deliver(a) + _header(a, 0) + _body(a, b""),
+        # a body frame carrying a header's bytes where the header was expected
+        lambda a, b: _deliver(a) + codec.encode_frame(3, a, _header(a, 3)[7:-1]) + _body(a, b"abc"),
+    ],
+)
+def test_frames_that_only_look_like_a_delivery(stream: Any) -> None:
+    """Three frames in one read that resemble Deliver, header and body but break the
+    content rules are refused like frame by frame, never taken as a delivery."""
+    proto = open_connection()
+    a, b = open_channel(proto), open_channel(proto)
+    with pytest.raises(codec.UnexpectedFrame):
+        proto.receive_data(stream(a, b))
+    assert proto.state is codec.ConnectionState.ERROR
+
+
+def test_whole_delivery_on_a_closing_channel_is_dropped() -> None:
+    """After the client asked to close a channel, a delivery already in flight (here,
+    whole in one read with the next channel's) is dropped, not handed out."""
+    proto = open_connection()
+    a, b = open_channel(proto), open_channel(proto)
+    proto.close_channel(a)
+    events = proto.receive_data(Peer.deliver(a, 1, b"late") + Peer.deliver(b, 1, b"live"))
+    assert [(e.channel_id, e.body) for e in events if isinstance(e, codec.Delivery)] == [(b, b"live")]
+    assert proto.channel_state(a) is codec.ChannelState.CLOSING
 
 
 def test_oversized_message_is_frame_error_not_memory() -> None:
