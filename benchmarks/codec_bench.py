@@ -5,7 +5,9 @@ For a 256-byte body and a realistic OJS property set, times:
 * ``encode_publish``: Basic.Publish + content header + body frame, encoded;
 * ``decode_deliver``: Basic.Deliver + content header + body frame, parsed from bytes
   (frame split, method decode, header decode, body);
-* ``encode_ack``: one Basic.Ack frame.
+* ``encode_ack``: one Basic.Ack frame;
+* ``receive_data`` (ours only: pamqp has no connection state machine): one read of
+  ``READ_DELIVERIES`` such deliveries fed to an open ``AMQPConnection``, per delivery.
 
 ``fast`` is the codec as imported: the C extension ``ojs_codec._speedups`` when it is loaded
 (``ojs_codec.SPEEDUPS``), else pure Python (also with ``OJS_CODEC_PURE=1``).  The first line
@@ -136,6 +138,33 @@ def pamqp_encode_ack() -> bytes:
     return frame.marshal(commands.Basic.Ack(delivery_tag=42), 1)
 
 
+READ_DELIVERIES = 64
+
+
+def open_protocol() -> ojs_codec.AMQPConnection:
+    """An ``AMQPConnection`` past the handshake with channel 1 open, fed by hand."""
+    proto = ojs_codec.AMQPConnection(ojs_codec.ConnectionParameters())
+    proto.initiate()
+    for method in (
+        commands.Connection.Start(server_properties={}, mechanisms="PLAIN", locales="en_US"),
+        commands.Connection.Tune(channel_max=2047, frame_max=FRAME_MAX, heartbeat=0),
+        commands.Connection.OpenOk(),
+    ):
+        proto.receive_data(ojs_codec.encode_method_frame(0, method))
+    channel = proto.open_channel()
+    proto.receive_data(ojs_codec.encode_method_frame(channel, commands.Channel.OpenOk()))
+    proto.data_to_send()
+    return proto
+
+
+_PROTO = open_protocol()
+_READ = DELIVERY * READ_DELIVERIES
+
+
+def receive_deliveries() -> list[Any]:
+    return _PROTO.receive_data(_READ)
+
+
 # name, the codec as imported, pure Python (None: the same code either way), pamqp
 OPS: list[tuple[str, Callable[[], Any], Callable[[], Any] | None, Callable[[], Any]]] = [
     ("encode_publish", fast_encode_publish, pure_encode_publish, pamqp_encode_publish),
@@ -160,6 +189,13 @@ def _check_equivalence() -> None:
     )
     assert props == ojs_codec.from_pamqp(head.properties)
     assert body == content.value == BODY
+    events = receive_deliveries()
+    assert len(events) == READ_DELIVERIES and events[-1].body == BODY and events[-1].properties == PROPS
+
+
+def receive_us(repeat: int, number: int) -> float:
+    """Best time per delivery of ``receive_data`` on one read of ``READ_DELIVERIES``."""
+    return best_us([(receive_deliveries, number)], repeat)[0] / READ_DELIVERIES
 
 
 def _mean_us(fn: Callable[[], Any], number: int) -> float:
@@ -213,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(times) == 3:
             results[name]["pure_us"] = round(times[2], 3)
             results[name]["pure_speedup"] = round(times[1] / times[2], 1)
+    receive = round(receive_us(repeat, max(1, number // READ_DELIVERIES)), 3)
     if args.json:
         print(
             json.dumps(
@@ -222,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                     "number": number,
                     "repeat": repeat,
                     "ops": results,
+                    "receive_data_us_per_delivery": receive,
                 }
             )
         )
@@ -229,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"implementation: {'C extension (ojs_codec._speedups)' if ojs_codec.SPEEDUPS else 'pure Python'}")
     for name, r in results.items():
         print(f"{name} fast_us={r['fast_us']:.3f} pamqp_us={r['pamqp_us']:.3f} speedup={r['speedup']:.1f}")
+    print(f"receive_data us_per_delivery={receive:.3f} ({READ_DELIVERIES} deliveries per read, open channel)")
     pure_rows = [(name, r) for name, r in results.items() if "pure_us" in r]
     if pure_rows:
         print("pure Python, for comparison:")
