@@ -54,7 +54,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import anyio
 import msgspec
-from hotpath import RawConnection, Result, Skipped, _url_parts, peer_ratios, print_rates, run_rounds
+from hotpath import (
+    RawConnection,
+    Result,
+    Skipped,
+    _url_parts,
+    peer_ratios,
+    print_rates,
+    print_shares,
+    run_rounds,
+)
 
 import ojs_codec
 from ojs_anyio import amqp, events
@@ -447,13 +456,8 @@ def print_report(args: argparse.Namespace, results: dict[str, Result], rat: dict
     if args.smoke:
         print("(smoke run: tiny N, the rates measure start-up more than throughput)")
     print_rates(results, CEILING, WORKLOADS, args.repeat, unit="events/s", width=16, error_chars=100)
-    print("\nours / ceiling, median of the per-round ratios:")
-    for ours in OURS:
-        cells = []
-        for wl, label in WORKLOADS:
-            v = rat["paired_to_ceiling"].get(f"{ours}:{wl}")
-            cells.append(f"{label} {'n/a' if v is None else f'{100 * v:.1f}%'}")
-        print(f"  {ours:<16} " + ", ".join(cells))
+    title = "ours / ceiling, median of the per-round ratios:"
+    print_shares(title, rat["paired_to_ceiling"], OURS, WORKLOADS, width=16)
     print(f"\nCPU per event (microseconds, median of {args.repeat}): client = this process, broker = the")
     print(f"local beam.smp (blank when the broker is elsewhere); {os.cpu_count()} CPUs shared by both")
     print(f"  {'':<16} {'publish client':>15} {'broker':>8} {'consume client':>15} {'broker':>8}")

@@ -1077,6 +1077,25 @@ def print_rates(
             print(line)
 
 
+def print_shares(
+    title: str,
+    shares: dict[str, float | None],
+    ours: tuple[str, ...],
+    workloads: tuple[tuple[str, str], ...],
+    *,
+    width: int,
+) -> None:
+    """A line per client of ours: its share (``shares["ours:workload"]``) of each workload,
+    as a percentage.  Also used by events.py."""
+    print(f"\n{title}")
+    for name in ours:
+        cells = []
+        for wl, label in workloads:
+            v = shares.get(f"{name}:{wl}")
+            cells.append(f"{label} {'n/a' if v is None else f'{100 * v:.1f}%'}")
+        print(f"  {name:<{width}} " + ", ".join(cells))
+
+
 def print_report(
     args: argparse.Namespace, results: dict[str, Result], rat: dict[str, Any], memory: dict[str, Any] | None
 ) -> None:
@@ -1088,13 +1107,7 @@ def print_report(
     if args.smoke:
         print("(smoke run: tiny N, the rates below measure start-up more than throughput)")
     print_rates(results, CEILING, WORKLOADS, args.repeat, unit="msgs/s", width=20)
-    print("\nours / ceiling:")
-    for ours in OURS:
-        parts = []
-        for wl, label in WORKLOADS:
-            v = rat["to_ceiling"].get(f"{ours}:{wl}")
-            parts.append(f"{label} {'n/a' if v is None else f'{100 * v:.1f}%'}")
-        print(f"  {ours:<20} " + ", ".join(parts))
+    print_shares("ours / ceiling:", rat["to_ceiling"], OURS, WORKLOADS, width=20)
     print("\nours / peers (x = ours is that many times faster):")
     for ours in OURS:
         for peer in PEERS:
