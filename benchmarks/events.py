@@ -24,7 +24,7 @@ Clients:
 A peer that is not installed is skipped with a note (``pip install -e .[bench,bench-peers]``).
 Rates are the median of ``--repeat`` rounds (rounds interleave the scenarios); every round
 is printed.  Both workloads are bound by the broker (persistent messages), whose speed
-swings between rounds: with the same client, consume has ranged from ~17,000 to ~67,000
+swings between rounds: with the same client, consume has ranged from ~15,000 to ~74,000
 events/s on a 2-CPU machine.  So the report also gives, per scenario and phase, the CPU
 time per event of the client (this process) and of a local broker (its ``beam.smp``), and
 a ceiling target passes only when both the ratio of the medians and the median of the
