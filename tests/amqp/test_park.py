@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
 import pytest
 import sniffio
@@ -118,62 +119,55 @@ async def test_wait_in_wakes_in_fifo_order_one_at_a_time() -> None:
     _park.wake_first(waiters)  # nobody parked: a no-op
 
 
-def _named_waiter(
-    waiters: deque[Any], woken: list[str]
-) -> Callable[[str, anyio.CancelScope], Awaitable[None]]:
-    """A task body that parks in ``waiters`` under ``scope`` and records its name once woken."""
+@dataclass
+class _TwoParked:
+    waiters: deque[Any] = field(default_factory=deque)
+    #: The names of the tasks that returned from ``wait_in``, in order.
+    woken: list[str] = field(default_factory=list)
+    a: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    b: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+
+
+@contextlib.asynccontextmanager
+async def _a_then_b_parked() -> AsyncIterator[_TwoParked]:
+    """Task "a" parked in ``waiters`` under scope ``a``, then task "b" under ``b``, in that
+    order, in a task group the block runs in (all within 5 seconds)."""
+    parked = _TwoParked()
 
     async def waiter(name: str, scope: anyio.CancelScope) -> None:
         with scope:
-            await _park.wait_in(waiters)
-            woken.append(name)
+            await _park.wait_in(parked.waiters)
+            parked.woken.append(name)
 
-    return waiter
-
-
-async def _park_a_then_b(
-    tg: anyio.abc.TaskGroup, waiters: deque[Any], woken: list[str], a: anyio.CancelScope, b: anyio.CancelScope
-) -> None:
-    """Park task "a" (under scope ``a``), then task "b" (under ``b``), in that order."""
-    waiter = _named_waiter(waiters, woken)
-    tg.start_soon(waiter, "a", a)
-    await _parked(waiters, 1)
-    tg.start_soon(waiter, "b", b)
-    await _parked(waiters, 2)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter, "a", parked.a)
+            await _parked(parked.waiters, 1)
+            tg.start_soon(waiter, "b", parked.b)
+            await _parked(parked.waiters, 2)
+            yield parked
 
 
 async def test_wait_in_cancelled_leaves_the_queue() -> None:
-    waiters: deque[Any] = deque()
-    woken: list[str] = []
-
-    a, b = anyio.CancelScope(), anyio.CancelScope()
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            await _park_a_then_b(tg, waiters, woken, a, b)
-            a.cancel()
-            while len(waiters) > 1:
-                await anyio.lowlevel.checkpoint()
-            _park.wake_first(waiters)  # goes to b, not to the cancelled a
-    assert woken == ["b"]
-    assert a.cancelled_caught
+    async with _a_then_b_parked() as p:
+        p.a.cancel()
+        while len(p.waiters) > 1:
+            await anyio.lowlevel.checkpoint()
+        _park.wake_first(p.waiters)  # goes to b, not to the cancelled a
+    assert p.woken == ["b"]
+    assert p.a.cancelled_caught
 
 
 async def test_wait_in_woken_and_cancelled_at_once_loses_no_wake_up() -> None:
     """A wake-up that reaches a task cancelled in the same step is either taken by it (it
     returns normally) or passed on to the next parked task: never dropped."""
-    waiters: deque[Any] = deque()
-    woken: list[str] = []
-
-    a, b = anyio.CancelScope(), anyio.CancelScope()
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            await _park_a_then_b(tg, waiters, woken, a, b)
-            _park.wake_first(waiters)
-            a.cancel()
-            while not woken:
-                await anyio.lowlevel.checkpoint()
-            b.cancel()
-    assert len(woken) == 1
+    async with _a_then_b_parked() as p:
+        _park.wake_first(p.waiters)
+        p.a.cancel()
+        while not p.woken:
+            await anyio.lowlevel.checkpoint()
+        p.b.cancel()
+    assert len(p.woken) == 1
 
 
 async def test_wait_in_cancel_landing_after_the_wake_up() -> None:
