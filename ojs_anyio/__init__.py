@@ -20,6 +20,7 @@ The event bus (topic pub/sub with redelivery) is :mod:`ojs_anyio.events`.
 """
 
 from . import amqp, events
+from .amqp import RepublishPolicy
 from .jobs._client import Client, DeadJob, DeadLetters, PushResult, connect
 from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
 from .jobs._dedup import DuplicateJobError
@@ -76,6 +77,7 @@ __all__ = [
     "QueueFullError",
     "QueueOptions",
     "Retry",
+    "RepublishPolicy",
     "RetryPolicy",
     "Schedule",
     "Scheduler",

@@ -62,6 +62,7 @@ from ._events import (
     TopologyRecoveryFailed,
 )
 from ._metrics import timing_enabled as sdk_meter_provider_installed
+from ._republish import DEFAULT_REPUBLISH_POLICY, Republished, RepublishPolicy, copy_properties, republish
 from ._url import AMQPURL, InvalidURL, parse_url
 
 __all__ = [
@@ -106,6 +107,8 @@ __all__ = [
     "RecoveryEvent",
     "RecoveryFailedError",
     "RecoveryPolicy",
+    "RepublishPolicy",
+    "Republished",
     "ResourceLocked",
     "StaleDeliveryError",
     "TopologyRecoveryFailed",
@@ -113,5 +116,8 @@ __all__ = [
     "UnroutableError",
     "UsageError",
     "connect",
+    "copy_properties",
+    "DEFAULT_REPUBLISH_POLICY",
     "parse_url",
+    "republish",
 ]

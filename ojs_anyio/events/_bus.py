@@ -59,6 +59,7 @@ class EventBus:
         redelivery: RedeliveryPolicy | None = None,
         recovery: amqp.RecoveryPolicy | None = None,
         connection_name: str = "ojs-events",
+        republish: amqp.RepublishPolicy = amqp.DEFAULT_REPUBLISH_POLICY,
         **connect_options: Any,
     ) -> None:
         if publisher_pool_size < 1:
@@ -75,6 +76,8 @@ class EventBus:
         self.max_subscriptions_per_connection = max_subscriptions_per_connection
         self.redelivery = redelivery or RedeliveryPolicy()
         self.recovery = recovery or DEFAULT_RECOVERY
+        #: How redeliveries and dead-letter copies ride out transient refusals (see amqp.republish).
+        self.republish = republish
         self.connection_name = connection_name
         self._connect_options = connect_options
         self._tg: anyio.abc.TaskGroup | None = None

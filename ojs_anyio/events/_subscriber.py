@@ -293,13 +293,31 @@ class Subscription:
         headers[H_ROUTING_KEY] = routing_key
         headers[H_ERROR] = error
         props = msgspec.structs.replace(msg.properties, headers=headers)
-        try:
-            # Confirmed before the original is acked: a crash in between duplicates, never loses.
-            await ch.publish(msg.body, exchange="", routing_key=target, properties=props, mandatory=True)
-        except (amqp.UnroutableError, amqp.PublishNackedError) as pub_exc:
+
+        async def redeclare() -> None:
+            self._wait_declared.discard((id(ch), wait_ms))
+            if wait_ms:
+                await self._wait_queue(ch, wait_ms)
+            else:
+                await self.declare(ch)
+
+        # Confirmed before the original is acked: a crash in between duplicates, never loses.
+        published = await amqp.republish(
+            ch, msg.body, exchange="", routing_key=target, properties=props, mandatory=True,
+            policy=self.bus.republish, redeclare=redeclare,
+        )  # fmt: skip
+        if published.final:
             await self._dead_letter(
                 ch, msg, routing_key, attempt, "max_attempts",
-                f"{error} (the redelivery could not be queued: {pub_exc})",
+                f"{error} (the redelivery cannot be queued: {published.reason})",
+            )  # fmt: skip
+            return
+        if published.gave_up:
+            # A transient refusal is no verdict on the event: back to the broker, unchanged.
+            await msg.reject(requeue=True)
+            log.warning(
+                "event %s on %s rejected (attempt %d): %s; the redelivery was not confirmed (%s): requeued",
+                msg.properties.message_id, self.queue, attempt, error, published.reason,
             )  # fmt: skip
             return
         await msg.ack()
@@ -331,16 +349,20 @@ class Subscription:
             }
         )
         props = msgspec.structs.replace(msg.properties, headers=headers)
-        try:
-            await ch.publish(
-                msg.body, exchange="", routing_key=self.dead_letter_queue, properties=props, mandatory=True
-            )
-        except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
-            # The queue's own dead-letter arguments still take it to the DLQ (with x-death).
-            log.error("dead letter copy for %s refused (%s); rejected without the reason", self.queue, exc)
-            await msg.reject(requeue=False)
-        else:
+        published = await amqp.republish(
+            ch, msg.body, exchange="", routing_key=self.dead_letter_queue, properties=props, mandatory=True,
+            policy=self.bus.republish,
+        )  # fmt: skip
+        if published.confirmed:
             await msg.ack()
+        else:
+            # Dead all the same: the queue's own dead-letter arguments take it to the DLQ
+            # (with x-death), without the reason.
+            log.error(
+                "dead letter copy for %s refused (%s); rejected without the reason",
+                self.queue, published.reason,
+            )  # fmt: skip
+            await msg.reject(requeue=False)
         self.dead_lettered += 1
         self._report("dead_lettered", msg)
         log.warning(

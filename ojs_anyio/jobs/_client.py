@@ -297,9 +297,14 @@ class Client:
             if self.scheduler == "levels":
                 await self._declare_landing(queue)
 
-    async def declare_retry_queue(self, queue: str, delay_ms: int) -> None:
-        """Declare ``ojs.queue.retry.{q}.{delay_ms}`` exactly as 001 §8.2, bound to the retry exchange."""
+    async def declare_retry_queue(self, queue: str, delay_ms: int, *, again: bool = False) -> None:
+        """Declare ``ojs.queue.retry.{q}.{delay_ms}`` exactly as 001 §8.2, bound to the retry exchange.
+
+        Once per client, unless ``again`` (the broker returned a retry: the queue was
+        deleted since)."""
         key = (queue, delay_ms)
+        if again:
+            self._declared_retry.discard(key)
         if key in self._declared_retry:
             return
         ch = await self.channel()

@@ -12,17 +12,19 @@ per-job-type metrics (:class:`JobMetrics`: ``ojs_jobs_dead_lettered_total`` and
 ``{queue} dead_letter`` span (``ojs.error.code``, ``ojs.error.message``, status ERROR).  The
 ``x-ojs-error-code`` / ``x-ojs-error-message`` headers an earlier retry wrote stay on it.
 
-Opt-in ``annotate=True`` (``Worker(annotate_dead_letters=True)``), a departure from
+Opt-in annotation (``Worker(annotate_dead_letters=True)``: ``republish`` given), a departure from
 AMQP-009: publish a copy carrying ``x-ojs-error-code``, ``x-ojs-error-message`` and
 ``x-ojs-dead-lettered-at`` straight to ``ojs.exchange.dlx`` (routing key = the queue,
-mandatory, confirmed), then ``Basic.Ack`` the original.  A crash in between leaves a
-duplicate in the DLQ and the job redelivered, never a loss.  If the DLX refuses the copy
-(unroutable, nacked), the worker falls back to the Nack.
+mandatory, confirmed, through transient refusals: see ``amqp.republish``), then
+``Basic.Ack`` the original.  A crash in between leaves a duplicate in the DLQ and the job
+redelivered, never a loss.  If the DLX refuses the copy for good, or through every retry,
+the worker falls back to the Nack: the job is dead either way.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -45,7 +47,7 @@ async def dead_letter(
     job_id: str | None,
     code: str,
     message: str,
-    annotate: bool,
+    republish: Callable[..., Awaitable[amqp.Republished | None]] | None,
 ) -> None:
     """Settle ``msg`` as dead (see the module docstring); record the final reason."""
     if _tracing._recording():
@@ -62,7 +64,7 @@ async def dead_letter(
             },
         ) as span:
             span.set_status(Status(StatusCode.ERROR, f"{code}: {message[:200]}"))
-    if annotate:
+    if republish is not None:
         copy = with_headers(
             msg.properties,
             {
@@ -71,16 +73,18 @@ async def dead_letter(
                 H_DEAD_LETTERED_AT: format_timestamp(datetime.now(UTC)),
             },
         )
-        try:
-            await ch.publish(
-                msg.body, exchange=dlx_exchange, routing_key=queue, properties=copy, mandatory=True
-            )
-        except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
-            log.warning(
-                "job %s: annotated dead-letter copy refused by %r (%s); rejecting the original instead",
-                job_id, dlx_exchange, exc,
-            )  # fmt: skip
-        else:
+        published = await republish(
+            ch, msg.body, exchange=dlx_exchange, routing_key=queue, properties=copy, mandatory=True
+        )
+        if published is None:
+            return  # the worker's grace period ran out: left for the broker to redeliver
+        if published.confirmed:
             await msg.ack()
             return
+        # Refused (for good, or through every retry): the job is dead all the same, so the
+        # original goes the default way, without the annotation.
+        log.warning(
+            "job %s: annotated dead-letter copy refused by %r (%s); rejecting the original instead",
+            job_id, dlx_exchange, published.reason,
+        )  # fmt: skip
     await msg.nack(requeue=False)

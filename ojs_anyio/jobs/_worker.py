@@ -56,7 +56,7 @@ from ._dead_letter import dead_letter as settle_dead_letter
 from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
 from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
-from ._errors import ErrorCode, InvalidJobError
+from ._errors import ArgumentTypeError, ErrorCode, InvalidJobError
 from ._failures import (
     H_ERROR_BACKTRACE,
     H_ERROR_TYPE,
@@ -144,7 +144,7 @@ class JobOutcome:
     type: str | None
     queue: str
     attempt: int
-    outcome: str  # completed | retried | dead_lettered | cancelled | abandoned
+    outcome: str  # completed | retried | dead_lettered | cancelled | abandoned | requeued
     error_code: str | None = None
     error_message: str | None = None
     delay_ms: int | None = None
@@ -186,6 +186,7 @@ class Worker:
         middleware: Sequence[Middleware] | None = None,
         metrics: bool = True,
         tracing: bool = True,
+        republish: amqp.RepublishPolicy = amqp.DEFAULT_REPUBLISH_POLICY,
     ) -> None:
         self.queues = check_queue_names(queues, "Worker(queues=...)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -194,6 +195,10 @@ class Worker:
             raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise TypeError(f"worker_id must be a non-empty str or None, got {worker_id!r}")
+        if not isinstance(republish, amqp.RepublishPolicy):
+            raise ArgumentTypeError(
+                f"republish must be an ojs_anyio.RepublishPolicy, not {type(republish).__name__}"
+            )
         if rng is not None and not isinstance(rng, random.Random):
             raise TypeError(f"rng must be a random.Random or None, not {type(rng).__name__}")
         _warn_policy(retry, "Worker(retry=...)")
@@ -206,6 +211,11 @@ class Worker:
             broker_consumer_timeout, "broker_consumer_timeout", allow_zero=False
         )
         self._rng = rng or random.Random()
+        #: How settling publishes (retries, annotated dead letters, relayed control
+        #: messages) ride out transient refusals before the delivery goes back to the broker.
+        self.republish = republish
+        #: The scopes of settling publishes under way (the end of the grace period cancels them).
+        self._settle_scopes: set[anyio.CancelScope] = set()
         #: (worker policy, it merged over the OJS defaults): see _policy.
         self._defaults: tuple[RetryPolicy | None, RetryPolicy] | None = None
         #: job type -> the handler, inspected at registration
@@ -418,9 +428,19 @@ class Worker:
         ):
             task_status.started()
             async for msg in messages:
-                await ch.publish(
-                    msg.body, exchange=names.control_exchange, routing_key=queue, properties=msg.properties
-                )
+                relayed = await amqp.republish(
+                    ch, msg.body, exchange=names.control_exchange, routing_key=queue,
+                    properties=msg.properties, policy=self.republish, rng=self._rng,
+                )  # fmt: skip
+                if relayed.gave_up:
+                    # Back to the durable queue, for this relay or another worker's to try again.
+                    log.warning("control message %r on %s not relayed: %s; requeued", msg.properties.type,
+                                queue, relayed.reason)  # fmt: skip
+                    await msg.nack(requeue=True)
+                    continue
+                if relayed.final:
+                    log.warning("control message %r on %s cannot be relayed and is dropped: %s",
+                                msg.properties.type, queue, relayed.reason)  # fmt: skip
                 await msg.ack()
 
     async def _on_control(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
@@ -527,7 +547,7 @@ class Worker:
 
     async def _enforce_grace(self) -> None:
         with anyio.move_on_after(self.grace_period):
-            while self._job_scopes:
+            while self._job_scopes or self._settle_scopes:
                 self._jobs_changed = anyio.Event()
                 await self._jobs_changed.wait()
             return
@@ -535,6 +555,8 @@ class Worker:
             log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
             ctx.abandoned = True
             scope.cancel()
+        for scope in list(self._settle_scopes):
+            scope.cancel()  # a settling publish still refused: left unacked as well
 
     async def _serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
         names = client.names
@@ -855,27 +877,26 @@ class Worker:
             drop=(H_ERROR_TYPE, H_ERROR_BACKTRACE),  # the previous attempt's, unless replaced
             base=strip_dead_letter_headers(msg.properties.headers),
         )
-        try:
-            await ch.publish(
-                msg.body,
-                exchange=names.retry_exchange,
-                routing_key=names.retry_routing_key(queue, ladder_ms),
-                properties=props,
-                mandatory=True,
-            )
-        except (amqp.UnroutableError, amqp.PublishNackedError) as exc:
+        published = await self._republish(
+            ch,
+            msg.body,
+            exchange=names.retry_exchange,
+            routing_key=names.retry_routing_key(queue, ladder_ms),
+            properties=props,
+            mandatory=True,
+            redeclare=functools.partial(client.declare_retry_queue, queue, ladder_ms, again=True),
+        )
+        if published is None:
+            return  # the grace period ran out first: left for the broker to redeliver
+        if published.final:
             await self._dead_letter(
-                client,
-                ch,
-                queue,
-                msg,
-                job,
-                attempt,
-                code,
-                f"{message} (retry publish failed: {exc})",
-                started,
-                failure,
-            )
+                client, ch, queue, msg, job, attempt, code,
+                f"{message} (the retry cannot be published: {published.reason})", started, failure,
+            )  # fmt: skip
+            return
+        if published.gave_up:
+            why = f"the retry was not confirmed: {published.reason}"
+            await self._requeue(msg, job, queue, attempt, started, why)
             return
         await msg.ack()
         log.warning(
@@ -915,7 +936,8 @@ class Worker:
         job_type = job.type if job is not None else msg.properties.type
         await settle_dead_letter(
             ch, msg, dlx_exchange=client.names.dlx_exchange, queue=queue, job_id=job_id,
-            code=str(code), message=message, annotate=self.annotate_dead_letters,
+            code=str(code), message=message,
+            republish=self._republish if self.annotate_dead_letters else None,
         )  # fmt: skip
         log.error(
             "job %s type=%s queue=%s attempt=%d outcome=dead_lettered code=%s: %s",
@@ -936,6 +958,38 @@ class Worker:
                 error_object(failure, _error_type(failure) if failure else str(code), message),
             )
         )
+
+    async def _requeue(
+        self, msg: amqp.IncomingMessage, job: Job, queue: str, attempt: int, started: float, why: str
+    ) -> None:
+        """Give the delivery back to the broker unchanged (``Basic.Nack``, requeue): a
+        transient refusal of a settling publish must not change the job's fate."""
+        await msg.nack(requeue=True)
+        log.warning(
+            "job %s type=%s queue=%s attempt=%d outcome=requeued: %s; the broker delivers it again",
+            job.id, job.type, queue, attempt, why, extra=log_extra(job.id, job.type, queue, attempt),
+        )  # fmt: skip
+        self._report(
+            JobOutcome(
+                job.id, job.type, queue, attempt, "requeued",
+                error_message=why, duration=time.monotonic() - started,
+            )
+        )  # fmt: skip
+
+    async def _republish(self, ch: amqp.Channel, body: bytes, **publish: Any) -> amqp.Republished | None:
+        """:func:`amqp.republish` under this worker's policy (``republish=``).
+
+        ``None`` when a graceful stop's grace period ran out first: the delivery is left
+        unsettled, and the broker redelivers it when the channel closes."""
+        with anyio.CancelScope() as scope:
+            self._settle_scopes.add(scope)
+            try:
+                return await amqp.republish(ch, body, policy=self.republish, rng=self._rng, **publish)
+            finally:
+                self._settle_scopes.discard(scope)
+                if self._stopping:
+                    self._jobs_changed.set()
+        return None
 
     def _report(self, outcome: JobOutcome) -> None:
         self.counts[outcome.outcome] = self.counts.get(outcome.outcome, 0) + 1
@@ -989,6 +1043,7 @@ _OUTCOME_STATE = {
     "dead_lettered": "discarded",
     "cancelled": "cancelled",
     "abandoned": "available",
+    "requeued": "available",
 }
 
 

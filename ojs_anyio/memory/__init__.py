@@ -8,7 +8,16 @@ path (``memory://NAME/%2Fojs``).  See docs/testing.md for what is emulated and w
 This package knows AMQP (ojs_codec, pamqp) and anyio only, nothing about jobs.
 """
 
-from ._broker import MemoryBroker, MemoryStream, get_broker, open_stream
+from ._broker import MemoryBroker, MemoryStream, PublishFault, get_broker, open_stream
 from ._clock import Clock, LoopClock, VirtualClock
 
-__all__ = ["Clock", "LoopClock", "MemoryBroker", "MemoryStream", "VirtualClock", "get_broker", "open_stream"]
+__all__ = [
+    "Clock",
+    "LoopClock",
+    "MemoryBroker",
+    "MemoryStream",
+    "PublishFault",
+    "VirtualClock",
+    "get_broker",
+    "open_stream",
+]

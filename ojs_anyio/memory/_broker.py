@@ -13,17 +13,19 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from ojs_codec import UsageError
+
 from ._clock import Clock, LoopClock, VirtualClock
-from ._model import Message, Queue, State, VHost
+from ._model import Message, PublishFault, Queue, State, VHost
 from ._session import Session
 
-__all__ = ["MemoryBroker", "MemoryStream", "get_broker", "open_stream"]
+__all__ = ["MemoryBroker", "MemoryStream", "PublishFault", "get_broker", "open_stream"]
 
 _registry: dict[str, MemoryBroker] = {}
 _names = itertools.count(1)
@@ -147,6 +149,40 @@ class MemoryBroker:
             s.force_close(explanation)
             closed += 1
         return closed
+
+    def fail_publishes(
+        self,
+        *,
+        exchange: str | None = None,
+        routing_key: str | None = None,
+        vhost: str = "/",
+        times: int | None = 1,
+        action: Literal["nack", "close"] = "nack",
+    ) -> PublishFault:
+        """Inject a broker fault into the next ``times`` publishes that match (``None``:
+        every one, until ``remove_fault``); ``exchange`` and ``routing_key`` match exactly,
+        ``None`` matches any.
+
+        * ``"nack"``: the message is not enqueued and a publisher with confirms gets
+          ``Basic.Nack``, as RabbitMQ answers while a quorum queue elects a leader;
+        * ``"close"``: the connection is closed (320 CONNECTION_FORCED) before the
+          confirm, so the publisher cannot know whether the message arrived (it did not).
+
+        Returns the fault (its ``hits`` count the publishes it met)."""
+        if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 1):
+            raise UsageError(f"times must be an int >= 1 or None, got {times!r}")
+        if action not in ("nack", "close"):
+            raise UsageError(f"action must be 'nack' or 'close', got {action!r}")
+        fault = PublishFault(
+            action=action, vhost=vhost, exchange=exchange, routing_key=routing_key, times=times
+        )
+        self.state.publish_faults.append(fault)
+        return fault
+
+    def remove_fault(self, fault: PublishFault) -> None:
+        """Stop injecting ``fault`` (no error if it is already used up)."""
+        if fault in self.state.publish_faults:
+            self.state.publish_faults.remove(fault)
 
     @property
     def activity(self) -> int:

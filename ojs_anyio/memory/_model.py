@@ -12,8 +12,9 @@ import secrets
 import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -40,6 +41,7 @@ __all__ = ["AMQPFail", "Exchange", "Message", "Queue", "State", "VHost"]
 log = logging.getLogger("ojs_anyio.memory")
 
 # reply codes
+CONNECTION_FORCED = 320
 NO_ROUTE = 312
 ACCESS_REFUSED = 403
 NOT_FOUND = 404
@@ -54,11 +56,32 @@ NOT_ALLOWED = 530
 NOT_IMPLEMENTED = 540
 INTERNAL_ERROR = 541
 
-_CONNECTION_CODES = frozenset({320, 402, 501, 502, 503, 504, 505, 506, 530, 540, 541})
+_CONNECTION_CODES = frozenset({CONNECTION_FORCED, 402, 501, 502, 503, 504, 505, 506, 530, 540, 541})
 _CONTENT_HEAD = struct.Struct(">HHQ")
 EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
 #: The largest x-message-ttl / expiration RabbitMQ accepts (2**32 - 1 ms).
 MAX_TTL_MS = 2**32 - 1
+
+
+@dataclass(eq=False, kw_only=True)
+class PublishFault:
+    """A broker fault injected into the publishes that match (see ``MemoryBroker.fail_publishes``)."""
+
+    action: Literal["nack", "close"]
+    vhost: str = "/"
+    exchange: str | None = None
+    routing_key: str | None = None
+    #: How many publishes it hits before it is removed (``None``: until removed).
+    times: int | None = 1
+    #: Publishes it has hit so far.
+    hits: int = 0
+
+    def matches(self, vhost: str, exchange: str, routing_key: str) -> bool:
+        return (
+            vhost == self.vhost
+            and (self.exchange is None or exchange == self.exchange)
+            and (self.routing_key is None or routing_key == self.routing_key)
+        )
 
 
 class AMQPFail(Exception):
@@ -391,6 +414,18 @@ class State:
         self.on_timer: Callable[[], None] = lambda: None
         #: Called for every message a publish routes (introspection for tests).
         self.publish_hooks: list[Callable[[str, Queue, Message], None]] = []
+        #: Faults injected into publishes (MemoryBroker.fail_publishes), first match wins.
+        self.publish_faults: list[PublishFault] = []
+
+    def take_fault(self, vhost: str, exchange: str, routing_key: str) -> PublishFault | None:
+        """The injected fault this publish meets, if any (its count goes down by one)."""
+        for fault in self.publish_faults:
+            if fault.matches(vhost, exchange, routing_key):
+                fault.hits += 1
+                if fault.times is not None and fault.hits >= fault.times:
+                    self.publish_faults.remove(fault)
+                return fault
+        return None
 
     # ---------------------------------------------------------------- timers
 

@@ -39,6 +39,7 @@ from ._model import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
+    CONNECTION_FORCED,
     INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
@@ -645,6 +646,17 @@ class Session:
     def _route(self, ch: ChannelState, exchange: str, mandatory: bool, msg: Message) -> None:
         state = self.state
         assert self.vhost is not None
+        if state.publish_faults:
+            fault = state.take_fault(self.vhost.name, exchange, msg.routing_key)
+            if fault is not None and fault.action == "close":
+                raise AMQPFail(CONNECTION_FORCED, "fault injected: closed before the confirm")
+            if fault is not None:  # "nack": not enqueued, refused as a quorum queue without a leader does
+                if ch.confirm:
+                    ch.publish_seq += 1
+                    self._flush_channel_confirms(ch)
+                    self.out += encode_nack(ch.id, ch.publish_seq, False, False)
+                    self._after_write()
+                return
         x = self.vhost.exchanges.get(exchange)
         queues = state.route(self.vhost, x, msg) if x is not None else []
         if ch.confirm:

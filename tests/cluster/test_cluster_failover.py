@@ -47,6 +47,9 @@ class Soak:
     failed_first: int = 0
     push_retries: int = 0
     nacked: int = 0
+    #: Worker outcomes by kind; every job has attempts left, so none may be dead-lettered.
+    outcomes: Counter[str] = field(default_factory=Counter)
+    dead_lettered: list[ojs.JobOutcome] = field(default_factory=list)
     all_done: anyio.Event = field(default_factory=anyio.Event)
     #: Set when the chaos is over, so the producer keeps its last pushes for the second failure.
     release: anyio.Event = field(default_factory=anyio.Event)
@@ -135,6 +138,13 @@ async def produce(client: ojs.Client, soak: Soak) -> None:
 async def run_worker(url: str, soak: Soak, scope: anyio.CancelScope, ready: anyio.Event) -> None:
     worker = ojs.Worker(queues=[soak.queue], concurrency=20, retry=RETRY, grace_period=1.0)
     worker.register("soak.n", soak.handle)
+
+    def count(outcome: ojs.JobOutcome) -> None:
+        soak.outcomes[outcome.outcome] += 1
+        if outcome.outcome == "dead_lettered":
+            soak.dead_lettered.append(outcome)
+
+    worker.add_listener(count)
     opts = ojs.QueueOptions.quorum()
     with scope:
         async with (
@@ -192,7 +202,8 @@ async def test_chaos_soak(cluster: Cluster) -> None:
     before_rate = len(early) / (early[-1] - early[0]) if len(early) > 1 else math.nan
     FIGURES.append(
         f"chaos soak: {JOBS} jobs, lost {len(lost)}, duplicates {duplicates}, pushes retried "
-        f"{soak.push_retries} ({soak.nacked} nacked), first-attempt failures {soak.failed_first}; "
+        f"{soak.push_retries} ({soak.nacked} nacked), first-attempt failures {soak.failed_first}, "
+        f"dead-lettered {len(soak.dead_lettered)}, settlements requeued {soak.outcomes['requeued']}; "
         f"leader {leader}->{new_leader}; "
         f"stop_app of the leader: longest stall {stall_stop:.2f}s, over {first_after_stop:.2f}s after; "
         f"SIGKILL of {f1}: longest stall {stall_kill:.2f}s, over {first_after_kill:.2f}s after; "
@@ -200,6 +211,9 @@ async def test_chaos_soak(cluster: Cluster) -> None:
         "failure"
     )
     assert not lost, f"{len(lost)} jobs lost, e.g. {lost[:10]}"
+    # Every job had attempts left (at most one failure of five): a transient refusal of a
+    # retry publish during the leader election must not dead-letter it.
+    assert not soak.dead_lettered, [(o.job_id, o.error_code, o.error_message) for o in soak.dead_lettered[:5]]
     assert new_leader != leader
     assert soak.failed_first >= JOBS // FAIL_ONCE_EVERY  # every retried job ran again (none lost)
 

@@ -128,3 +128,38 @@ async def test_vhosts_are_isolated(url: str) -> None:
         assert await prod.wait(1) == [{"env": "prod"}]
         assert await staging.wait(1) == [{"env": "staging"}]
     assert prod.items == [{"env": "prod"}] and staging.items == [{"env": "staging"}]
+
+
+async def test_a_redelivery_refused_by_the_broker_is_not_a_dead_letter() -> None:
+    """Transient refusals are not final outcomes: the broker nacks the redelivery copy (as a
+    quorum queue does while it elects a leader), past the bus's republish policy (the event
+    goes back to its queue unchanged), then a few times (published again).  Either way the
+    event is handled in the end, and nothing is dead-lettered."""
+    from ojs_anyio.memory import MemoryBroker
+
+    short = amqp.RepublishPolicy(attempts=3, initial_delay=0.01, max_delay=0.02)
+    calls: list[int] = []
+    done = anyio.Event()
+
+    async def flaky(payload: dict[str, int], ctx: events.EventContext) -> None:
+        calls.append(ctx.attempt)
+        if len(calls) <= 2:
+            raise RuntimeError("not yet")
+        done.set()
+
+    async with (
+        MemoryBroker() as broker,
+        events.connect(broker.url, exchange="ev", republish=short) as bus,
+    ):
+        sub_cm = bus.subscribe("orders", flaky, redelivery=events.RedeliveryPolicy(max_attempts=5))
+        async with sub_cm as sub:
+            nacks = broker.fail_publishes(routing_key="orders", exchange="", times=5)
+            await bus.publish("orders", {"n": 1})
+            with anyio.fail_after(15):
+                await done.wait()
+    assert nacks.hits == 5
+    # 1st rejection: the redelivery is refused three times (the policy's attempts), so the
+    # event goes back unchanged and comes again as attempt 1; 2nd rejection: two more nacks,
+    # then the redelivery is confirmed and the event comes as attempt 2.
+    assert calls == [1, 1, 2]
+    assert sub.dead_lettered == 0 and broker.queue_messages("orders.dlq") == []
