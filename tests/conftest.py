@@ -6,6 +6,7 @@ import the harness as ``from harness import FaultProxy``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -70,6 +71,31 @@ def amqp_url(request: pytest.FixtureRequest) -> Iterator[str]:
         yield broker.url
     finally:
         broker.close()
+
+
+#: A second user of vhost ``/`` (its validated ``user_id`` travels on its messages).
+SECOND_USER = ("ojs-test-alice", "alice-pw")
+
+
+@pytest.fixture
+def second_user_url(amqp_url: str) -> Iterator[str]:
+    """``amqp_url`` as another user (``SECOND_USER``), with full rights on vhost ``/``:
+    messages it publishes carry a ``user_id`` the test's own connections do not own."""
+    user, password = SECOND_USER
+    if amqp_url.startswith("memory://"):
+        from ojs_anyio import amqp
+        from ojs_anyio.memory import get_broker
+
+        host = amqp.parse_url(amqp_url).host
+        get_broker(host).add_user(user, password)
+        yield f"memory://{user}:{password}@{host}/"
+        return
+    from harness.broker import RabbitmqctlError, rabbitmqctl_sync
+
+    with contextlib.suppress(RabbitmqctlError):  # left over by an interrupted run
+        rabbitmqctl_sync("add_user", user, password)
+    rabbitmqctl_sync("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+    yield AMQP_URL.replace("guest:guest@", f"{user}:{password}@", 1)
 
 
 @pytest.fixture

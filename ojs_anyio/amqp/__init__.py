@@ -35,6 +35,7 @@ from ojs_codec import (
 from ._channel import Channel, Consumer, IncomingMessage, PublishHandle, PublishWindow, QueueInfo
 from ._connection import Connection, RecoveryPolicy, connect
 from ._errors import (
+    DELIVERY_LOST_ERRORS,
     BlockedTimeoutError,
     ChannelClosedError,
     ConnectionClosedError,
@@ -88,6 +89,7 @@ __all__ = [
     "Consumer",
     "ConsumerCancelledError",
     "ConsumerRecovered",
+    "DELIVERY_LOST_ERRORS",
     "DeliveryAlreadySettledError",
     "IncomingMessage",
     "Int32",

@@ -40,6 +40,7 @@ __all__ = [
     "BlockedTimeoutError",
     "RecoveryFailedError",
     "TransactionLostError",
+    "DELIVERY_LOST_ERRORS",
 ]
 
 
@@ -144,3 +145,15 @@ class StaleDeliveryError(UsageError):
 
     The broker will redeliver it (with ``redelivered=True``); nothing was sent.
     """
+
+
+#: The errors that mean "this delivery can no longer be settled here": its channel or
+#: connection died (or was recovered) before the settlement went out, so the broker
+#: delivers the message again.  A consumer catches these around one message's handling,
+#: logs them and carries on with the next delivery.
+DELIVERY_LOST_ERRORS: tuple[type[Exception], ...] = (
+    PublishOutcomeUnknownError,
+    StaleDeliveryError,
+    ChannelClosedError,
+    ConnectionLostError,
+)

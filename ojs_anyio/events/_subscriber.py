@@ -15,6 +15,7 @@ redelivery reaches this subscription only, never the other queues bound to the s
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import typing
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from .. import amqp
+from .._attempts import parse_attempt
 from .._ladder import ttl_queue_arguments
 from ._redelivery import RedeliveryPolicy
 from ._wire import (
@@ -47,13 +49,6 @@ log = logging.getLogger("ojs_anyio.events")
 
 Handler = Callable[..., Awaitable[None]]
 
-#: Errors that mean "this delivery can no longer be settled": the broker redelivers it.
-_SETTLE_LOST: Final = (
-    amqp.PublishOutcomeUnknownError,
-    amqp.StaleDeliveryError,
-    amqp.ChannelClosedError,
-    amqp.ConnectionLostError,
-)
 _MAX_ERROR_TEXT: Final = 1000
 
 
@@ -242,13 +237,22 @@ class Subscription:
             headers = props.headers
             attempt = 1
             routing_key = msg.routing_key
-            if headers:
-                attempt = int(headers.get(H_ATTEMPT, 1))
-                routing_key = str(headers.get(H_ROUTING_KEY, routing_key))
             try:
+                if headers:
+                    original_key = headers.get(H_ROUTING_KEY)
+                    if isinstance(original_key, str):
+                        routing_key = original_key
+                    try:
+                        attempt = parse_attempt(headers.get(H_ATTEMPT))
+                    except ValueError as exc:
+                        error = f"{H_ATTEMPT}: {exc}"
+                        await self._dead_letter(ch, msg, routing_key, 1, "invalid_payload", error)
+                        continue
                 try:
                     payload = decode(msg.body, props.content_type)
-                except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+                except (
+                    msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError
+                ) as exc:  # fmt: skip
                     error = _error_text(exc)
                     await self._dead_letter(ch, msg, routing_key, attempt, "invalid_payload", error)
                     continue
@@ -268,12 +272,22 @@ class Subscription:
                 self.handled += 1
                 if self._listeners:
                     self._report("handled", msg)
-            except _SETTLE_LOST as exc:
+            except amqp.DELIVERY_LOST_ERRORS as exc:
                 # Not settled: the broker puts the event back and redelivers it.
                 log.warning(
                     "could not settle event %s on %s: %s; the broker will redeliver it",
                     props.message_id, queue, exc,
                 )  # fmt: skip
+            except Exception:
+                # The backstop: a fault of ours (not the handler's, which is caught above) with
+                # this one message.  It goes to the DLQ through the queue's own dead-letter
+                # arguments, and the subscriber carries on with the next one.
+                log.exception(
+                    "event %s on %s could not be processed; rejected into %s",
+                    props.message_id, queue, self.dead_letter_queue,
+                )  # fmt: skip
+                with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
+                    await msg.reject(requeue=False)
 
     async def _rejected(
         self, ch: amqp.Channel, msg: amqp.IncomingMessage, routing_key: str, attempt: int, exc: Exception

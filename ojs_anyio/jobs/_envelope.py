@@ -103,6 +103,11 @@ def _timestamp_match(text: str) -> re.Match[str]:
         raise ValueError(f"{text!r} is not a time of day")
     if not match["z"] and (int(match["oh"]) > 23 or int(match["om"]) > 59):
         raise ValueError(f"{text!r} has an invalid UTC offset")
+    if year in (1, 9999):  # only there can a leap second or an offset leave datetime's range
+        try:
+            _to_datetime(match).astimezone(UTC)
+        except OverflowError:
+            raise ValueError(f"{text!r} is outside the range of timestamps (years 1 to 9999 UTC)") from None
     return match
 
 
@@ -119,7 +124,10 @@ def parse_timestamp(text: str) -> datetime:
     The offset is kept.  Fractions beyond microseconds are truncated; a leap second
     (``:60``) becomes the first instant of the next minute.  Raises ``ValueError``.
     """
-    match = _timestamp_match(text)
+    return _to_datetime(_timestamp_match(text))
+
+
+def _to_datetime(match: re.Match[str]) -> datetime:
     if match["z"]:
         tz = UTC
     else:
@@ -404,10 +412,16 @@ def decode_job(data: bytes | bytearray | memoryview | str) -> Job:
             pass
         except msgspec.DecodeError as exc:
             raise InvalidJobError("<body>", f"not valid JSON: {exc}") from exc
+        except (UnicodeDecodeError, RecursionError):
+            pass  # worded below
     try:
         parsed = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise InvalidJobError("<body>", f"not valid JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:  # a string that is not UTF-8
+        raise InvalidJobError("<body>", f"not valid JSON: {exc}") from exc
+    except RecursionError:  # nested deeper than the decoder goes
+        raise InvalidJobError("<body>", "not valid JSON: nested too deeply") from None
     return job_from_dict(parsed)
 
 

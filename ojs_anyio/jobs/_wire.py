@@ -24,7 +24,9 @@ from msgspec import UnsetType
 
 from ojs_anyio.amqp import BasicProperties, Int32
 
+from .._attempts import header_number, parse_attempt
 from ._envelope import Job, format_timestamp, parse_timestamp
+from ._errors import InvalidJobError
 from ._topology import priority_to_amqp
 
 __all__ = [
@@ -45,7 +47,11 @@ __all__ = [
     "H_TRACEPARENT",
     "H_TRACE_ID",
     "H_TRACE_STATE",
+    "H_UNKNOWN_TYPE_SINCE",
+    "header_attempt",
     "header_int",
+    "header_max_attempts",
+    "header_since",
     "job_properties",
     "with_headers",
 ]
@@ -70,6 +76,9 @@ H_DEAD_LETTER: Final = "x-ojs-dead-letter"
 H_ORIGINAL_PRIORITY: Final = "x-ojs-original-priority"
 #: When the worker dead-lettered a job in the opt-in annotated mode (ISO 8601).
 H_DEAD_LETTERED_AT: Final = "x-ojs-dead-lettered-at"
+#: When a worker first met a job whose type it had no handler for (epoch milliseconds,
+#: int64): the start of the unknown-type grace window (Worker(unknown_type_grace=...)).
+H_UNKNOWN_TYPE_SINCE: Final = "x-ojs-unknown-type-since"
 
 
 def _tags(job: Job) -> str | None:
@@ -185,6 +194,40 @@ def with_headers(
 
 
 _INT32_HEADERS: Final = (H_ATTEMPT, H_MAX_ATTEMPTS)
+
+
+def header_attempt(headers: dict[str, Any] | None) -> int:
+    """The attempt a delivery runs as, from ``x-ojs-attempt`` (the rule of
+    :mod:`ojs_anyio._attempts`); a value outside it raises :class:`InvalidJobError`: the
+    worker dead-letters such a delivery as ``INVALID_PAYLOAD`` without running it."""
+    try:
+        return parse_attempt(headers.get(H_ATTEMPT) if headers else None)
+    except ValueError as exc:
+        raise InvalidJobError(H_ATTEMPT, str(exc)) from None
+
+
+def header_max_attempts(headers: dict[str, Any] | None, default: int) -> int:
+    """``x-ojs-max-attempts`` (ruling 17: binding when present), else ``default``.
+
+    1 to 2**31 - 1; anything else raises :class:`InvalidJobError` (``INVALID_PAYLOAD``)."""
+    try:
+        value = header_number(headers.get(H_MAX_ATTEMPTS) if headers else None)
+    except ValueError as exc:
+        raise InvalidJobError(H_MAX_ATTEMPTS, str(exc)) from None
+    if value is None:
+        return default
+    if not 1 <= value < 2**31:
+        raise InvalidJobError(H_MAX_ATTEMPTS, f"{value} is not a number of attempts (1 to {2**31 - 1})")
+    return value
+
+
+def header_since(headers: dict[str, Any] | None, key: str, now_ms: int) -> int:
+    """An epoch-milliseconds header, never later than ``now_ms`` (its value if absent or
+    not an integer): a time in the future could otherwise hold a window open."""
+    value = headers.get(key) if headers else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= now_ms:
+        return value
+    return now_ms
 
 
 def header_int(headers: dict[str, Any] | None, key: str, default: int) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import functools
 import inspect
 import logging
@@ -74,6 +75,7 @@ from ._retry import (
     EffectiveRetryPolicy,
     RetryPolicy,
     error_type_name,
+    ladder_delay_ms,
     merge,
     resolve_retry,
 )
@@ -81,11 +83,12 @@ from ._topology import strip_dead_letter_headers
 from ._typed import JobDecorator, JobHandle, validate_options
 from ._wire import (
     H_ATTEMPT,
-    H_DEAD_LETTER,
     H_ERROR_CODE,
     H_ERROR_MESSAGE,
-    H_MAX_ATTEMPTS,
-    header_int,
+    H_UNKNOWN_TYPE_SINCE,
+    header_attempt,
+    header_max_attempts,
+    header_since,
     with_headers,
 )
 
@@ -103,6 +106,9 @@ DEFAULT_TIMEOUT = 1800.0
 #: RabbitMQ's default consumer_timeout (30 min): an unacked delivery older than this gets
 #: its channel closed with 406 PRECONDITION_FAILED: RabbitMQ has no visibility timeout.
 BROKER_CONSUMER_TIMEOUT = 1800.0
+#: A rolling deploy's window: a job of a type this worker does not know is retried (not
+#: counted as an attempt) for this long before it is dead-lettered as INVALID_JOB_TYPE.
+DEFAULT_UNKNOWN_TYPE_GRACE = 600.0
 
 
 @dataclass(slots=True)
@@ -144,7 +150,8 @@ class JobOutcome:
     type: str | None
     queue: str
     attempt: int
-    outcome: str  # completed | retried | dead_lettered | cancelled | abandoned | requeued
+    #: completed | retried | dead_lettered | cancelled | abandoned | requeued | deferred
+    outcome: str
     error_code: str | None = None
     error_message: str | None = None
     delay_ms: int | None = None
@@ -187,6 +194,7 @@ class Worker:
         metrics: bool = True,
         tracing: bool = True,
         republish: amqp.RepublishPolicy = amqp.DEFAULT_REPUBLISH_POLICY,
+        unknown_type_grace: DurationLike = DEFAULT_UNKNOWN_TYPE_GRACE,
     ) -> None:
         self.queues = check_queue_names(queues, "Worker(queues=...)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -214,6 +222,10 @@ class Worker:
         #: How settling publishes (retries, annotated dead letters, relayed control
         #: messages) ride out transient refusals before the delivery goes back to the broker.
         self.republish = republish
+        #: How long a job of a type no handler here knows keeps coming back before it is
+        #: dead-lettered as INVALID_JOB_TYPE (0: at once); see _unknown_type.
+        self.unknown_type_grace = duration_seconds(unknown_type_grace, "unknown_type_grace")
+        self._unknown_logged: set[str] = set()
         #: The scopes of settling publishes under way (the end of the grace period cancels them).
         self._settle_scopes: set[anyio.CancelScope] = set()
         #: (worker policy, it merged over the OJS defaults): see _policy.
@@ -227,10 +239,12 @@ class Worker:
         #: The scopes of the job tasks now waiting for a delivery (stop() cancels them).
         self._fetch_scopes: set[anyio.CancelScope] = set()
         self._backend: _Backend | None = None
-        self._job_scopes: dict[str, tuple[anyio.CancelScope, JobContext]] = {}
+        #: Every delivery running now, by job id: (its scope, its context).  Usually one a
+        #: job; two deliveries of one id (a re-push after an unknown outcome) are both here,
+        #: so CANCEL and the grace period reach each.
+        self._running: dict[str, list[tuple[anyio.CancelScope, JobContext]]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._ready = anyio.Event()
-        self.active: dict[str, JobContext] = {}
         self.counts: dict[str, int] = {}
         self.heartbeat_interval = duration_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         self.cancel_memory = duration_seconds(cancel_memory, "cancel_memory")
@@ -414,8 +428,7 @@ class Worker:
                     async with ch.consume(own.name, prefetch=64) as messages:
                         started.set()
                         async for msg in messages:
-                            await self._on_control(ch, msg)
-                            await msg.ack()
+                            await self._control_message(ch, msg)
         self._control_ch = None
 
     async def _relay_control(
@@ -428,27 +441,50 @@ class Worker:
         ):
             task_status.started()
             async for msg in messages:
-                relayed = await amqp.republish(
-                    ch, msg.body, exchange=names.control_exchange, routing_key=queue,
-                    properties=msg.properties, policy=self.republish, rng=self._rng,
-                )  # fmt: skip
-                if relayed.gave_up:
-                    # Back to the durable queue, for this relay or another worker's to try again.
-                    log.warning("control message %r on %s not relayed: %s; requeued", msg.properties.type,
-                                queue, relayed.reason)  # fmt: skip
-                    await msg.nack(requeue=True)
-                    continue
-                if relayed.final:
-                    log.warning("control message %r on %s cannot be relayed and is dropped: %s",
-                                msg.properties.type, queue, relayed.reason)  # fmt: skip
-                await msg.ack()
+                try:
+                    await self._relay_one(ch, names.control_exchange, queue, msg)
+                except amqp.DELIVERY_LOST_ERRORS as exc:
+                    kind = msg.properties.type
+                    log.warning("control message %r on %s not relayed (%s); it comes again", kind, queue, exc)
+
+    async def _relay_one(
+        self, ch: amqp.Channel, exchange: str, queue: str, msg: amqp.IncomingMessage
+    ) -> None:
+        relayed = await amqp.republish(
+            ch, msg.body, exchange=exchange, routing_key=queue,
+            properties=msg.properties, policy=self.republish, rng=self._rng,
+        )  # fmt: skip
+        kind = msg.properties.type
+        if relayed.gave_up:
+            # Back to the durable queue, for this relay or another worker's to try again.
+            log.warning("control message %r on %s not relayed: %s; requeued", kind, queue, relayed.reason)
+            await msg.nack(requeue=True)
+            return
+        if relayed.final:
+            why = relayed.reason
+            log.warning("control message %r on %s cannot be relayed: %s; dropped", kind, queue, why)
+        await msg.ack()
+
+    async def _control_message(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
+        """One relayed control message, acked whatever it holds: no message stops the
+        control plane (the broadcast queue has no dead-letter queue: a bad one is logged)."""
+        try:
+            await self._on_control(ch, msg)
+            await msg.ack()
+        except amqp.DELIVERY_LOST_ERRORS as exc:
+            kind = msg.properties.type
+            log.warning("control message %r not settled (%s); the broker delivers it again", kind, exc)
+        except Exception:
+            log.exception("control message %r (%d bytes) failed; dropped", msg.properties.type, len(msg.body))
+            await msg.ack()
 
     async def _on_control(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
         kind = msg.properties.type
         try:
             data = _json_decode.decode(msg.body)
-        except msgspec.DecodeError:
-            log.warning("ignoring malformed control message %r: %r", kind, msg.body[:200])
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            why = type(exc).__name__
+            log.warning("ignoring malformed control message %r (%s): %r", kind, why, msg.body[:200])
             return
         job_id = data.get("job_id") if isinstance(data, dict) else None
         if not isinstance(job_id, str):
@@ -506,6 +542,11 @@ class Worker:
             return False
         return True
 
+    @property
+    def active(self) -> dict[str, JobContext]:
+        """The jobs running now: job id -> context (the first, if one id runs twice)."""
+        return {job_id: entries[0][1] for job_id, entries in self._running.items()}
+
     async def _beat_loop(self, client: Client, scope: anyio.CancelScope) -> None:
         """BEAT (001 §5.7): every ``heartbeat_interval``, one heartbeat per running job."""
         with scope:
@@ -547,11 +588,11 @@ class Worker:
 
     async def _enforce_grace(self) -> None:
         with anyio.move_on_after(self.grace_period):
-            while self._job_scopes or self._settle_scopes:
+            while self._running or self._settle_scopes:
                 self._jobs_changed = anyio.Event()
                 await self._jobs_changed.wait()
             return
-        for scope, ctx in list(self._job_scopes.values()):
+        for scope, ctx in [entry for entries in self._running.values() for entry in entries]:
             log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
             ctx.abandoned = True
             scope.cancel()
@@ -599,34 +640,38 @@ class Worker:
     async def _handle(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
         try:
             await self._handle_one(client, ch, queue, msg)
-        except (
-            amqp.PublishOutcomeUnknownError,
-            amqp.StaleDeliveryError,
-            amqp.ChannelClosedError,
-            amqp.ConnectionLostError,
-        ) as exc:
+        except amqp.DELIVERY_LOST_ERRORS as exc:
             # The connection or channel died while settling: the job was not acked, so the
             # broker redelivers it (redelivered=True).  At-least-once, never lost.
             log.warning(
                 "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
                 msg.properties.message_id, msg.delivery_tag, queue, exc,
             )  # fmt: skip
+        except Exception:
+            # The backstop: a fault of ours with this one delivery (the handler's own errors
+            # are decided on in _handle_one).  Dead-lettered, so it cannot stop this worker
+            # or the next one; the worker carries on.
+            job_id = msg.properties.message_id
+            log.exception(
+                "job %s on queue %s could not be processed; rejected into the dead-letter queue",
+                job_id, queue, extra=log_extra(job_id, msg.properties.type, queue, 0),
+            )  # fmt: skip
+            with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
+                await msg.nack(requeue=False)
 
     async def _handle_one(
         self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage
     ) -> None:
         headers = msg.properties.headers or {}
         started = time.monotonic()
-        if headers.get(H_DEAD_LETTER):
-            # A dead-letter copy written by an earlier version: reject it into the DLQ unrun.
-            await msg.nack(requeue=False)
-            return
-        attempt = header_int(headers, H_ATTEMPT, 1)
+        # (A header once made the worker reject a job unrun, with no log line and no outcome:
+        # any vhost client could set it.  It means nothing now; `dlq requeue` still strips it.)
         try:
+            attempt = header_attempt(headers)
             job = _decode_delivered(msg.body)
         except InvalidJobError as exc:
             verdict = dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc))
-            await self._settle(client, ch, queue, msg, None, attempt, verdict, started)
+            await self._settle(client, ch, queue, msg, None, 1, verdict, started)
             return
         if self._was_cancelled(job.id):
             await msg.ack()
@@ -638,22 +683,17 @@ class Worker:
             )
             self._report(JobOutcome(job.id, job.type, queue, attempt, "cancelled"))
             return
-        entry = self._handlers.get(job.type)
-        if entry is None:
-            verdict = dead_letter(
-                ErrorCode.INVALID_JOB_TYPE,
-                f"no handler registered for job type {job.type!r} on worker {self.worker_id}",
-            )
-            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
+        spec = self._handlers.get(job.type)
+        if spec is None:
+            await self._unknown_type(client, ch, queue, msg, job, attempt, started)
             return
-        spec = entry
         try:
             policy = self._policy(job, client)
+            max_attempts = header_max_attempts(headers, policy.max_attempts)
         except InvalidJobError as exc:
             verdict = dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc))
             await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
             return
-        max_attempts = header_int(headers, H_MAX_ATTEMPTS, policy.max_attempts)
         if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
             verdict = dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}")
             await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
@@ -694,8 +734,12 @@ class Worker:
         # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
         backend = self._backend or _Backend()
         scope = backend.scope_type(deadline=backend.clock() + timeout)
-        self._job_scopes[job.id] = (scope, ctx)
-        self.active[job.id] = ctx
+        entry = (scope, ctx)
+        same_id = self._running.get(job.id)
+        if same_id is None:
+            self._running[job.id] = [entry]
+        else:
+            same_id.append(entry)
         raised: BaseException | None = None
         result: Any = None
         try:
@@ -709,13 +753,19 @@ class Worker:
                     result = await self._run_sync(spec, ctx, args, scope)
         except backend.cancelled:
             raise  # the worker itself is being cancelled: leave the job unacked
-        except (KeyboardInterrupt, SystemExit):
-            raise  # the process is stopping, not the job failing: it stays unacked
+        except KeyboardInterrupt:
+            raise  # Ctrl-C reached the handler: the process is stopping, the job stays unacked
         except BaseException as exc:  # whatever the handler raised, decided on below
+            # SystemExit included: a handler's sys.exit() (argparse inside a job) is the
+            # handler's failure (HANDLER_PANIC), not a request to end the worker.  A signal
+            # stops the worker gracefully through stop(), never through SystemExit.
             raised = exc
         finally:
-            self._job_scopes.pop(job.id, None)
-            self.active.pop(job.id, None)
+            entries = self._running[job.id]
+            if len(entries) == 1:
+                del self._running[job.id]
+            else:
+                entries[:] = [e for e in entries if e is not entry]
             if self._stopping:  # only _enforce_grace (started by stop()) waits on it
                 self._jobs_changed.set()
         verdict = decide(
@@ -864,41 +914,19 @@ class Worker:
         error: dict[str, Any] | None = None,
         failure: BaseException | None = None,
     ) -> None:
-        names = client.names
-        await client.declare_retry_queue(queue, ladder_ms)
-        props = with_headers(
-            msg.properties,
-            {
-                H_ATTEMPT: Int32(attempt + 1),
-                H_ERROR_CODE: str(code),
-                H_ERROR_MESSAGE: message[:1000],
-                **(error_headers(error) if error else {}),
-            },
-            drop=(H_ERROR_TYPE, H_ERROR_BACKTRACE),  # the previous attempt's, unless replaced
-            base=strip_dead_letter_headers(msg.properties.headers),
-        )
-        published = await self._republish(
-            ch,
-            msg.body,
-            exchange=names.retry_exchange,
-            routing_key=names.retry_routing_key(queue, ladder_ms),
-            properties=props,
-            mandatory=True,
-            redeclare=functools.partial(client.declare_retry_queue, queue, ladder_ms, again=True),
-        )
-        if published is None:
-            return  # the grace period ran out first: left for the broker to redeliver
-        if published.final:
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, code,
-                f"{message} (the retry cannot be published: {published.reason})", started, failure,
-            )  # fmt: skip
+        headers = {
+            H_ATTEMPT: Int32(attempt + 1),
+            H_ERROR_CODE: str(code),
+            H_ERROR_MESSAGE: message[:1000],
+            **(error_headers(error) if error else {}),
+        }
+        # The previous attempt's error type and backtrace go, unless replaced.
+        moved = await self._through_retry_queue(
+            client, ch, queue, msg, job, attempt, started, ladder_ms, headers,
+            drop=(H_ERROR_TYPE, H_ERROR_BACKTRACE), code=code, message=message, failure=failure,
+        )  # fmt: skip
+        if not moved:
             return
-        if published.gave_up:
-            why = f"the retry was not confirmed: {published.reason}"
-            await self._requeue(msg, job, queue, attempt, started, why)
-            return
-        await msg.ack()
         log.warning(
             "job %s type=%s queue=%s attempt=%d outcome=retried code=%s delay=%dms: %s",
             job.id, job.type, queue, attempt, code, ladder_ms, message,
@@ -918,6 +946,106 @@ class Worker:
                 error,
             )
         )
+
+    async def _unknown_type(
+        self,
+        client: Client,
+        ch: amqp.Channel,
+        queue: str,
+        msg: amqp.IncomingMessage,
+        job: Job,
+        attempt: int,
+        started: float,
+    ) -> None:
+        """A job of a type this worker has no handler for (a rolling deploy: pushed by new
+        code before every worker runs it).  Within ``unknown_type_grace`` of the first time
+        a worker met it, it goes back through the retry ladder, not counted as an attempt,
+        so a worker that knows the type takes it once the delay passes; after that it is
+        dead-lettered as ``INVALID_JOB_TYPE``."""
+        now_ms = int(time.time() * 1000)
+        grace_ms = int(self.unknown_type_grace * 1000)
+        since = header_since(msg.properties.headers, H_UNKNOWN_TYPE_SINCE, now_ms)
+        waited_ms = now_ms - since
+        reason = f"no handler registered for job type {job.type!r} on worker {self.worker_id}"
+        if waited_ms >= grace_ms:
+            if grace_ms:
+                grace = self.unknown_type_grace
+                reason += f" (for {waited_ms / 1000:.0f}s, past the {grace:g}s grace window)"
+            verdict = dead_letter(ErrorCode.INVALID_JOB_TYPE, reason)
+            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
+            return
+        # Waits of about the time waited so far (1 s, 2 s, 5 s… at most a minute), on the
+        # rungs of the retry ladder, never past the end of the window.
+        ladder_ms = ladder_delay_ms(min(max(waited_ms, 1000), 60_000), max_ms=max(grace_ms - waited_ms, 1))
+        headers = {H_UNKNOWN_TYPE_SINCE: since, H_ATTEMPT: Int32(attempt)}
+        moved = await self._through_retry_queue(
+            client, ch, queue, msg, job, attempt, started, ladder_ms, headers,
+            code=ErrorCode.INVALID_JOB_TYPE, message=reason,
+        )  # fmt: skip
+        if not moved:
+            return
+        if job.type not in self._unknown_logged and len(self._unknown_logged) < 1000:
+            self._unknown_logged.add(job.type)
+            log.warning(
+                "job type %r on queue %s has no handler on worker %s: its jobs go back through the "
+                "retry queues for up to %gs (a worker that knows the type takes them), then to the "
+                "dead-letter queue (logged once per type)",
+                job.type, queue, self.worker_id, self.unknown_type_grace,
+            )  # fmt: skip
+        self._report(
+            JobOutcome(
+                job.id, job.type, queue, attempt, "deferred", str(ErrorCode.INVALID_JOB_TYPE), reason,
+                ladder_ms, time.monotonic() - started,
+            )
+        )  # fmt: skip
+
+    async def _through_retry_queue(
+        self,
+        client: Client,
+        ch: amqp.Channel,
+        queue: str,
+        msg: amqp.IncomingMessage,
+        job: Job,
+        attempt: int,
+        started: float,
+        ladder_ms: int,
+        headers: dict[str, Any],
+        *,
+        drop: tuple[str, ...] = (),
+        code: str,
+        message: str,
+        failure: BaseException | None = None,
+    ) -> bool:
+        """Publish the job again through ``ojs.queue.retry.{q}.{ladder_ms}`` with ``headers``
+        (confirmed), then ack the original.  True when that happened; otherwise the
+        delivery was settled by the rule for refusals (docs/failure-handling.md)."""
+        await client.declare_retry_queue(queue, ladder_ms)
+        props = with_headers(
+            msg.properties, headers, drop=drop, base=strip_dead_letter_headers(msg.properties.headers)
+        )
+        published = await self._republish(
+            ch,
+            msg.body,
+            exchange=client.names.retry_exchange,
+            routing_key=client.names.retry_routing_key(queue, ladder_ms),
+            properties=props,
+            mandatory=True,
+            redeclare=functools.partial(client.declare_retry_queue, queue, ladder_ms, again=True),
+        )
+        if published is None:
+            return False  # the grace period ran out first: left for the broker to redeliver
+        if published.final:
+            await self._dead_letter(
+                client, ch, queue, msg, job, attempt, code,
+                f"{message} (the retry cannot be published: {published.reason})", started, failure,
+            )  # fmt: skip
+            return False
+        if published.gave_up:
+            why = f"the retry was not confirmed: {published.reason}"
+            await self._requeue(msg, job, queue, attempt, started, why)
+            return False
+        await msg.ack()
+        return True
 
     async def _dead_letter(
         self,
@@ -1028,12 +1156,12 @@ class Worker:
 
     def cancel_job(self, job_id: str) -> bool:
         """Cancel a running job (CANCEL): it is acked and reported as cancelled."""
-        entry = self._job_scopes.get(job_id)
-        if entry is None:
+        entries = self._running.get(job_id)
+        if not entries:
             return False
-        scope, ctx = entry
-        ctx.cancel_requested = True
-        scope.cancel()
+        for scope, ctx in entries:  # every delivery of that id
+            ctx.cancel_requested = True
+            scope.cancel()
         return True
 
 
@@ -1044,6 +1172,7 @@ _OUTCOME_STATE = {
     "cancelled": "cancelled",
     "abandoned": "available",
     "requeued": "available",
+    "deferred": "scheduled",
 }
 
 

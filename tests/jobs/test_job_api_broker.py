@@ -185,7 +185,7 @@ async def test_job_metrics_after_a_known_workload(client: ojs.Client, q: str) ->
     reader = InMemoryMetricReader()
     metrics = ojs.JobMetrics(MeterProvider(metric_readers=[reader]))
     policy = ojs.RetryPolicy(max_attempts=2, initial_interval=0.05, jitter=False)
-    worker = ojs.Worker(queues=[q], middleware=[metrics], retry=policy)
+    worker = ojs.Worker(queues=[q], middleware=[metrics], retry=policy, unknown_type_grace=0)
     outcomes = Outcomes(worker)
     tries: dict[str, int] = {}
 

@@ -353,8 +353,9 @@ async def test_bad_input_is_dead_lettered_and_worker_survives(
 ) -> None:
     """Garbage, non-envelopes, unknown types, ill-fitting args, a timeout and a handler
     raising a BaseException each end in the DLQ with their reason code; none is lost, the
-    worker keeps running, and a good job pushed afterwards completes."""
-    worker = ojs.Worker(queues=[q], concurrency=4)
+    worker keeps running, and a good job pushed afterwards completes.  (Unknown types with
+    the grace window off; the window: test_unknown_types_broker.py.)"""
+    worker = ojs.Worker(queues=[q], concurrency=4, unknown_type_grace=0)
     outcomes = Outcomes(worker)
 
     @worker.handler("typed.job")

@@ -1,5 +1,5 @@
-"""A worker survives a failing outcome listener, and lets the process stop when a
-handler raises SystemExit (the job is neither failed nor dead-lettered)."""
+"""A worker survives a failing outcome listener, and a handler that raises SystemExit
+(the job is dead-lettered as HANDLER_PANIC; the worker carries on)."""
 
 from __future__ import annotations
 
@@ -47,30 +47,34 @@ async def test_a_failing_listener_is_logged_and_the_worker_keeps_running(
     assert isinstance(failures[0].exc_info[1], RuntimeError)
 
 
-# asyncio re-raises SystemExit from a task out of the event loop itself, which would end
-# the test session; Trio delivers it through the task tree like any exception.
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_system_exit_in_a_handler_propagates_and_the_job_is_not_failed(
-    client: ojs.Client, raw: amqp.Connection, q: str
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_system_exit_in_a_handler_is_a_panic_and_the_worker_carries_on(
+    client: ojs.Client, raw: amqp.Connection, q: str, sync: bool
 ) -> None:
-    worker = ojs.Worker(queues=[q])
+    """argparse inside a handler calls sys.exit(): that job is dead-lettered as
+    HANDLER_PANIC (the docs' outcome table), and the worker goes on to the next job."""
+    worker = ojs.Worker(queues=[q], concurrency=1)
     outcomes = Outcomes(worker)
 
-    @worker.handler("exit.job")
-    async def handler(ctx: ojs.JobContext) -> None:
+    def exits(ctx: ojs.JobContext) -> None:
         raise SystemExit(3)
 
-    with anyio.fail_after(WAIT):
-        await client.push("exit.job", [], queue=q)
-    with pytest.raises(BaseException) as info:  # which one: checked below
+    async def exits_async(ctx: ojs.JobContext) -> None:
+        raise SystemExit(3)
+
+    worker.register("exit.job", exits if sync else exits_async)
+
+    @worker.handler("ok.job")
+    async def ok(ctx: ojs.JobContext) -> None:
+        pass
+
+    async with running(worker, client):
         with anyio.fail_after(WAIT):
-            await worker.run(client)
-    exc: BaseException = info.value
-    while isinstance(exc, BaseExceptionGroup):
-        assert len(exc.exceptions) == 1
-        exc = exc.exceptions[0]
-    assert isinstance(exc, SystemExit) and exc.code == 3
-    assert not [o for o in outcomes.items if o.outcome in ("failed", "dead_lettered", "retried")]
-    # Left unacked, so back in its queue once the worker's channel closed; not dead-lettered.
-    await wait_message_count(raw, client.names.job_queue(q), 1)
-    await wait_message_count(raw, client.names.dlx_queue(q), 0)
+            bad = await client.push("exit.job", [], queue=q)
+            good = await client.push("ok.job", [], queue=q)
+        dead = await outcomes.wait_final(bad.id)
+        assert (await outcomes.wait_final(good.id)).outcome == "completed"
+    assert dead.outcome == "dead_lettered" and dead.error_code == "HANDLER_PANIC"
+    assert "SystemExit" in (dead.error_message or "")
+    await wait_message_count(raw, client.names.dlx_queue(q), 1)
+    await wait_message_count(raw, client.names.job_queue(q), 0)

@@ -1,0 +1,45 @@
+"""The attempt-number rule shared by the job worker and the event subscriber.  Pure.
+
+A consumer reads the attempt a delivery runs as from a header that any client of the vhost
+can write (``x-ojs-attempt``, ``x-event-attempt``), so the header is validated, never
+trusted: absent or 0 means 1 (the OJS envelope counts attempts from 0, so another
+implementation may send 0 for a first attempt); an integer of any AMQP type, or a string
+of at most ten decimal digits, from 1 to :data:`MAX_ATTEMPT` is taken as it is; anything
+else is refused with :class:`ValueError`, and the consumer dead-letters the delivery as
+invalid without running it.  :data:`MAX_ATTEMPT` leaves room for the next attempt's
+number in an int32 header.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["MAX_ATTEMPT", "header_number", "parse_attempt"]
+
+#: The highest attempt a delivery may carry: a retry writes attempt + 1 as int32.
+MAX_ATTEMPT: Final = 2**31 - 2
+
+
+def header_number(value: object) -> int | None:
+    """A header's integer value: ``None`` if absent (``None``); an int of any AMQP type,
+    or a string (or bytes) of at most ten decimal digits; else :class:`ValueError`."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        return int(value)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise ValueError(f"{shown} ({type(value).__name__}) is not an integer")
+
+
+def parse_attempt(value: object) -> int:
+    """The attempt number a header value stands for (see the module docstring)."""
+    number = header_number(value)
+    if number is None or number == 0:
+        return 1
+    if not 1 <= number <= MAX_ATTEMPT:
+        raise ValueError(f"{number} is not an attempt number (0 or 1 to {MAX_ATTEMPT})")
+    return number
