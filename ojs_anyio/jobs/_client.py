@@ -856,6 +856,12 @@ class Client:
         self._reply = (ch, info, replies, stack)
         return info, replies
 
+    def owns_reply_queue(self, name: str) -> bool:
+        """Whether ``name`` is one of this client's own reply queues (results, INFO)."""
+        if self._results is not None and self._results.queue_name == name:
+            return True
+        return self._reply is not None and self._reply[1].name == name
+
     async def _close_reply_queue(self) -> None:
         reply, self._reply = self._reply, None
         if reply is not None:

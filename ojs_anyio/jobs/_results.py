@@ -125,6 +125,11 @@ class ResultRouter:
         self._lock = anyio.Lock()
         self._failed: BaseException | None = None
 
+    @property
+    def queue_name(self) -> str | None:
+        """The result queue's name, once declared."""
+        return self._queue.name if self._queue is not None else None
+
     async def reply_to(self) -> str:
         """The result queue's current name (declared, and its reader started, on first use)."""
         if self._failed is not None:

@@ -195,6 +195,7 @@ class Worker:
         tracing: bool = True,
         republish: amqp.RepublishPolicy = amqp.DEFAULT_REPUBLISH_POLICY,
         unknown_type_grace: DurationLike = DEFAULT_UNKNOWN_TYPE_GRACE,
+        info_details: bool = True,
     ) -> None:
         self.queues = check_queue_names(queues, "Worker(queues=...)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -264,6 +265,10 @@ class Worker:
         self.liveness: OrderedDict[str, tuple[str, float]] = OrderedDict()
         #: Jobs this worker finished recently, for INFO: job id -> answer; bounded.
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: reply_to queue names checked by _may_reply_to: name -> allowed; bounded.
+        self._reply_targets: OrderedDict[str, bool] = OrderedDict()
+        #: Whether INFO answers carry the job's result and its errors' backtraces.
+        self.info_details = info_details
         self._control_ch: amqp.Channel | None = None
         #: Set whenever a job finishes (the grace-period wait in stop() listens to it).
         self._jobs_changed = anyio.Event()
@@ -428,7 +433,7 @@ class Worker:
                     async with ch.consume(own.name, prefetch=64) as messages:
                         started.set()
                         async for msg in messages:
-                            await self._control_message(ch, msg)
+                            await self._control_message(client, ch, msg)
         self._control_ch = None
 
     async def _relay_control(
@@ -465,11 +470,11 @@ class Worker:
             log.warning("control message %r on %s cannot be relayed: %s; dropped", kind, queue, why)
         await msg.ack()
 
-    async def _control_message(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
+    async def _control_message(self, client: Client, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
         """One relayed control message, acked whatever it holds: no message stops the
         control plane (the broadcast queue has no dead-letter queue: a bad one is logged)."""
         try:
-            await self._on_control(ch, msg)
+            await self._on_control(client, ch, msg)
             await msg.ack()
         except amqp.DELIVERY_LOST_ERRORS as exc:
             kind = msg.properties.type
@@ -478,7 +483,7 @@ class Worker:
             log.exception("control message %r (%d bytes) failed; dropped", msg.properties.type, len(msg.body))
             await msg.ack()
 
-    async def _on_control(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
+    async def _on_control(self, client: Client, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
         kind = msg.properties.type
         try:
             data = _json_decode.decode(msg.body)
@@ -502,11 +507,12 @@ class Worker:
                 _remember(self.liveness, job_id, (worker_id, now), limit=10_000)
         elif kind == CONTROL_INFO:
             answer = self._info(job_id)
-            if answer is not None and msg.properties.reply_to:
+            reply_to = msg.properties.reply_to
+            if answer is not None and reply_to and await self._may_reply_to(client, reply_to):
                 await ch.publish(
                     _json.encode(answer),
                     exchange="",
-                    routing_key=msg.properties.reply_to,
+                    routing_key=reply_to,
                     properties=amqp.BasicProperties(
                         correlation_id=msg.properties.correlation_id,
                         content_type="application/json",
@@ -515,6 +521,17 @@ class Worker:
                 )
 
     def _info(self, job_id: str) -> dict[str, Any] | None:
+        """The INFO answer about ``job_id`` (None: not known here); without the result
+        and the backtraces when ``info_details`` is off."""
+        answer = self._info_answer(job_id)
+        if answer is not None and not self.info_details:
+            answer.pop("result", None)
+            error = answer.get("error")
+            if isinstance(error, dict) and "backtrace" in error:
+                answer["error"] = {k: v for k, v in error.items() if k != "backtrace"}
+        return answer
+
+    def _info_answer(self, job_id: str) -> dict[str, Any] | None:
         ctx = self.active.get(job_id)
         if ctx is not None:
             answer: dict[str, Any] = {
@@ -783,6 +800,7 @@ class Worker:
 
     async def _reply(
         self,
+        client: Client,
         ch: amqp.Channel,
         msg: amqp.IncomingMessage,
         job: Job,
@@ -806,10 +824,41 @@ class Worker:
             type="ojs.result",
             app_id="ojs",
         )
+        if not await self._may_reply_to(client, reply_to):
+            log.warning(
+                "job %s: reply_to %r is not a requester's own queue; the result is not sent there",
+                job.id, reply_to,
+            )  # fmt: skip
+            return
         try:
             await ch.publish(body, exchange="", routing_key=reply_to, properties=props)
         except amqp.PublishError as exc:
             log.warning("job %s: the result reply to %r was refused: %s", job.id, reply_to, exc)
+
+    async def _may_reply_to(self, client: Client, reply_to: str) -> bool:
+        """Whether a reply (a result, an INFO answer) may go to queue ``reply_to``.
+
+        ``reply_to`` comes from the message, which any client of the vhost can write, and
+        the reply goes out with this worker's credentials.  So replies go only where a
+        requester is waiting: a queue exclusive to another connection (a passive declare
+        answers 405 RESOURCE_LOCKED), a reply queue of the client this worker runs on, or
+        RabbitMQ's direct reply-to.  A durable or shared queue named there gets nothing.
+        Checked once per name (bounded memory)."""
+        if reply_to.startswith("amq.rabbitmq.reply-to") or client.owns_reply_queue(reply_to):
+            return True
+        known = self._reply_targets.get(reply_to)
+        if known is None:
+            try:
+                async with client.conn.channel(confirms=False) as probe:
+                    await probe.queue_declare(reply_to, passive=True)
+            except amqp.ResourceLocked:
+                known = True  # exclusive to another connection: a waiting requester
+            except amqp.NotFound:
+                return False  # gone (the requester left): nothing to send
+            else:
+                known = False  # any client could read it
+            _remember(self._reply_targets, reply_to, known, limit=1000)
+        return known
 
     async def _call_handler(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
@@ -851,7 +900,7 @@ class Worker:
         action = verdict.action
         reply_to = msg.properties.reply_to
         if reply_to and job is not None and action in ("ack", "dead_letter"):
-            await self._reply(ch, msg, job, reply_to, verdict, result)
+            await self._reply(client, ch, msg, job, reply_to, verdict, result)
         if action == "ack" or action == "cancelled":
             assert job is not None
             await msg.ack()

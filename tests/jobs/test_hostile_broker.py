@@ -262,3 +262,77 @@ async def test_two_deliveries_of_one_job_id_are_cancelled_and_stopped_together(
 def test_case_names_are_unique() -> None:
     assert len(set(CASE_NAMES)) == len(CASE_NAMES)
     assert all(isinstance(uuid.UUID(i), uuid.UUID) for _, i, _ in cases("q"))
+
+
+# ------------------------------------------------------------- the trust boundary
+
+
+async def test_results_go_only_to_a_requesters_own_queue(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
+    """A job's ``reply_to`` is written by whoever published it; the worker's result goes
+    out with the worker's credentials.  So it goes only to a queue exclusive to another
+    connection (a waiting requester), never into a durable queue named by the message."""
+    worker, outcomes, _ = hostile_worker(q)
+    victim = f"ojs-test-victim-{uuid.uuid4().hex[:8]}"
+    async with raw.channel() as ch:
+        await ch.queue_declare(victim, durable=False, auto_delete=False)
+    try:
+        async with running(worker, client):
+            job_id, body = _job(q, ["ok"])
+            poison = Poison(body, props={"reply_to": victim})
+            with anyio.fail_after(WAIT):
+                await anyio.to_thread.run_sync(pika_publish, q, [(job_id, poison)])
+            assert (await outcomes.wait_final(job_id)).outcome == "completed"
+            # A result pushed the documented way still comes back.
+            pending = await client.push_for_result("h.job", ["ok"], queue=q)
+            assert (await pending.result(timeout=WAIT)) is None
+        async with raw.channel() as ch:
+            assert (await ch.queue_declare(victim, passive=True)).message_count == 0
+    finally:
+        async with raw.channel() as ch:
+            await ch.queue_delete(victim)
+
+
+async def raw_info(conn: amqp.Connection, names: ojs.Names, q: str, job_id: str) -> dict[str, Any]:
+    """INFO as 001 §5.8 describes it, answer as the worker sent it (every key)."""
+    async with conn.channel() as ch:
+        reply = await ch.queue_declare("", exclusive=True, auto_delete=True)
+        async with ch.consume(reply.name, prefetch=1) as answers:
+            props = amqp.BasicProperties(
+                type="ojs.control.info", reply_to=reply.name, correlation_id=uuid.uuid4().hex
+            )
+            body = json.dumps({"job_id": job_id}).encode()
+            await ch.publish(body, routing_key=names.control_queue(q), properties=props)
+            with anyio.fail_after(WAIT):
+                async for msg in answers:
+                    await msg.ack()
+                    answer: dict[str, Any] = json.loads(msg.body)
+                    return answer
+    raise AssertionError("no answer")
+
+
+@pytest.mark.parametrize("details", [True, False], ids=["details", "no-details"])
+async def test_info_can_leave_out_results_and_backtraces(
+    client: ojs.Client, raw: amqp.Connection, q: str, details: bool
+) -> None:
+    worker = ojs.Worker(queues=[q], info_details=details, retry=ojs.RetryPolicy(max_attempts=1))
+    outcomes = Outcomes(worker)
+
+    @worker.handler("h.secret")
+    async def secret(ctx: ojs.JobContext, fail: bool) -> str:
+        if fail:
+            raise RuntimeError("the database password is hunter2")
+        return "a secret result"
+
+    async with running(worker, client):
+        ok = await client.push("h.secret", [False], queue=q)
+        bad = await client.push("h.secret", [True], queue=q)
+        await outcomes.wait_final(ok.id)
+        await outcomes.wait_final(bad.id)
+        ok_info = await raw_info(raw, client.names, q, ok.id)
+        bad_info = await raw_info(raw, client.names, q, bad.id)
+    assert ok_info["state"] == "completed" and bad_info["state"] == "discarded"
+    assert ("result" in ok_info) is details
+    assert ("backtrace" in bad_info["error"]) is details
+    assert "hunter2" in bad_info["error"]["message"]  # the message itself is what INFO is for
