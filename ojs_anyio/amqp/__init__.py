@@ -17,6 +17,7 @@ This layer knows AMQP and nothing about jobs.
 """
 
 from ojs_codec import (
+    NESTED_TOO_DEEP,
     AccessRefused,
     AMQPError,
     AuthenticationError,
@@ -32,7 +33,15 @@ from ojs_codec import (
     UsageError,
 )
 
-from ._channel import Channel, Consumer, IncomingMessage, PublishHandle, PublishWindow, QueueInfo
+from ._channel import (
+    Channel,
+    Consumer,
+    IncomingMessage,
+    PublishHandle,
+    PublishWindow,
+    QueueInfo,
+    property_text,
+)
 from ._connection import Connection, RecoveryPolicy, connect
 from ._errors import (
     BlockedTimeoutError,
@@ -89,6 +98,7 @@ __all__ = [
     "ConsumerRecovered",
     "DeliveryAlreadySettledError",
     "IncomingMessage",
+    "NESTED_TOO_DEEP",
     "Int32",
     "InvalidURL",
     "NotFound",
@@ -114,4 +124,5 @@ __all__ = [
     "UsageError",
     "connect",
     "parse_url",
+    "property_text",
 ]
