@@ -251,10 +251,11 @@ def _dead_row(msg: amqp.IncomingMessage, now: datetime) -> dict[str, Any]:
     when = died_at(props)
     attempt = headers.get("x-ojs-attempt")
     return {
-        "id": props.message_id,
-        "type": props.type,
+        "id": amqp.property_text(props.message_id),
+        "type": amqp.property_text(props.type),
         "attempt": attempt if isinstance(attempt, int) else None,
-        "reason": death_reason(props),
+        "reason": death_reason(props) if msg.malformed is None else f"malformed message: {msg.malformed}",
+        "malformed": msg.malformed,
         "died_at": when.isoformat() if when else None,
         "age_seconds": None if when is None else round((now - when).total_seconds(), 3),
     }
@@ -308,6 +309,7 @@ async def cmd_dlq_requeue(args: Any) -> int:
                     args.yes,
                 )
             moved, scanned = 0, 0
+            malformed: list[str] = []
             wanted = set(ids)
             progress = Progress(len(ids) if ids else total, "requeue", enabled=not args.json)
             async with client.conn.channel(confirms=True) as ch:
@@ -320,9 +322,16 @@ async def cmd_dlq_requeue(args: Any) -> int:
                         if msg is None:
                             break
                         scanned += 1
-                        job_id = msg.properties.message_id
+                        job_id = amqp.property_text(msg.properties.message_id)
                         if not args.all and job_id not in wanted:
                             held.append(msg)  # not ours: kept unacked, put back at the end
+                            continue
+                        if msg.malformed is not None:
+                            # It cannot be published again as it is, and the worker would
+                            # only dead-letter it again: it stays in the DLQ.
+                            held.append(msg)
+                            malformed.append(job_id or "-")
+                            wanted.discard(job_id or "")
                             continue
                         try:
                             await ch.publish(
@@ -351,12 +360,18 @@ async def cmd_dlq_requeue(args: Any) -> int:
             "queue": args.queue,
             "requeued": moved,
             "not_found": sorted(wanted),
+            "malformed": malformed,
             "interrupted": interrupt.requested,
         }
         if args.json:
             print_json(result)
         else:
             print(f"requeued {moved} dead job(s) to {names.job_queue(args.queue)}")
+        if malformed:
+            _err(
+                f"left {len(malformed)} malformed message(s) in {dlq}, which cannot be published again as "
+                f"they are (dlq peek says why; dlq purge or prune removes them): {', '.join(malformed)}"
+            )
         if interrupt.requested:
             _err(f"interrupted after {moved} job(s); the rest are still in {dlq}")
             return EXIT_INTERRUPTED
