@@ -27,7 +27,6 @@ from ..jobs import (
     dlx_queue_arguments,
     exchanges,
     job_queue_arguments,
-    requeue_properties,
     retry_queue_arguments,
 )
 from ._app import load_object
@@ -312,6 +311,7 @@ async def cmd_dlq_requeue(args: Any) -> int:
             malformed: list[str] = []
             wanted = set(ids)
             progress = Progress(len(ids) if ids else total, "requeue", enabled=not args.json)
+            dead = client.dead_letters(args.queue)
             async with client.conn.channel(confirms=True) as ch:
                 held: list[amqp.IncomingMessage] = []
                 try:
@@ -334,15 +334,7 @@ async def cmd_dlq_requeue(args: Any) -> int:
                             wanted.discard(job_id or "")
                             continue
                         try:
-                            await ch.publish(
-                                msg.body,
-                                exchange=names.direct_exchange,
-                                routing_key=args.queue,
-                                properties=requeue_properties(
-                                    msg.properties, reset_attempts=args.reset_attempts
-                                ),
-                                mandatory=True,
-                            )
+                            await dead.republish(ch, msg, reset_attempts=args.reset_attempts)
                         except BaseException:
                             held.append(msg)
                             raise

@@ -1026,15 +1026,8 @@ class DeadLetters:
                     if msg.malformed is not None:
                         held.append(msg)
                         continue
-                    props = requeue_properties(msg.properties)
                     try:
-                        await ch.publish(
-                            msg.body,
-                            exchange=client.names.direct_exchange,
-                            routing_key=self.queue,
-                            properties=props,
-                            mandatory=True,
-                        )
+                        await self.republish(ch, msg)
                     except BaseException:
                         held.append(msg)
                         raise
@@ -1045,6 +1038,22 @@ class DeadLetters:
                     for msg in held:
                         await msg.reject(requeue=True)
         return moved
+
+    async def republish(
+        self, ch: amqp.Channel, msg: amqp.IncomingMessage, *, reset_attempts: bool = True
+    ) -> None:
+        """Publish one dead job (``msg``, got from this DLQ on ``ch``, a channel with
+        confirms) back to ``ojs.queue.{q}``: its body, with :func:`requeue_properties`,
+        through ``ojs.exchange.direct``, mandatory, and return once the broker confirmed
+        it.  The caller then acks ``msg`` (publish, confirm, then ack: never lost); if this
+        raises, ``msg`` is still unsettled."""
+        await ch.publish(
+            msg.body,
+            exchange=self.client.names.direct_exchange,
+            routing_key=self.queue,
+            properties=requeue_properties(msg.properties, reset_attempts=reset_attempts),
+            mandatory=True,
+        )
 
     async def purge(self) -> int:
         ch = await self.client.channel()
