@@ -4,6 +4,13 @@ Events are small, slotted, keyword-only values.  Most are frozen dataclasses; th
 three content-carrying events (:class:`Delivery`, :class:`GetOk`, :class:`Returned`)
 and :class:`Confirmed` are plain slotted classes because they are built once per
 message on the hot path.
+
+The content-carrying events have ``malformed``: ``None``, or why the message's content
+header is valid AMQP but outside the codec's strict rules (decoded leniently, see
+:func:`~ojs_codec.decode_content_header_lenient`; or larger than ``frame_max``, so that
+it cannot be published again as it is).  In a malformed message a short-string property
+or a header key may be ``bytes``, a header timestamp an ``int``, and a table nested too
+deep is :data:`~ojs_codec.NESTED_TOO_DEEP`.
 """
 
 from __future__ import annotations
@@ -130,6 +137,7 @@ class Delivery(Event):
         "consumer_tag",
         "delivery_tag",
         "exchange",
+        "malformed",
         "properties",
         "redelivered",
         "routing_key",
@@ -145,6 +153,7 @@ class Delivery(Event):
         routing_key: str,
         properties: BasicProperties,
         body: bytes,
+        malformed: str | None = None,
     ) -> None:
         self.channel_id = channel_id
         self.consumer_tag = consumer_tag
@@ -154,6 +163,8 @@ class Delivery(Event):
         self.routing_key = routing_key
         self.properties = properties
         self.body = body
+        #: Why the content header is malformed (see the module docstring), or ``None``.
+        self.malformed = malformed
 
     def __repr__(self) -> str:
         return (
@@ -171,6 +182,7 @@ class GetOk(Event):
         "channel_id",
         "delivery_tag",
         "exchange",
+        "malformed",
         "message_count",
         "properties",
         "redelivered",
@@ -187,6 +199,7 @@ class GetOk(Event):
         message_count: int,
         properties: BasicProperties,
         body: bytes,
+        malformed: str | None = None,
     ) -> None:
         self.channel_id = channel_id
         self.delivery_tag = delivery_tag
@@ -196,6 +209,8 @@ class GetOk(Event):
         self.message_count = message_count
         self.properties = properties
         self.body = body
+        #: Why the content header is malformed (see the module docstring), or ``None``.
+        self.malformed = malformed
 
 
 class Returned(Event):
@@ -209,6 +224,7 @@ class Returned(Event):
         "body",
         "channel_id",
         "exchange",
+        "malformed",
         "properties",
         "publish_tag",
         "reply_code",
@@ -226,6 +242,8 @@ class Returned(Event):
         properties: BasicProperties,
         body: bytes,
         publish_tag: int = 0,
+        *,
+        malformed: str | None = None,
     ) -> None:
         self.channel_id = channel_id
         self.reply_code = reply_code
@@ -235,6 +253,8 @@ class Returned(Event):
         self.properties = properties
         self.body = body
         self.publish_tag = publish_tag
+        #: Why the content header is malformed (see the module docstring), or ``None``.
+        self.malformed = malformed
 
     def __repr__(self) -> str:
         return (

@@ -24,11 +24,13 @@ from ._frames import FRAME_MAX_DEFAULT, FRAME_MIN_SIZE
 from ._properties import (
     EMPTY_PROPERTIES,
     BasicProperties,
+    _decode_properties,
     _encode_properties_into,
     _short_cache_get,
     cached_short_string,
     decode_properties,
 )
+from ._table import malformed_reason
 
 __all__ = [
     "BASIC_ACK",
@@ -45,6 +47,7 @@ __all__ = [
     "CONNECTION_CLOSE",
     "decode_ack",
     "decode_content_header",
+    "decode_content_header_lenient",
     "decode_deliver",
     "decode_get_ok",
     "decode_nack",
@@ -298,3 +301,24 @@ def decode_content_header(payload: bytes) -> tuple[int, int, BasicProperties]:
     if len(payload) == 14 and payload[12] == 0 and payload[13] == 0:
         return class_id, body_size, EMPTY_PROPERTIES
     return class_id, body_size, decode_properties(payload, 12)
+
+
+def decode_content_header_lenient(payload: bytes) -> tuple[int, int, BasicProperties, str | None]:
+    """A delivery's content header -> ``(class_id, body_size, properties, malformed)``.
+
+    As :func:`decode_content_header`, but properties and headers that are valid AMQP
+    and outside this codec's strict rules are let through, and ``malformed`` says what
+    (``None`` when nothing was): a short-string property or a table key that is not
+    UTF-8 is kept as ``bytes``, a table or array nested deeper than ``MAX_DEPTH`` becomes
+    ``NESTED_TOO_DEEP``, a timestamp no datetime can hold stays an ``int``.  Anything
+    else wrong (truncated, lengths that do not fit, an unknown field type, trailing
+    bytes) still raises :class:`ProtocolSyntaxError`.
+    """
+    if len(payload) < 14:
+        raise _syntax("content header is truncated")
+    class_id, _weight, body_size = _CONTENT_HEAD_FIXED.unpack_from(payload, 0)
+    if len(payload) == 14 and payload[12] == 0 and payload[13] == 0:
+        return class_id, body_size, EMPTY_PROPERTIES, None
+    notes: list[str] = []
+    props = _decode_properties(payload, 12, notes)
+    return class_id, body_size, props, malformed_reason(notes) if notes else None

@@ -40,6 +40,7 @@ __all__ = [
     "FRAME_MIN_SIZE",
     "FRAME_OVERHEAD",
     "HEARTBEAT_FRAME",
+    "MAX_INCOMING_CONTENT_HEADER",
     "PROTOCOL_HEADER",
     "FrameReader",
     "decode_method",
@@ -57,6 +58,16 @@ FRAME_MIN_SIZE: Final = 4096
 FRAME_MAX_DEFAULT: Final = 131072
 FRAME_OVERHEAD: Final = 8
 """Bytes a frame adds around its payload: 7 of header, 1 end octet."""
+MAX_INCOMING_CONTENT_HEADER: Final = 1 << 20
+"""The largest content header frame (1 MiB, frame header and end octet included) that
+:class:`~ojs_codec.AMQPConnection` reads from the broker when it is larger than the
+negotiated ``frame_max``.  RabbitMQ checks ``frame_max`` on what it receives, not on
+the content headers it sends: dead-lettering adds ``x-death`` to a header that fitted
+when it was published, and a publisher with a larger ``frame_max`` than ours may send
+more.  Such a delivery is read and flagged malformed rather than closing the
+connection.  The cap keeps a bound on what the reader buffers: 8 times RabbitMQ's
+default ``frame_max`` (131072), enough for a header published at that size plus
+thousands of ``x-death`` entries; beyond it the frame is a FRAME_ERROR, as before."""
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
@@ -94,7 +105,9 @@ class FrameReader:
 
     * A frame whose declared payload exceeds ``frame_max - 8`` raises
       :class:`FrameError` as soon as its 7-byte header has arrived, before its
-      payload is buffered.
+      payload is buffered.  ``content_header_max`` (0: none) lets content header frames
+      up to that size through even so (a client reading from the broker passes
+      :data:`MAX_INCOMING_CONTENT_HEADER`).
     * A bad end octet, an unknown frame type, or a heartbeat that is not on channel 0
       or carries a payload raises :class:`FrameError`.
     * ``AMQP`` + 4 bytes at the very start of the stream is the broker refusing our
@@ -102,13 +115,24 @@ class FrameReader:
     * After an error the reader is broken: every later call raises the same error.
 
     Memory: the buffer holds at most one incomplete frame plus the latest
-    :meth:`feed`.  Feeding again while a whole frame (``frame_max`` bytes or more) is
-    still undrained raises :class:`UsageError`.
+    :meth:`feed`.  Feeding again while a whole frame (``frame_max`` bytes or more, or
+    ``content_header_max`` when that is larger) is still undrained raises
+    :class:`UsageError`.
     """
 
-    __slots__ = ("_at_start", "_buf", "_error", "_frame_max", "_max_payload", "_pos", "_split")
+    __slots__ = (
+        "_at_start",
+        "_buf",
+        "_error",
+        "_frame_max",
+        "_header_max",
+        "_header_max_payload",
+        "_max_payload",
+        "_pos",
+        "_split",
+    )
 
-    def __init__(self, frame_max: int = FRAME_MAX_DEFAULT) -> None:
+    def __init__(self, frame_max: int = FRAME_MAX_DEFAULT, *, content_header_max: int = 0) -> None:
         # the loop of frames() that slices whole frames out of new data: C when
         # ojs_codec._speedups is loaded (codec/ojs_codec/_accel.py)
         self._split = _split_frames
@@ -116,8 +140,10 @@ class FrameReader:
         self._pos = 0
         self._at_start = True
         self._error: Exception | None = None
-        self._frame_max = frame_max
-        self._max_payload = _check_frame_max(frame_max) - FRAME_OVERHEAD
+        if content_header_max:
+            _check_frame_max(content_header_max)
+        self._header_max = content_header_max
+        self.frame_max = frame_max
 
     @property
     def frame_max(self) -> int:
@@ -127,6 +153,7 @@ class FrameReader:
     @frame_max.setter
     def frame_max(self, value: int) -> None:
         self._max_payload = _check_frame_max(value) - FRAME_OVERHEAD
+        self._header_max_payload = max(self._max_payload, self._header_max - FRAME_OVERHEAD)
         self._frame_max = value
 
     @property
@@ -187,7 +214,7 @@ class FrameReader:
             # once: nothing is consumed again until that frame is complete.
             del buf[:pos]
             self._pos = 0
-        if len(buf) >= self._max_payload + FRAME_OVERHEAD:
+        if len(buf) >= self._header_max_payload + FRAME_OVERHEAD:
             raise UsageError("FrameReader.feed() with a whole frame undrained: call next_frame() first")
         buf += data
 
@@ -211,12 +238,21 @@ class FrameReader:
             self._check_type(buf, pos)
             return None  # a protocol header may still be arriving
         if size > self._max_payload:
-            self._fail(
-                _frame_error(
-                    f"frame of {size + FRAME_OVERHEAD} bytes exceeds the negotiated "
-                    f"frame_max of {self._max_payload + FRAME_OVERHEAD}"
+            if frame_type != FRAME_HEADER or not self._header_max:
+                self._fail(
+                    _frame_error(
+                        f"frame of {size + FRAME_OVERHEAD} bytes exceeds the negotiated "
+                        f"frame_max of {self._max_payload + FRAME_OVERHEAD}"
+                    )
                 )
-            )
+            if size > self._header_max_payload:
+                self._fail(
+                    _frame_error(
+                        f"content header frame of {size + FRAME_OVERHEAD} bytes exceeds both the "
+                        f"negotiated frame_max of {self._max_payload + FRAME_OVERHEAD} and the "
+                        f"{self._header_max_payload + FRAME_OVERHEAD} bytes accepted for a content header"
+                    )
+                )
         end = pos + 7 + size
         if end >= len(buf):
             if pos:  # keep only the incomplete frame; it is moved at most once

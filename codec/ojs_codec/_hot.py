@@ -12,6 +12,7 @@ if SPEEDUPS:
         decode_ack,
         decode_array,
         decode_content_header,
+        decode_content_header_lenient,
         decode_deliver,
         decode_get_ok,
         decode_nack,
@@ -28,6 +29,7 @@ else:
     from ._fast import (
         decode_ack,
         decode_content_header,
+        decode_content_header_lenient,
         decode_deliver,
         decode_get_ok,
         decode_nack,
@@ -42,6 +44,7 @@ __all__ = [
     "decode_ack",
     "decode_array",
     "decode_content_header",
+    "decode_content_header_lenient",
     "decode_deliver",
     "decode_get_ok",
     "decode_nack",

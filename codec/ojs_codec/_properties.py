@@ -16,7 +16,11 @@ Other differences from pamqp:
 * ``delivery_mode`` and ``priority`` accept any octet (0..255); pamqp only allows a
   delivery mode of 1 or 2.
 * Decoding is strict: a truncated field, a short string that is not UTF-8, or bytes
-  left over after the last present field raise :class:`ProtocolSyntaxError`.
+  left over after the last present field raise :class:`ProtocolSyntaxError`.  A
+  delivery's content header is decoded leniently instead
+  (:func:`~ojs_codec.decode_content_header_lenient`): a short string that is not UTF-8
+  is kept as ``bytes``, a timestamp no datetime can hold as its ``int``, and the headers
+  follow :mod:`ojs_codec._table`'s lenient rules; each is noted.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ._table import (
     _decode_table,
     decode_timestamp,
     encode_table_into,
+    lenient_timestamp,
     timestamp_seconds,
 )
 
@@ -212,20 +217,35 @@ def _syntax(message: str) -> ProtocolSyntaxError:
     return ProtocolSyntaxError(message, remote=False)
 
 
-def _short(buf: bytes, pos: int, end: int, what: str) -> tuple[str, int]:
+def _not_utf8(raw: bytes, what: str, notes: list[str] | None) -> bytes:
+    """A short-string property that is not UTF-8: an error, or (lenient) its bytes."""
+    if notes is None:
+        raise _syntax(f"{what} is not UTF-8")
+    notes.append(f"{what} is not UTF-8")
+    return bytes(raw)
+
+
+def _short(buf: bytes, pos: int, end: int, what: str, notes: list[str] | None) -> tuple[Any, int]:
     if pos >= end:
         raise _syntax(f"{what} is truncated")
     stop = pos + 1 + buf[pos]
     if stop > end:
         raise _syntax(f"{what} runs past the end of the content header")
+    raw = buf[pos + 1 : stop]
     try:
-        return buf[pos + 1 : stop].decode("utf-8"), stop
+        return raw.decode("utf-8"), stop
     except UnicodeDecodeError:
-        raise _syntax(f"{what} is not UTF-8") from None
+        return _not_utf8(raw, what, notes), stop
 
 
 def decode_properties(buf: bytes, offset: int = 0) -> BasicProperties:
     """Decode property flags and fields from ``buf[offset:]`` to the end of ``buf``."""
+    return _decode_properties(buf, offset, None)
+
+
+def _decode_properties(buf: bytes, offset: int, notes: list[str] | None) -> BasicProperties:
+    """:func:`decode_properties`; with a ``notes`` list, leniently (the module docstring
+    says how), noting what was let through."""
     end = len(buf)
     pos = offset
     if pos < 0 or pos + 2 > end:
@@ -243,24 +263,42 @@ def decode_properties(buf: bytes, offset: int = 0) -> BasicProperties:
             raise _syntax("unexpected bytes after the content header properties")
         return EMPTY_PROPERTIES
 
-    content_type = content_encoding = correlation_id = reply_to = expiration = None
-    message_id = type_ = user_id = app_id = cluster_id = None
-    headers = delivery_mode = priority = timestamp = None
+    # Any: a lenient decode may leave bytes (or an int timestamp) in them.
+    content_type: Any = None
+    content_encoding: Any = None
+    correlation_id: Any = None
+    reply_to: Any = None
+    expiration: Any = None
+    message_id: Any = None
+    type_: Any = None
+    user_id: Any = None
+    app_id: Any = None
+    cluster_id: Any = None
+    headers = delivery_mode = priority = None
+    timestamp: Any = None
     try:
         if flags & FLAG_CONTENT_TYPE:
             stop = pos + 1 + buf[pos]
             if stop > end:
                 raise _syntax("content_type runs past the end of the content header")
-            content_type = buf[pos + 1 : stop].decode("utf-8")
+            raw = buf[pos + 1 : stop]
+            try:
+                content_type = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                content_type = _not_utf8(raw, "content_type", notes)
             pos = stop
         if flags & FLAG_CONTENT_ENCODING:
             stop = pos + 1 + buf[pos]
             if stop > end:
                 raise _syntax("content_encoding runs past the end of the content header")
-            content_encoding = buf[pos + 1 : stop].decode("utf-8")
+            raw = buf[pos + 1 : stop]
+            try:
+                content_encoding = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                content_encoding = _not_utf8(raw, "content_encoding", notes)
             pos = stop
         if flags & FLAG_HEADERS:
-            headers, pos = _decode_table(buf, pos, end, 1)
+            headers, pos = _decode_table(buf, pos, end, 1, notes)
         if flags & FLAG_DELIVERY_MODE:
             delivery_mode = buf[pos]
             pos += 1
@@ -268,38 +306,45 @@ def decode_properties(buf: bytes, offset: int = 0) -> BasicProperties:
             priority = buf[pos]
             pos += 1
         if flags & FLAG_CORRELATION_ID:
-            correlation_id, pos = _short(buf, pos, end, "correlation_id")
+            correlation_id, pos = _short(buf, pos, end, "correlation_id", notes)
         if flags & FLAG_REPLY_TO:
-            reply_to, pos = _short(buf, pos, end, "reply_to")
+            reply_to, pos = _short(buf, pos, end, "reply_to", notes)
         if flags & FLAG_EXPIRATION:
-            expiration, pos = _short(buf, pos, end, "expiration")
+            expiration, pos = _short(buf, pos, end, "expiration", notes)
         if flags & FLAG_MESSAGE_ID:
             stop = pos + 1 + buf[pos]
             if stop > end:
                 raise _syntax("message_id runs past the end of the content header")
-            message_id = buf[pos + 1 : stop].decode("utf-8")
+            raw = buf[pos + 1 : stop]
+            try:
+                message_id = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                message_id = _not_utf8(raw, "message_id", notes)
             pos = stop
         if flags & FLAG_TIMESTAMP:
             if pos + 8 > end:
                 raise _syntax("timestamp is truncated")
-            timestamp = decode_timestamp(_U64.unpack_from(buf, pos)[0])
+            seconds = _U64.unpack_from(buf, pos)[0]
+            timestamp = decode_timestamp(seconds) if notes is None else lenient_timestamp(seconds, notes)
             pos += 8
         if flags & FLAG_TYPE:
-            type_, pos = _short(buf, pos, end, "type")
+            type_, pos = _short(buf, pos, end, "type", notes)
         if flags & FLAG_USER_ID:
-            user_id, pos = _short(buf, pos, end, "user_id")
+            user_id, pos = _short(buf, pos, end, "user_id", notes)
         if flags & FLAG_APP_ID:
             stop = pos + 1 + buf[pos]
             if stop > end:
                 raise _syntax("app_id runs past the end of the content header")
-            app_id = buf[pos + 1 : stop].decode("utf-8")
+            raw = buf[pos + 1 : stop]
+            try:
+                app_id = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                app_id = _not_utf8(raw, "app_id", notes)
             pos = stop
         if flags & FLAG_CLUSTER_ID:
-            cluster_id, pos = _short(buf, pos, end, "cluster_id")
+            cluster_id, pos = _short(buf, pos, end, "cluster_id", notes)
     except IndexError:
         raise _syntax("content header properties are truncated") from None
-    except UnicodeDecodeError:
-        raise _syntax("a short-string property is not UTF-8") from None
     if pos != end:
         raise _syntax("unexpected bytes after the content header properties")
     return BasicProperties(

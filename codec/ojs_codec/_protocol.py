@@ -62,7 +62,9 @@ from ._frames import (
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    FRAME_OVERHEAD,
     HEARTBEAT_FRAME,
+    MAX_INCOMING_CONTENT_HEADER,
     PROTOCOL_HEADER,
     FrameReader,
     decode_method,
@@ -280,6 +282,7 @@ class _Channel:
         "crossed",
         "early_acked",
         "id",
+        "malformed",
         "mandatory_pending",
         "next_publish_tag",
         "properties",
@@ -297,6 +300,7 @@ class _Channel:
         self.content_kind = _NO_CONTENT
         self.content_fields: tuple[Any, ...] = ()
         self.properties: BasicProperties | None = None
+        self.malformed: str | None = None
         self.body_size = 0
         self.body_received = 0
         self.body_parts: list[bytes] = []
@@ -318,7 +322,10 @@ class AMQPConnection:
     def __init__(self, parameters: ConnectionParameters | None = None) -> None:
         self.parameters = parameters or ConnectionParameters()
         self.state = ConnectionState.INITIAL
-        self._reader = FrameReader(frame_max=max(self.parameters.frame_max, 4096) or 131072)
+        self._reader = FrameReader(
+            frame_max=max(self.parameters.frame_max, 4096) or 131072,
+            content_header_max=MAX_INCOMING_CONTENT_HEADER,
+        )
         self._out = bytearray()
         #: The bytes queued for the peer, the same buffer ``data_to_send()`` drains.  Read
         #: ``len(outbound)`` to size a batch; never modify it (the codec appends to it).
@@ -817,10 +824,29 @@ class AMQPConnection:
             return None
         body = content[2]
         fields = _hot.decode_deliver(payload)
-        _class_id, body_size, props = _hot.decode_content_header(head[2])
+        body_size, props, malformed = self._content_header(head[2])
         if body_size != len(body) or body_size == 0 or body_size > self._max_message:
             return None
-        return Delivery(channel_id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body)
+        return Delivery(
+            channel_id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body, malformed
+        )
+
+    def _content_header(self, payload: bytes) -> tuple[int, BasicProperties, str | None]:
+        """``(body_size, properties, malformed)`` of a content header from the broker.
+
+        Decoded leniently (``decode_content_header_lenient``): what is valid AMQP but
+        outside our strict rules is let through and named in ``malformed``, and so is a
+        header larger than ``frame_max`` (the reader lets those through up to
+        ``MAX_INCOMING_CONTENT_HEADER``), which could not be published again as it is."""
+        _class_id, body_size, props, malformed = _hot.decode_content_header_lenient(payload)
+        size = len(payload) + FRAME_OVERHEAD
+        if size > self.frame_max:
+            too_large = (
+                f"content header of {size} bytes is larger than frame_max ({self.frame_max}): "
+                "it cannot be published again as it is"
+            )
+            malformed = too_large if malformed is None else f"{too_large}; {malformed}"
+        return body_size, props, malformed
 
     def _on_channel_method(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
         mid = _U32.unpack_from(payload)[0]
@@ -884,7 +910,7 @@ class AMQPConnection:
     def _on_content_header(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
         if ch.content_kind == _NO_CONTENT or ch.properties is not None:
             raise UnexpectedFrame(f"content header on channel {ch.id} without a content method", remote=False)
-        _class_id, body_size, props = _hot.decode_content_header(payload)
+        body_size, props, ch.malformed = self._content_header(payload)
         if body_size > self._max_message:
             raise FrameError(
                 f"message body of {body_size} bytes on channel {ch.id} exceeds max_message_size="
@@ -921,17 +947,25 @@ class AMQPConnection:
         fields = ch.content_fields
         props = ch.properties
         assert props is not None
+        malformed = ch.malformed
         ch.content_kind = _NO_CONTENT
         ch.properties = None
+        ch.malformed = None
         ch.body_received = 0
         if kind == _DISCARD or ch.state is not ChannelState.OPEN:
             return  # the channel is closing: nobody can use (or settle) this message
         if kind == _DELIVER:
-            events.append(Delivery(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body))
+            events.append(
+                Delivery(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body, malformed)
+            )
         elif kind == _GET_OK:
-            events.append(GetOk(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body))
+            events.append(
+                GetOk(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body, malformed)
+            )
         else:
-            returned = Returned(ch.id, fields[0], fields[1], fields[2], fields[3], props, body)
+            returned = Returned(
+                ch.id, fields[0], fields[1], fields[2], fields[3], props, body, malformed=malformed
+            )
             if ch.confirm_mode:
                 tag = self._match_return(ch, returned)
                 if tag:

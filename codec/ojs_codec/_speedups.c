@@ -50,6 +50,9 @@ static PyObject *Decimal;                /* decimal.Decimal */
 static PyObject *dec_context;            /* ojs_codec._table._DEC_CONTEXT */
 static PyObject *str_scaleb;             /* "scaleb" */
 static long MAX_DEPTH;                   /* ojs_codec._table.MAX_DEPTH */
+static PyObject *NESTED_TOO_DEEP;        /* ojs_codec._table.NESTED_TOO_DEEP */
+static PyObject *py_lenient_timestamp;   /* ojs_codec._table.lenient_timestamp(seconds, notes) */
+static PyObject *py_malformed_reason;    /* ojs_codec._table.malformed_reason(notes) */
 
 /* BasicProperties: its 14 fields in wire (flag) order; field i has flag 0x8000 >> i. */
 #define N_FIELDS 14
@@ -84,6 +87,7 @@ static Pure PURE_DECODE_ACK = {"ojs_codec._fast", "decode_ack", NULL};
 static Pure PURE_DECODE_NACK = {"ojs_codec._fast", "decode_nack", NULL};
 static Pure PURE_DECODE_REJECT = {"ojs_codec._fast", "decode_reject", NULL};
 static Pure PURE_DECODE_CONTENT_HEADER = {"ojs_codec._fast", "decode_content_header", NULL};
+static Pure PURE_DECODE_CONTENT_HEADER_LENIENT = {"ojs_codec._fast", "decode_content_header_lenient", NULL};
 static Pure PURE_ENCODE_PROPERTIES = {"ojs_codec._properties", "encode_properties", NULL};
 static Pure PURE_DECODE_PROPERTIES = {"ojs_codec._properties", "decode_properties", NULL};
 static Pure PURE_ENCODE_TABLE = {"ojs_codec._table", "encode_table", NULL};
@@ -1384,14 +1388,69 @@ decode_timestamp(uint64_t seconds)
     return result;
 }
 
+/* _table.lenient_timestamp: the cache, else the Python function (which keeps a value no
+ * datetime can hold as its int, and notes it). */
+static PyObject *
+lenient_timestamp(uint64_t seconds, PyObject *notes)
+{
+    if (last_timestamp != NULL && seconds == last_seconds) {
+        return Py_NewRef(last_timestamp);
+    }
+    PyObject *arg = PyLong_FromUnsignedLongLong(seconds);
+    if (arg == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_CallFunctionObjArgs(py_lenient_timestamp, arg, notes, NULL);
+    Py_DECREF(arg);
+    if (result != NULL && !PyLong_CheckExact(result)) {
+        Py_XSETREF(last_timestamp, Py_NewRef(result));
+        last_seconds = seconds;
+    }
+    return result;
+}
+
+/* Append `text` (a new reference, or NULL after an error) to the list `notes`. */
+static int
+note(PyObject *notes, PyObject *text)
+{
+    if (text == NULL) {
+        return -1;
+    }
+    int rc = PyList_Append(notes, text);
+    Py_DECREF(text);
+    return rc;
+}
+
 /* The decoders below follow _table.py statement by statement: `buf` has `size` bytes,
  * `limit` is the end of the enclosing table, array or buffer, and on success *next is
- * the offset after what was decoded. */
+ * the offset after what was decoded.  `notes`: NULL decodes strictly; a list decodes a
+ * delivery's header leniently, as the Python functions do with their `notes` list. */
 
 static PyObject *dec_table(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t limit,
-                           long depth, Py_ssize_t *next);
+                           long depth, Py_ssize_t *next, PyObject *notes);
 static PyObject *dec_array(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t limit,
-                           long depth, Py_ssize_t *next);
+                           long depth, Py_ssize_t *next, PyObject *notes);
+
+/* _table._skip_too_deep: a table or array that would nest deeper than MAX_DEPTH, skipped
+ * (lenient only). */
+static PyObject *
+skip_too_deep(const unsigned char *buf, unsigned char kind, Py_ssize_t pos, Py_ssize_t end, PyObject *notes,
+              Py_ssize_t *next)
+{
+    const char *what = kind == 'F' ? "table" : "array";
+    if (pos + 4 > end) {
+        return syntax("field %s length is truncated", what);
+    }
+    Py_ssize_t stop = pos + 4 + (Py_ssize_t)rd32(buf + pos);
+    if (stop > end) {
+        return syntax("field %s is longer than its buffer", what);
+    }
+    if (note(notes, PyUnicode_FromFormat("header tables and arrays nest deeper than %ld levels", MAX_DEPTH)) < 0) {
+        return NULL;
+    }
+    *next = stop;
+    return Py_NewRef(NESTED_TOO_DEEP);
+}
 
 /* The long string at buf[start:stop]: str if it is UTF-8, else bytes. */
 static PyObject *
@@ -1407,7 +1466,7 @@ long_string(const unsigned char *buf, Py_ssize_t start, Py_ssize_t stop)
 /* _table._decode_value: one value of type `kind` whose data starts at `pos`. */
 static PyObject *
 dec_value(const unsigned char *buf, Py_ssize_t size, unsigned char kind, Py_ssize_t pos, Py_ssize_t end,
-          long depth, Py_ssize_t *next)
+          long depth, Py_ssize_t *next, PyObject *notes)
 {
     Py_ssize_t fixed;
     switch (kind) {
@@ -1441,7 +1500,7 @@ dec_value(const unsigned char *buf, Py_ssize_t size, unsigned char kind, Py_ssiz
             double v = PyFloat_Unpack8((const char *)p, 0);
             return v == -1.0 && PyErr_Occurred() ? NULL : PyFloat_FromDouble(v);
         }
-        case 'T': return decode_timestamp(rd64(p));
+        case 'T': return notes != NULL ? lenient_timestamp(rd64(p), notes) : decode_timestamp(rd64(p));
         default: { /* 'D': Decimal(mantissa).scaleb(-scale, _DEC_CONTEXT) */
             PyObject *mantissa = PyLong_FromLong((int32_t)rd32(p + 1));
             if (mantissa == NULL) {
@@ -1476,11 +1535,14 @@ dec_value(const unsigned char *buf, Py_ssize_t size, unsigned char kind, Py_ssiz
         }
         return long_string(buf, start, stop);
     }
-    if (kind == 'F') {
-        return dec_table(buf, size, pos, end, depth + 1, next);
-    }
-    if (kind == 'A') {
-        return dec_array(buf, size, pos, end, depth + 1, next);
+    if (kind == 'F' || kind == 'A') {
+        if (depth >= MAX_DEPTH && notes != NULL) {
+            return skip_too_deep(buf, kind, pos, end, notes, next);
+        }
+        if (kind == 'F') {
+            return dec_table(buf, size, pos, end, depth + 1, next, notes);
+        }
+        return dec_array(buf, size, pos, end, depth + 1, next, notes);
     }
     if (kind == 'V' || kind == 0) {
         *next = pos;
@@ -1498,7 +1560,7 @@ dec_value(const unsigned char *buf, Py_ssize_t size, unsigned char kind, Py_ssiz
 /* _table._decode_table */
 static PyObject *
 dec_table(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t limit, long depth,
-          Py_ssize_t *next)
+          Py_ssize_t *next, PyObject *notes)
 {
     if (depth > MAX_DEPTH) {
         return syntax("field tables and arrays nest deeper than %ld levels", MAX_DEPTH);
@@ -1524,10 +1586,21 @@ dec_table(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t 
         }
         PyObject *key = decode_str(buf + key_start, pos - key_start, CACHE_KEYS);
         if (key == NULL) {
-            if (not_utf8()) {
-                syntax("field table key is not UTF-8");
+            if (!not_utf8()) {
+                goto error;
             }
-            goto error;
+            if (notes == NULL) {
+                syntax("field table key is not UTF-8");
+                goto error;
+            }
+            key = PyBytes_FromStringAndSize((const char *)buf + key_start, pos - key_start);
+            if (key == NULL) {
+                goto error;
+            }
+            if (note(notes, PyUnicode_FromFormat("header table key %R is not UTF-8", key)) < 0) {
+                Py_DECREF(key);
+                goto error;
+            }
         }
         unsigned char kind = buf[pos];
         PyObject *value;
@@ -1549,7 +1622,7 @@ dec_table(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t 
                               : PyLong_FromLong((int8_t)buf[pos - 1]);
         }
         else {
-            value = dec_value(buf, size, kind, pos + 1, end, depth, &pos);
+            value = dec_value(buf, size, kind, pos + 1, end, depth, &pos, notes);
         }
         if (value == NULL) {
             Py_DECREF(key);
@@ -1572,7 +1645,7 @@ error:
 /* _table._decode_array */
 static PyObject *
 dec_array(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t limit, long depth,
-          Py_ssize_t *next)
+          Py_ssize_t *next, PyObject *notes)
 {
     if (depth > MAX_DEPTH) {
         return syntax("field tables and arrays nest deeper than %ld levels", MAX_DEPTH);
@@ -1591,7 +1664,7 @@ dec_array(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t 
     }
     while (pos < end) {
         unsigned char kind = buf[pos];
-        PyObject *value = dec_value(buf, size, kind, pos + 1, end, depth, &pos);
+        PyObject *value = dec_value(buf, size, kind, pos + 1, end, depth, &pos, notes);
         if (value == NULL) {
             Py_DECREF(result);
             return NULL;
@@ -1607,12 +1680,13 @@ dec_array(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t 
     return result;
 }
 
-/* A short-string property at *pos.  `inline_style`: the error messages of the fields
+/* A short-string property at *pos.  `inline_style`: the truncation message of the fields
  * decode_properties() decodes inline (content_type, content_encoding, message_id,
- * app_id); otherwise those of its _short() helper. */
+ * app_id); otherwise that of its _short() helper.  Not UTF-8: an error, or (lenient,
+ * `notes` a list) its bytes, noted, as _properties._not_utf8. */
 static PyObject *
 dec_short_property(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int i, int inline_style,
-                   Py_ssize_t cache_limit)
+                   Py_ssize_t cache_limit, PyObject *notes)
 {
     const char *name = FIELD_NAMES[i];
     if (*pos >= end) {
@@ -1625,11 +1699,17 @@ dec_short_property(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, in
     }
     PyObject *value = decode_str(buf + *pos + 1, stop - *pos - 1, cache_limit);
     if (value == NULL) {
-        if (not_utf8()) {
-            return inline_style ? syntax("a short-string property is not UTF-8")
-                                : syntax("%s is not UTF-8", name);
+        if (!not_utf8()) {
+            return NULL;
         }
-        return NULL;
+        if (notes == NULL) {
+            return syntax("%s is not UTF-8", name);
+        }
+        value = PyBytes_FromStringAndSize((const char *)buf + *pos + 1, stop - *pos - 1);
+        if (value == NULL || note(notes, PyUnicode_FromFormat("%s is not UTF-8", name)) < 0) {
+            Py_XDECREF(value);
+            return NULL;
+        }
     }
     *pos = stop;
     return value;
@@ -1672,7 +1752,7 @@ done:
 
 /* _properties.decode_properties: the fields from buf[pos:] to buf[end]. */
 static PyObject *
-dec_properties(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos)
+dec_properties(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos, PyObject *notes)
 {
     if (pos < 0 || pos + 2 > end) {
         return syntax("content header property flags are truncated");
@@ -1704,16 +1784,16 @@ dec_properties(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos)
         case F_CONTENT_TYPE:
         case F_CONTENT_ENCODING:
         case F_APP_ID:
-            v = dec_short_property(buf, &pos, end, i, 1, CACHE_KEYS);
+            v = dec_short_property(buf, &pos, end, i, 1, CACHE_KEYS, notes);
             break;
         case F_MESSAGE_ID: /* ids are unique: not cached */
-            v = dec_short_property(buf, &pos, end, i, 1, 0);
+            v = dec_short_property(buf, &pos, end, i, 1, 0, notes);
             break;
         case F_CORRELATION_ID:
-            v = dec_short_property(buf, &pos, end, i, 0, 0);
+            v = dec_short_property(buf, &pos, end, i, 0, 0, notes);
             break;
         case F_HEADERS:
-            v = dec_table(buf, end, pos, end, 1, &pos);
+            v = dec_table(buf, end, pos, end, 1, &pos, notes);
             break;
         case F_DELIVERY_MODE:
         case F_PRIORITY:
@@ -1728,11 +1808,11 @@ dec_properties(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos)
                 v = syntax("timestamp is truncated");
                 break;
             }
-            v = decode_timestamp(rd64(buf + pos));
+            v = notes != NULL ? lenient_timestamp(rd64(buf + pos), notes) : decode_timestamp(rd64(buf + pos));
             pos += 8;
             break;
         default:
-            v = dec_short_property(buf, &pos, end, i, 0, CACHE_KEYS);
+            v = dec_short_property(buf, &pos, end, i, 0, CACHE_KEYS, notes);
             break;
         }
         if (v == NULL) {
@@ -1789,7 +1869,7 @@ decode_properties(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyO
         !offset_arg(a[1], &offset)) {
         return bail(&PURE_DECODE_PROPERTIES, args, nargs, kwnames);
     }
-    return dec_properties((const unsigned char *)PyBytes_AS_STRING(a[0]), PyBytes_GET_SIZE(a[0]), offset);
+    return dec_properties((const unsigned char *)PyBytes_AS_STRING(a[0]), PyBytes_GET_SIZE(a[0]), offset, NULL);
 }
 
 /* (value, end) for decode_table / decode_array. */
@@ -1826,7 +1906,7 @@ decode_table(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
         return bail(&PURE_DECODE_TABLE, args, nargs, kwnames);
     }
     Py_ssize_t size = PyBytes_GET_SIZE(a[0]);
-    PyObject *table = dec_table((const unsigned char *)PyBytes_AS_STRING(a[0]), size, offset, size, 1, &end);
+    PyObject *table = dec_table((const unsigned char *)PyBytes_AS_STRING(a[0]), size, offset, size, 1, &end, NULL);
     return with_end(table, end);
 }
 
@@ -1845,7 +1925,7 @@ decode_array(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
         return bail(&PURE_DECODE_ARRAY, args, nargs, kwnames);
     }
     Py_ssize_t size = PyBytes_GET_SIZE(a[0]);
-    PyObject *array = dec_array((const unsigned char *)PyBytes_AS_STRING(a[0]), size, offset, size, 1, &end);
+    PyObject *array = dec_array((const unsigned char *)PyBytes_AS_STRING(a[0]), size, offset, size, 1, &end, NULL);
     return with_end(array, end);
 }
 
@@ -2156,36 +2236,74 @@ decode_reject(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObjec
     return decode_tag_bits(args, nargs, kwnames, &PURE_DECODE_REJECT, METHOD_ID(60, 90), "Basic.Reject", 0);
 }
 
-PyDoc_STRVAR(decode_content_header_doc,
-"decode_content_header($module, /, payload)\n--\n\n"
-"A content header frame payload -> (class_id, body_size, properties).");
-
-/* _fast.decode_content_header */
+/* _fast.decode_content_header, and with `lenient` _fast.decode_content_header_lenient. */
 static PyObject *
-decode_content_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+content_header(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int lenient)
 {
     PyObject *payload = payload_arg(args, nargs, kwnames);
     if (payload == NULL) {
-        return bail(&PURE_DECODE_CONTENT_HEADER, args, nargs, kwnames);
+        return bail(lenient ? &PURE_DECODE_CONTENT_HEADER_LENIENT : &PURE_DECODE_CONTENT_HEADER, args, nargs,
+                    kwnames);
     }
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(payload);
     Py_ssize_t len = PyBytes_GET_SIZE(payload);
     if (len < 14) {
         return syntax("content header is truncated");
     }
-    PyObject *items[3] = {PyLong_FromLong(rd16(p)), PyLong_FromUnsignedLongLong(rd64(p + 4)), NULL};
+    PyObject *items[4] = {PyLong_FromLong(rd16(p)), PyLong_FromUnsignedLongLong(rd64(p + 4)), NULL, NULL};
     if (items[0] == NULL || items[1] == NULL) {
         Py_XDECREF(items[0]);
         Py_XDECREF(items[1]);
         return NULL;
     }
-    items[2] = len == 14 && p[12] == 0 && p[13] == 0 ? Py_NewRef(EMPTY_PROPERTIES) : dec_properties(p, len, 12);
+    if (len == 14 && p[12] == 0 && p[13] == 0) {
+        items[2] = Py_NewRef(EMPTY_PROPERTIES);
+        items[3] = Py_NewRef(Py_None);
+    }
+    else if (!lenient) {
+        items[2] = dec_properties(p, len, 12, NULL);
+    }
+    else {
+        PyObject *notes = PyList_New(0);
+        items[2] = notes == NULL ? NULL : dec_properties(p, len, 12, notes);
+        if (items[2] != NULL) {
+            items[3] = PyList_GET_SIZE(notes) ? PyObject_CallOneArg(py_malformed_reason, notes) : Py_NewRef(Py_None);
+            if (items[3] == NULL) {
+                Py_CLEAR(items[2]);
+            }
+        }
+        Py_XDECREF(notes);
+    }
     if (items[2] == NULL) {
         Py_DECREF(items[0]);
         Py_DECREF(items[1]);
         return NULL;
     }
-    return tuple_of(3, items);
+    if (!lenient) {
+        Py_XDECREF(items[3]);
+    }
+    return tuple_of(lenient ? 4 : 3, items);
+}
+
+PyDoc_STRVAR(decode_content_header_doc,
+"decode_content_header($module, /, payload)\n--\n\n"
+"A content header frame payload -> (class_id, body_size, properties).");
+
+static PyObject *
+decode_content_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return content_header(args, nargs, kwnames, 0);
+}
+
+PyDoc_STRVAR(decode_content_header_lenient_doc,
+"decode_content_header_lenient($module, /, payload)\n--\n\n"
+"A delivery's content header -> (class_id, body_size, properties, malformed): what is valid\n"
+"AMQP but outside the strict rules is let through, and malformed says what (or is None).");
+
+static PyObject *
+decode_content_header_lenient(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return content_header(args, nargs, kwnames, 1);
 }
 
 /* --- frames (_frames.FrameReader.frames) --------------------------------------------- */
@@ -2254,6 +2372,7 @@ static PyMethodDef methods[] = {
     FASTCALL_KW(encode_properties),
     FASTCALL_KW(decode_properties),
     FASTCALL_KW(decode_content_header),
+    FASTCALL_KW(decode_content_header_lenient),
     FASTCALL_KW(decode_deliver),
     FASTCALL_KW(decode_return),
     FASTCALL_KW(decode_get_ok),
@@ -2353,6 +2472,9 @@ PyInit__speedups(void)
         attr(table, "decode_timestamp", &py_decode_timestamp) < 0 ||
         attr(table, "_DEC_CONTEXT", &dec_context) < 0 || attr(table, "_T_LEN", &t_len) < 0 ||
         attr(t_len, "pack", &py_t_len_pack) < 0 || attr(table, "MAX_DEPTH", &depth) < 0 ||
+        attr(table, "NESTED_TOO_DEEP", &NESTED_TOO_DEEP) < 0 ||
+        attr(table, "lenient_timestamp", &py_lenient_timestamp) < 0 ||
+        attr(table, "malformed_reason", &py_malformed_reason) < 0 ||
         attr(properties, "BasicProperties", &BasicProperties) < 0 ||
         attr(properties, "EMPTY_PROPERTIES", &EMPTY_PROPERTIES) < 0 ||
         attr(properties, "_octet", &py_octet) < 0 ||

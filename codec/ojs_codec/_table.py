@@ -43,6 +43,11 @@ Deliberate differences from pamqp (each has a test):
   truncates short strings silently; we raise :class:`ProtocolSyntaxError` whenever a
   length does not fit its buffer or enclosing table, a key is not UTF-8, a type is
   unknown, or tables/arrays nest deeper than :data:`MAX_DEPTH`.
+* **Except in a delivery's headers** (``decode_content_header_lenient``): there a key
+  that is not UTF-8 is kept as ``bytes``, a table or array nested deeper than
+  :data:`MAX_DEPTH` is replaced by :data:`NESTED_TOO_DEEP` (its bytes skipped, not
+  decoded) and a timestamp no datetime can hold is kept as its ``int``; each is noted,
+  and :func:`malformed_reason` words the notes.  Everything else stays an error.
 
 Encoding errors (a value of an unsupported type, an integer out of range, a string
 too long) raise :class:`UsageError`: nothing has been sent.
@@ -62,6 +67,7 @@ from ._errors import ProtocolSyntaxError, UsageError
 
 __all__ = [
     "MAX_DEPTH",
+    "NESTED_TOO_DEEP",
     "Float32",
     "Int8",
     "Int16",
@@ -75,12 +81,31 @@ __all__ = [
     "decode_table",
     "encode_array",
     "encode_table",
+    "malformed_reason",
 ]
 
 MAX_DEPTH = 64
 """How deeply tables and arrays may nest (a table inside a table is depth 2)."""
 
 _UTC = datetime.UTC
+
+
+class _NestedTooDeep:
+    """The type of :data:`NESTED_TOO_DEEP` (one instance)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<nested deeper than {MAX_DEPTH} levels>"
+
+    def __reduce__(self) -> str:
+        return "NESTED_TOO_DEEP"
+
+
+NESTED_TOO_DEEP: Any = _NestedTooDeep()
+"""What a lenient decode puts in place of a table or array nested deeper than
+:data:`MAX_DEPTH` (see :func:`~ojs_codec.decode_content_header_lenient`).  It cannot be
+encoded: a message holding it cannot be republished as it is."""
 
 # --- precompiled structs -----------------------------------------------------
 
@@ -519,7 +544,11 @@ def decode_array(buf: bytes, offset: int = 0) -> tuple[list[Any], int]:
         raise _syntax(f"malformed field array: {exc}") from None
 
 
-def _decode_table(buf: bytes, pos: int, limit: int, depth: int) -> tuple[dict[str, Any], int]:
+def _decode_table(
+    buf: bytes, pos: int, limit: int, depth: int, notes: list[str] | None = None
+) -> tuple[dict[Any, Any], int]:
+    """The table at ``buf[pos]``.  ``notes``: ``None`` is strict; a list makes the decode
+    lenient (see the module docstring) and collects what was let through."""
     if depth > MAX_DEPTH:
         raise _syntax(f"field tables and arrays nest deeper than {MAX_DEPTH} levels")
     if pos < 0 or pos + 4 > limit:
@@ -528,14 +557,21 @@ def _decode_table(buf: bytes, pos: int, limit: int, depth: int) -> tuple[dict[st
     if end > limit:
         raise _syntax("field table is longer than its buffer")
     pos += 4
-    result: dict[str, Any] = {}
+    result: dict[Any, Any] = {}
     try:
         while pos < end:
             key_start = pos + 1
             pos = key_start + buf[pos]  # now at the type octet
             if pos >= end:
                 raise _syntax("field table key runs past the end of the table")
-            key = buf[key_start:pos].decode("utf-8")
+            raw_key = buf[key_start:pos]
+            try:
+                key: Any = raw_key.decode("utf-8")
+            except UnicodeDecodeError:
+                if notes is None:
+                    raise _syntax("field table key is not UTF-8") from None
+                key = bytes(raw_key)
+                notes.append(f"header table key {key!r} is not UTF-8")
             kind = buf[pos]
             # Inline the two most common header value types.
             if kind == 0x53:  # 'S'
@@ -555,15 +591,15 @@ def _decode_table(buf: bytes, pos: int, limit: int, depth: int) -> tuple[dict[st
                 octet = buf[pos - 1]
                 result[key] = octet - 256 if octet > 127 else octet
             else:
-                result[key], pos = _decode_value(buf, kind, pos + 1, end, depth)
-    except UnicodeDecodeError:
-        raise _syntax("field table key is not UTF-8") from None
+                result[key], pos = _decode_value(buf, kind, pos + 1, end, depth, notes)
     except (IndexError, struct.error):
         raise _syntax("field table is truncated") from None
     return result, end
 
 
-def _decode_array(buf: bytes, pos: int, limit: int, depth: int) -> tuple[list[Any], int]:
+def _decode_array(
+    buf: bytes, pos: int, limit: int, depth: int, notes: list[str] | None = None
+) -> tuple[list[Any], int]:
     if depth > MAX_DEPTH:
         raise _syntax(f"field tables and arrays nest deeper than {MAX_DEPTH} levels")
     if pos < 0 or pos + 4 > limit:
@@ -576,9 +612,45 @@ def _decode_array(buf: bytes, pos: int, limit: int, depth: int) -> tuple[list[An
     append = result.append
     while pos < end:
         kind = buf[pos]
-        value, pos = _decode_value(buf, kind, pos + 1, end, depth)
+        value, pos = _decode_value(buf, kind, pos + 1, end, depth, notes)
         append(value)
     return result, end
+
+
+def _skip_too_deep(buf: bytes, kind: int, pos: int, end: int, notes: list[str]) -> tuple[Any, int]:
+    """Lenient: the table or array at ``buf[pos]`` would nest deeper than
+    :data:`MAX_DEPTH`.  Its length is checked, its bytes are skipped, and
+    :data:`NESTED_TOO_DEEP` stands in for it."""
+    what = "table" if kind == 0x46 else "array"
+    if pos + 4 > end:
+        raise _syntax(f"field {what} length is truncated")
+    stop = pos + 4 + _u32_from(buf, pos)[0]
+    if stop > end:
+        raise _syntax(f"field {what} is longer than its buffer")
+    notes.append(f"header tables and arrays nest deeper than {MAX_DEPTH} levels")
+    return NESTED_TOO_DEEP, stop
+
+
+def lenient_timestamp(seconds: int, notes: list[str]) -> datetime.datetime | int:
+    """:func:`decode_timestamp`, but a value no datetime can hold is kept as its ``int``
+    and noted."""
+    try:
+        return decode_timestamp(seconds)
+    except ProtocolSyntaxError:
+        notes.append(f"timestamp {seconds} is out of range")
+        return seconds
+
+
+def malformed_reason(notes: list[str]) -> str | None:
+    """What a lenient decode let through, in one line (``None`` when nothing): the first
+    three different notes, and how many others there were."""
+    if not notes:
+        return None
+    distinct = list(dict.fromkeys(notes))
+    reason = "; ".join(distinct[:3])
+    if len(distinct) > 3:
+        reason += f"; and {len(distinct) - 3} more"
+    return reason
 
 
 _last_timestamp: tuple[int, datetime.datetime] = (0, datetime.datetime.fromtimestamp(0, tz=_UTC))
@@ -632,8 +704,11 @@ _FIXED_STRUCT: dict[int, struct.Struct] = {
 }
 
 
-def _decode_value(buf: bytes, kind: int, pos: int, end: int, depth: int) -> tuple[Any, int]:
-    """Decode one value of type ``kind`` whose data starts at ``pos`` (before ``end``)."""
+def _decode_value(
+    buf: bytes, kind: int, pos: int, end: int, depth: int, notes: list[str] | None = None
+) -> tuple[Any, int]:
+    """Decode one value of type ``kind`` whose data starts at ``pos`` (before ``end``);
+    ``notes`` as for :func:`_decode_table`."""
     size = _FIXED_SIZE.get(kind)
     if size is not None:
         value_end = pos + size
@@ -645,6 +720,8 @@ def _decode_value(buf: bytes, kind: int, pos: int, end: int, depth: int) -> tupl
         if kind == 0x74:  # t
             return buf[pos] != 0, value_end
         if kind == 0x54:  # T
+            if notes is not None:
+                return lenient_timestamp(_U64.unpack_from(buf, pos)[0], notes), value_end
             return decode_timestamp(_U64.unpack_from(buf, pos)[0]), value_end
         # D: an unsigned scale octet, then a signed 32-bit mantissa
         scale = buf[pos]
@@ -664,10 +741,12 @@ def _decode_value(buf: bytes, kind: int, pos: int, end: int, depth: int) -> tupl
             return raw.decode("utf-8"), value_end
         except UnicodeDecodeError:
             return bytes(raw), value_end
-    if kind == 0x46:  # F
-        return _decode_table(buf, pos, end, depth + 1)
-    if kind == 0x41:  # A
-        return _decode_array(buf, pos, end, depth + 1)
+    if kind == 0x46 or kind == 0x41:  # F, A
+        if depth >= MAX_DEPTH and notes is not None:
+            return _skip_too_deep(buf, kind, pos, end, notes)
+        if kind == 0x46:
+            return _decode_table(buf, pos, end, depth + 1, notes)
+        return _decode_array(buf, pos, end, depth + 1, notes)
     if kind == 0x56 or kind == 0x00:  # V, and NUL as pamqp accepts
         return None, pos
     raise _syntax(f"unknown field type {bytes([kind])!r}")

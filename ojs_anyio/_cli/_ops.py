@@ -27,7 +27,6 @@ from ..jobs import (
     dlx_queue_arguments,
     exchanges,
     job_queue_arguments,
-    requeue_properties,
     retry_queue_arguments,
 )
 from ._app import load_object
@@ -251,10 +250,11 @@ def _dead_row(msg: amqp.IncomingMessage, now: datetime) -> dict[str, Any]:
     when = died_at(props)
     attempt = headers.get("x-ojs-attempt")
     return {
-        "id": props.message_id,
-        "type": props.type,
+        "id": amqp.property_text(props.message_id),
+        "type": amqp.property_text(props.type),
         "attempt": attempt if isinstance(attempt, int) else None,
-        "reason": death_reason(props),
+        "reason": death_reason(props) if msg.malformed is None else f"malformed message: {msg.malformed}",
+        "malformed": msg.malformed,
         "died_at": when.isoformat() if when else None,
         "age_seconds": None if when is None else round((now - when).total_seconds(), 3),
     }
@@ -308,8 +308,10 @@ async def cmd_dlq_requeue(args: Any) -> int:
                     args.yes,
                 )
             moved, scanned = 0, 0
+            malformed: list[str] = []
             wanted = set(ids)
             progress = Progress(len(ids) if ids else total, "requeue", enabled=not args.json)
+            dead = client.dead_letters(args.queue)
             async with client.conn.channel(confirms=True) as ch:
                 held: list[amqp.IncomingMessage] = []
                 try:
@@ -320,20 +322,19 @@ async def cmd_dlq_requeue(args: Any) -> int:
                         if msg is None:
                             break
                         scanned += 1
-                        job_id = msg.properties.message_id
+                        job_id = amqp.property_text(msg.properties.message_id)
                         if not args.all and job_id not in wanted:
                             held.append(msg)  # not ours: kept unacked, put back at the end
                             continue
+                        if msg.malformed is not None:
+                            # It cannot be published again as it is, and the worker would
+                            # only dead-letter it again: it stays in the DLQ.
+                            held.append(msg)
+                            malformed.append(job_id or "-")
+                            wanted.discard(job_id or "")
+                            continue
                         try:
-                            await ch.publish(
-                                msg.body,
-                                exchange=names.direct_exchange,
-                                routing_key=args.queue,
-                                properties=requeue_properties(
-                                    msg.properties, reset_attempts=args.reset_attempts
-                                ),
-                                mandatory=True,
-                            )
+                            await dead.republish(ch, msg, reset_attempts=args.reset_attempts)
                         except BaseException:
                             held.append(msg)
                             raise
@@ -351,12 +352,18 @@ async def cmd_dlq_requeue(args: Any) -> int:
             "queue": args.queue,
             "requeued": moved,
             "not_found": sorted(wanted),
+            "malformed": malformed,
             "interrupted": interrupt.requested,
         }
         if args.json:
             print_json(result)
         else:
             print(f"requeued {moved} dead job(s) to {names.job_queue(args.queue)}")
+        if malformed:
+            _err(
+                f"left {len(malformed)} malformed message(s) in {dlq}, which cannot be published again as "
+                f"they are (dlq peek says why; dlq purge or prune removes them): {', '.join(malformed)}"
+            )
         if interrupt.requested:
             _err(f"interrupted after {moved} job(s); the rest are still in {dlq}")
             return EXIT_INTERRUPTED

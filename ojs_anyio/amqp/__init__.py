@@ -17,6 +17,7 @@ This layer knows AMQP and nothing about jobs.
 """
 
 from ojs_codec import (
+    NESTED_TOO_DEEP,
     AccessRefused,
     AMQPError,
     AuthenticationError,
@@ -32,7 +33,15 @@ from ojs_codec import (
     UsageError,
 )
 
-from ._channel import Channel, Consumer, IncomingMessage, PublishHandle, PublishWindow, QueueInfo
+from ._channel import (
+    Channel,
+    Consumer,
+    IncomingMessage,
+    PublishHandle,
+    PublishWindow,
+    QueueInfo,
+    property_text,
+)
 from ._connection import Connection, RecoveryPolicy, connect
 from ._errors import (
     DELIVERY_LOST_ERRORS,
@@ -92,6 +101,7 @@ __all__ = [
     "DELIVERY_LOST_ERRORS",
     "DeliveryAlreadySettledError",
     "IncomingMessage",
+    "NESTED_TOO_DEEP",
     "Int32",
     "InvalidURL",
     "NotFound",
@@ -121,5 +131,6 @@ __all__ = [
     "copy_properties",
     "DEFAULT_REPUBLISH_POLICY",
     "parse_url",
+    "property_text",
     "republish",
 ]

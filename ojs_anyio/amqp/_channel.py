@@ -16,13 +16,21 @@ from typing import Any
 from pamqp import commands
 
 from . import _metrics
-from ._consume import Consumer, IncomingMessage
+from ._consume import Consumer, IncomingMessage, property_text
 from ._errors import TransactionLostError
 from ._publish import PublishHandle, PublishWindow
 from ._recovery import RecoveringChannel
 from ._topology import QueueInfo
 
-__all__ = ["Channel", "Consumer", "IncomingMessage", "PublishHandle", "PublishWindow", "QueueInfo"]
+__all__ = [
+    "Channel",
+    "Consumer",
+    "IncomingMessage",
+    "PublishHandle",
+    "PublishWindow",
+    "QueueInfo",
+    "property_text",
+]
 
 
 class Channel(RecoveringChannel):

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ._interfaces import ChannelLink
     from ._transport import Transport
 
-__all__ = ["Consumer", "ConsumingChannel", "IncomingMessage"]
+__all__ = ["Consumer", "ConsumingChannel", "IncomingMessage", "property_text"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
@@ -42,6 +42,18 @@ _tag_counter = itertools.count(1)
 _TAG_PREFIX = f"ojs-{os.getpid()}-"
 
 
+def property_text(value: object) -> str | None:
+    """A message property or header value as text, for logs and listings: ``None`` stays
+    ``None``, a ``str`` is itself, ``bytes`` (which a malformed message may hold where
+    text belongs) are decoded as UTF-8 with backslash escapes for what is not UTF-8
+    (``b"id\\xff"`` gives ``"id\\xff"``), and anything else is its ``repr``."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    return repr(value)
+
+
 class IncomingMessage:
     """A message from a consumer or ``Channel.get``.
 
@@ -50,6 +62,14 @@ class IncomingMessage:
     :class:`DeliveryAlreadySettledError` locally, before the broker would close the
     channel.  Settling a message received before a reconnect raises
     :class:`StaleDeliveryError`: the broker redelivers it with ``redelivered=True``.
+
+    ``malformed`` is ``None``, or why the message's content header is valid AMQP that
+    the codec's strict rules refuse (a short-string property or header key that is not
+    UTF-8, headers nested deeper than 64 levels, a timestamp out of range, a header
+    larger than ``frame_max``).  Such a message is still delivered, so that it can be
+    settled, but its properties may hold ``bytes`` where a ``str`` is expected (an
+    ``int`` for a timestamp, ``ojs_codec.NESTED_TOO_DEEP`` for a table) and it cannot be
+    published again as it is.
     """
 
     __slots__ = (
@@ -62,6 +82,7 @@ class IncomingMessage:
         "consumer_tag",
         "delivery_tag",
         "exchange",
+        "malformed",
         "message_count",
         "properties",
         "queue",
@@ -92,6 +113,7 @@ class IncomingMessage:
         self.routing_key = ev.routing_key
         self.redelivered = ev.redelivered
         self.delivery_tag = ev.delivery_tag
+        self.malformed = ev.malformed
         if type(ev) is Delivery:
             self.consumer_tag = ev.consumer_tag
             self.message_count = -1
@@ -176,7 +198,8 @@ class IncomingMessage:
     def __repr__(self) -> str:
         return (
             f"<IncomingMessage tag={self.delivery_tag} exchange={self.exchange!r} "
-            f"routing_key={self.routing_key!r} redelivered={self.redelivered} body=<{len(self.body)} bytes>>"
+            f"routing_key={self.routing_key!r} redelivered={self.redelivered} body=<{len(self.body)} bytes>"
+            f"{'' if self.malformed is None else f' malformed={self.malformed!r}'}>"
         )
 
 

@@ -233,6 +233,9 @@ class Subscription:
         wants_context = self._wants_context
         queue = self.queue
         async for msg in deliveries:
+            if msg.malformed is not None:
+                await self._reject_malformed(msg)
+                continue
             props = msg.properties
             headers = props.headers
             attempt = 1
@@ -288,6 +291,28 @@ class Subscription:
                 )  # fmt: skip
                 with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
                     await msg.reject(requeue=False)
+
+    async def _reject_malformed(self, msg: amqp.IncomingMessage) -> None:
+        """An event whose content header the codec let through as malformed
+        (``msg.malformed``).  It cannot be published again with its headers (nor read with
+        them), so it is rejected without requeue: the queue's dead-letter arguments take it
+        to the DLQ as it is, with RabbitMQ's ``x-death`` and without our reason headers,
+        and the reason goes to the log."""
+        message_id = amqp.property_text(msg.properties.message_id)
+        try:
+            await msg.reject(requeue=False)
+        except amqp.DELIVERY_LOST_ERRORS as exc:
+            log.warning(
+                "could not settle event %s on %s: %s; the broker will redeliver it",
+                message_id, self.queue, exc,
+            )  # fmt: skip
+            return
+        self.dead_lettered += 1
+        self._report("dead_lettered", msg)
+        log.error(
+            "event %s on %s dead-lettered (malformed, rejected into %s): %s",
+            message_id, self.queue, self.dead_letter_queue, msg.malformed,
+        )  # fmt: skip
 
     async def _rejected(
         self, ch: amqp.Channel, msg: amqp.IncomingMessage, routing_key: str, attempt: int, exc: Exception

@@ -817,6 +817,9 @@ class Client:
             with anyio.move_on_after(timeout):
                 try:
                     async for reply in replies:
+                        if reply.malformed is not None:  # consumed with no_ack: nothing to settle
+                            log.warning("ignoring an INFO reply: malformed message: %s", reply.malformed)
+                            continue
                         if reply.properties.correlation_id != correlation_id:
                             continue
                         try:
@@ -957,7 +960,9 @@ class DeadJob:
     ``error_code`` / ``error_message`` are the ``x-ojs-error-*`` headers: the last retry's
     reason, or the final reason in the opt-in annotated mode (a Nack cannot add headers;
     the worker logs the final reason).  ``death_reason`` is RabbitMQ's (``rejected`` for a
-    discard, ``expired``, ``maxlen``) and ``died_at`` when it died.
+    discard, ``expired``, ``maxlen``) and ``died_at`` when it died.  ``malformed`` says why
+    its content header is malformed (``IncomingMessage.malformed``; ``job_id`` and
+    ``type`` are then shown with backslash escapes, and ``requeue`` leaves it where it is).
     """
 
     job_id: str | None
@@ -969,6 +974,7 @@ class DeadJob:
     headers: dict[str, Any]
     death_reason: str | None = None
     died_at: datetime | None = None
+    malformed: str | None = None
 
 
 class DeadLetters:
@@ -1010,32 +1016,61 @@ class DeadLetters:
         """Move dead jobs back to ``ojs.queue.{q}`` with the attempt reset to 1 and the id kept.
 
         Each move publishes with a confirm, then acks the dead copy: a failure in between
-        leaves a duplicate, never a loss.
+        leaves a duplicate, never a loss.  A malformed message (``DeadJob.malformed``)
+        cannot be published again as it is, and a worker would only dead-letter it
+        again: it is held while the queue is scanned and put back, and not counted.  At
+        most the messages present at the start are looked at.
         """
         client = self.client
         await client.declare_queue(self.queue)
         moved = 0
         async with client.conn.channel(confirms=True) as ch:
-            while limit is None or moved < limit:
-                msg = await ch.get(self.name)
-                if msg is None:
-                    break
-                props = requeue_properties(msg.properties)
-                try:
-                    await ch.publish(
-                        msg.body,
-                        exchange=client.names.direct_exchange,
-                        routing_key=self.queue,
-                        properties=props,
-                        mandatory=True,
-                    )
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
+            present = (await ch.queue_declare(self.name, passive=True)).message_count
+            held: list[amqp.IncomingMessage] = []
+            try:
+                for _ in range(present):
+                    if limit is not None and moved >= limit:
+                        break
+                    msg = await ch.get(self.name)
+                    if msg is None:
+                        break
+                    if msg.malformed is not None:
+                        held.append(msg)
+                        continue
+                    try:
+                        await self.republish(ch, msg)
+                    except BaseException:
+                        held.append(msg)
+                        raise
+                    await msg.ack()
+                    moved += 1
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for msg in held:
                         await msg.reject(requeue=True)
-                    raise
-                await msg.ack()
-                moved += 1
         return moved
+
+    async def republish(
+        self, ch: amqp.Channel, msg: amqp.IncomingMessage, *, reset_attempts: bool = True
+    ) -> None:
+        """Publish one dead job (``msg``, got from this DLQ on ``ch``, a channel with
+        confirms) back to ``ojs.queue.{q}``: its body, with :func:`requeue_properties`,
+        through ``ojs.exchange.direct``, mandatory, and return once the broker confirmed
+        it.  The caller then acks ``msg`` (publish, confirm, then ack: never lost); if this
+        raises, ``msg`` is still unsettled.  A refusal by the broker is retried first
+        (:func:`amqp.republish`: a nack or a publish not written in time), and the copy
+        carries neither ``user_id`` nor ``expiration``; the last refusal is raised."""
+        published = await amqp.republish(
+            ch,
+            msg.body,
+            exchange=self.client.names.direct_exchange,
+            routing_key=self.queue,
+            properties=requeue_properties(msg.properties, reset_attempts=reset_attempts),
+            mandatory=True,
+        )
+        if not published.confirmed:
+            assert published.error is not None  # no refused_for_good check: an error each time
+            raise published.error
 
     async def purge(self) -> int:
         ch = await self.client.channel()
@@ -1104,8 +1139,8 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
     if H_DEAD_LETTERED_AT not in headers and isinstance(latest, dict):
         reason = latest.get("reason")
     return DeadJob(
-        job_id=msg.properties.message_id,
-        type=msg.properties.type,
+        job_id=amqp.property_text(msg.properties.message_id),
+        type=amqp.property_text(msg.properties.type),
         error_code=code if isinstance(code, str) else None,
         error_message=message if isinstance(message, str) else None,
         attempt=header_int(headers, H_ATTEMPT, 1),
@@ -1113,6 +1148,7 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
         headers=headers,
         death_reason=reason if isinstance(reason, str) else None,
         died_at=died_at(msg.properties),
+        malformed=msg.malformed,
     )
 
 

@@ -162,6 +162,9 @@ class ResultRouter:
                 async with ch.consume(info.name, no_ack=True, max_buffer=1024) as replies:
                     task_status.started(info)
                     async for msg in replies:
+                        if msg.malformed is not None:  # consumed with no_ack: nothing to settle
+                            log.warning("ignoring a job result reply: malformed message: %s", msg.malformed)
+                            continue
                         self._deliver(msg.body)
         except amqp.AMQPError as exc:
             # Surface to every waiter and the next push_for_result, never only a log line.

@@ -446,6 +446,10 @@ class Worker:
         ):
             task_status.started()
             async for msg in messages:
+                if msg.malformed is not None:
+                    _drop_malformed_control(msg, names.control_queue(queue))  # it cannot be relayed
+                    await msg.ack()
+                    continue
                 try:
                     await self._relay_one(ch, names.control_exchange, queue, msg)
                 except amqp.DELIVERY_LOST_ERRORS as exc:
@@ -484,6 +488,9 @@ class Worker:
             await msg.ack()
 
     async def _on_control(self, client: Client, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
+        if msg.malformed is not None:  # published straight to the broadcast exchange
+            _drop_malformed_control(msg, msg.queue)
+            return
         kind = msg.properties.type
         try:
             data = _json_decode.decode(msg.body)
@@ -679,8 +686,11 @@ class Worker:
     async def _handle_one(
         self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage
     ) -> None:
-        headers = msg.properties.headers or {}
         started = time.monotonic()
+        if msg.malformed is not None:
+            await self._reject_malformed(queue, msg, started)
+            return
+        headers = msg.properties.headers or {}
         # (A header once made the worker reject a job unrun, with no log line and no outcome:
         # any vhost client could set it.  It means nothing now; `dlq requeue` still strips it.)
         try:
@@ -797,6 +807,27 @@ class Worker:
             rng=self._rng,
         )
         await self._settle(client, ch, queue, msg, job, attempt, verdict, started, result)
+
+    async def _reject_malformed(self, queue: str, msg: amqp.IncomingMessage, started: float) -> None:
+        """A delivery whose content header the codec let through as malformed
+        (``msg.malformed``: a property or header key that is not UTF-8, headers nested too
+        deep, a header larger than frame_max...).  Its properties cannot be trusted nor
+        published again, so it is dead-lettered unrun with ``Basic.Nack(requeue=false)``:
+        the job queue's dead-letter arguments take it to the DLQ as it is."""
+        await msg.nack(requeue=False)
+        job_id = amqp.property_text(msg.properties.message_id)
+        job_type = amqp.property_text(msg.properties.type)
+        message = f"malformed message: {msg.malformed}"
+        log.error(
+            "job %s type=%s queue=%s outcome=dead_lettered code=%s: %s",
+            job_id, job_type, queue, ErrorCode.INVALID_PAYLOAD, message,
+        )  # fmt: skip
+        self._report(
+            JobOutcome(
+                job_id, job_type, queue, 1, "dead_lettered", ErrorCode.INVALID_PAYLOAD, message,
+                duration=time.monotonic() - started,
+            )
+        )  # fmt: skip
 
     async def _reply(
         self,
@@ -1223,6 +1254,17 @@ _OUTCOME_STATE = {
     "requeued": "available",
     "deferred": "scheduled",
 }
+
+
+def _drop_malformed_control(msg: amqp.IncomingMessage, queue: str) -> None:
+    """A control message with a malformed content header (``msg.malformed``) is acked
+    unread: its properties cannot be trusted, it cannot be relayed, and no control queue
+    has a dead-letter queue.  Logged at WARNING with the reason."""
+    log.warning(
+        "dropping control message %s (type %s) from %s: malformed message: %s",
+        amqp.property_text(msg.properties.message_id), amqp.property_text(msg.properties.type),
+        queue, msg.malformed,
+    )  # fmt: skip
 
 
 def _decode_delivered(body: bytes) -> Job:

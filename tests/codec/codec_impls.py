@@ -38,6 +38,7 @@ _NAMES = (
     "encode_properties",
     "decode_properties",
     "decode_content_header",
+    "decode_content_header_lenient",
     "decode_deliver",
     "decode_return",
     "decode_get_ok",
@@ -60,6 +61,7 @@ class Impl:
     encode_properties: Callable[..., bytes]
     decode_properties: Callable[..., ojs_codec.BasicProperties]
     decode_content_header: Callable[..., tuple[int, int, ojs_codec.BasicProperties]]
+    decode_content_header_lenient: Callable[..., tuple[int, int, ojs_codec.BasicProperties, str | None]]
     decode_deliver: Callable[..., tuple[str, int, bool, str, str]]
     decode_return: Callable[..., tuple[int, str, str, str]]
     decode_get_ok: Callable[..., tuple[int, bool, str, str, int]]

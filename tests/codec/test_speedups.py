@@ -153,9 +153,11 @@ def test_content_header_every_truncation_and_byte_change() -> None:
     payload = rich_header_payload()
     for size in range(len(payload) + 1):
         run(impl.decode_content_header, payload[:size])
+        run(impl.decode_content_header_lenient, payload[:size])
         run(impl.decode_properties, payload[:size], 12)
     for changed in mutations(payload, (0x00, 0x01, 0x7F, 0x80, 0xFF, *b"tbBsuIilLfdDSATFVxZ")):
         run(impl.decode_content_header, changed)
+        run(impl.decode_content_header_lenient, changed)  # many are malformed but valid AMQP
 
 
 METHOD_PAYLOADS = [
@@ -521,10 +523,34 @@ def test_errors_mid_table_keep_reference_counts() -> None:
     assert [sys.getrefcount(x) for x in (bad, ok, key, table, props)] == before
 
 
+def _hostile_header_payload() -> bytes:
+    """A content header with every kind of lenient case: a short string and a table key
+    that are not UTF-8, tables nested too deep, timestamps out of range."""
+    deep = b"V"
+    for _ in range(ojs_codec.MAX_DEPTH + 2):
+        deep = b"F" + struct.pack(">I", len(deep) + 2) + b"\x01n" + deep
+    entries = b"\x02k\xff" + b"I\x00\x00\x00\x01" + b"\x04deep" + deep + b"\x01tT" + b"\xff" * 8
+    headers = struct.pack(">I", len(entries)) + entries
+    props = struct.pack(">H", 0x2000 | 0x0080 | 0x0040) + headers + b"\x02\xff\xfe" + b"\xff" * 8
+    return struct.pack(">HHQ", 60, 0, 5) + props
+
+
+@needs_c
+def test_hostile_header_every_truncation_and_byte_change() -> None:
+    impl = c_impl()
+    payload = _hostile_header_payload()
+    assert impl.decode_content_header_lenient(payload)[3] is not None
+    for size in range(len(payload) + 1):
+        run(impl.decode_content_header_lenient, payload[:size])
+    for changed in mutations(payload, (0x00, 0x01, 0x7F, 0x80, 0xFF, *b"FATVS")):
+        run(impl.decode_content_header_lenient, changed)
+
+
 def _leak_workload() -> list[Callable[[], Any]]:
     assert speedups is not None
     s = speedups
     header = rich_header_payload()
+    hostile = _hostile_header_payload()
     delivery = b"".join(
         raw_frame(t, 1, p) for t, p in [(1, METHOD_PAYLOADS[0][1]), (2, header), (3, b"x" * 300)]
     )
@@ -538,6 +564,10 @@ def _leak_workload() -> list[Callable[[], Any]]:
         lambda: s.decode_content_header(header),
         lambda: s.decode_content_header(header[:-3]),
         lambda: s.decode_content_header(header[:200] + b"\xff" + header[201:]),
+        lambda: s.decode_content_header_lenient(header),
+        lambda: s.decode_content_header_lenient(hostile),
+        lambda: s.decode_content_header_lenient(hostile[:-3]),  # fails after notes were taken
+        lambda: s.decode_content_header_lenient(hostile[:40] + b"Z" + hostile[41:]),
         lambda: s.decode_deliver(METHOD_PAYLOADS[0][1]),
         lambda: s.decode_deliver(METHOD_PAYLOADS[0][1][:-1]),
         lambda: s.decode_get_ok(METHOD_PAYLOADS[2][1]),
