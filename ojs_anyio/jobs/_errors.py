@@ -149,7 +149,8 @@ class ErrorCode(StrEnum):
     and only the canonical one goes on the wire.
 
     The remaining codes are this binding's own reasons for dead-lettering, with no
-    canonical OJS name: ``UNROUTABLE``, ``EXPIRED``, ``DISCARDED``, ``MAX_ATTEMPTS_EXCEEDED``.
+    canonical OJS name: ``UNROUTABLE``, ``EXPIRED``, ``DISCARDED``, ``MAX_ATTEMPTS_EXCEEDED``,
+    ``WORKER_LOST``.
     """
 
     # Execution errors (retryability per the job's retry policy, unless stated).
@@ -174,3 +175,6 @@ class ErrorCode(StrEnum):
     EXPIRED = "EXPIRED"
     DISCARDED = "DISCARDED"
     MAX_ATTEMPTS_EXCEEDED = "MAX_ATTEMPTS_EXCEEDED"
+    #: Delivered ``Worker(max_deliveries=...)`` times without ever being settled: a worker
+    #: died (or lost its connection) running it each time.
+    WORKER_LOST = "WORKER_LOST"

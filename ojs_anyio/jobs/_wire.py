@@ -47,7 +47,10 @@ __all__ = [
     "H_TRACEPARENT",
     "H_TRACE_ID",
     "H_TRACE_STATE",
+    "H_DELIVERY_COUNT",
     "H_UNKNOWN_TYPE_SINCE",
+    "H_UNSETTLED",
+    "unsettled_deliveries",
     "header_attempt",
     "header_int",
     "header_max_attempts",
@@ -76,6 +79,11 @@ H_DEAD_LETTER: Final = "x-ojs-dead-letter"
 H_ORIGINAL_PRIORITY: Final = "x-ojs-original-priority"
 #: When the worker dead-lettered a job in the opt-in annotated mode (ISO 8601).
 H_DEAD_LETTERED_AT: Final = "x-ojs-dead-lettered-at"
+#: How many deliveries of the job ended without a settlement before this copy was published
+#: (a classic queue's own count of lost workers; quorum queues count in x-delivery-count).
+H_UNSETTLED: Final = "x-ojs-unsettled-deliveries"
+#: RabbitMQ's count of a quorum queue message's earlier deliveries that were returned.
+H_DELIVERY_COUNT: Final = "x-delivery-count"
 #: When a worker first met a job whose type it had no handler for (epoch milliseconds,
 #: int64): the start of the unknown-type grace window (Worker(unknown_type_grace=...)).
 H_UNKNOWN_TYPE_SINCE: Final = "x-ojs-unknown-type-since"
@@ -219,6 +227,23 @@ def header_max_attempts(headers: dict[str, Any] | None, default: int) -> int:
     if not 1 <= value < 2**31:
         raise InvalidJobError(H_MAX_ATTEMPTS, f"{value} is not a number of attempts (1 to {2**31 - 1})")
     return value
+
+
+def unsettled_deliveries(headers: dict[str, Any] | None, redelivered: bool) -> tuple[int, bool]:
+    """How many earlier deliveries of this message ended without a settlement (a worker
+    died or lost its connection holding it), and whether the broker counts them.
+
+    A quorum queue counts returned deliveries in ``x-delivery-count`` (RabbitMQ adds it to a
+    redelivered message).  A classic queue counts nothing, so the worker keeps the count in
+    ``x-ojs-unsettled-deliveries`` on a copy it publishes for each redelivery, plus one for
+    the redelivery at hand.  A value that is not a count reads as 0."""
+    if headers:
+        broker_count = headers.get(H_DELIVERY_COUNT)
+        if isinstance(broker_count, int) and not isinstance(broker_count, bool) and broker_count >= 0:
+            return broker_count, True
+    kept = headers.get(H_UNSETTLED) if headers else None
+    count = kept if isinstance(kept, int) and not isinstance(kept, bool) and 0 <= kept < 2**31 else 0
+    return count + (1 if redelivered else 0), False
 
 
 def header_since(headers: dict[str, Any] | None, key: str, now_ms: int) -> int:

@@ -83,12 +83,15 @@ from ._topology import strip_dead_letter_headers
 from ._typed import JobDecorator, JobHandle, validate_options
 from ._wire import (
     H_ATTEMPT,
+    H_DELIVERY_COUNT,
     H_ERROR_CODE,
     H_ERROR_MESSAGE,
     H_UNKNOWN_TYPE_SINCE,
+    H_UNSETTLED,
     header_attempt,
     header_max_attempts,
     header_since,
+    unsettled_deliveries,
     with_headers,
 )
 
@@ -109,6 +112,10 @@ BROKER_CONSUMER_TIMEOUT = 1800.0
 #: A rolling deploy's window: a job of a type this worker does not know is retried (not
 #: counted as an attempt) for this long before it is dead-lettered as INVALID_JOB_TYPE.
 DEFAULT_UNKNOWN_TYPE_GRACE = 600.0
+#: A job whose worker died (or lost its connection) this many times running it is
+#: dead-lettered as WORKER_LOST instead of being delivered again (a job that kills its
+#: process would otherwise take down every worker in turn, for ever).
+DEFAULT_MAX_DELIVERIES = 5
 
 
 @dataclass(slots=True)
@@ -196,6 +203,7 @@ class Worker:
         republish: amqp.RepublishPolicy = amqp.DEFAULT_REPUBLISH_POLICY,
         unknown_type_grace: DurationLike = DEFAULT_UNKNOWN_TYPE_GRACE,
         info_details: bool = True,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
     ) -> None:
         self.queues = check_queue_names(queues, "Worker(queues=...)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -204,6 +212,8 @@ class Worker:
             raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise TypeError(f"worker_id must be a non-empty str or None, got {worker_id!r}")
+        if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int) or max_deliveries < 1:
+            raise UsageError(f"max_deliveries must be an int >= 1, got {max_deliveries!r}")
         if not isinstance(republish, amqp.RepublishPolicy):
             raise ArgumentTypeError(
                 f"republish must be an ojs_anyio.RepublishPolicy, not {type(republish).__name__}"
@@ -269,6 +279,9 @@ class Worker:
         self._reply_targets: OrderedDict[str, bool] = OrderedDict()
         #: Whether INFO answers carry the job's result and its errors' backtraces.
         self.info_details = info_details
+        #: After this many deliveries that ended without a settlement (its worker died or
+        #: lost its connection each time), a job is dead-lettered as WORKER_LOST.
+        self.max_deliveries = max_deliveries
         self._control_ch: amqp.Channel | None = None
         #: Set whenever a job finishes (the grace-period wait in stop() listens to it).
         self._jobs_changed = anyio.Event()
@@ -700,6 +713,18 @@ class Worker:
             verdict = dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc))
             await self._settle(client, ch, queue, msg, None, 1, verdict, started)
             return
+        if msg.redelivered or H_DELIVERY_COUNT in headers:
+            lost, counted_by_broker = unsettled_deliveries(headers, msg.redelivered)
+            if lost >= self.max_deliveries:
+                verdict = dead_letter(
+                    ErrorCode.WORKER_LOST,
+                    f"delivered {lost + 1} times, and {lost} ended without a settlement (a worker died "
+                    f"or lost its connection running it); max_deliveries is {self.max_deliveries}",
+                )
+                await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
+                return
+            if not counted_by_broker and await self._count_redelivery(client, ch, queue, msg, lost):
+                return  # the copy carries the count: it runs when it comes
         if self._was_cancelled(job.id):
             await msg.ack()
             log.info(
@@ -1026,6 +1051,31 @@ class Worker:
                 error,
             )
         )
+
+    async def _count_redelivery(
+        self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage, lost: int
+    ) -> bool:
+        """A classic queue counts no redeliveries: publish a copy of a redelivered job that
+        carries the count (``x-ojs-unsettled-deliveries``) to the back of its queue, confirmed,
+        then ack the original, which does not run now.  Only redelivered jobs pay this.  True
+        when done; False (the job then runs now, uncounted) if the broker refused the copy."""
+        props = with_headers(
+            msg.properties, {H_UNSETTLED: lost}, base=strip_dead_letter_headers(msg.properties.headers)
+        )
+        published = await self._republish(
+            ch, msg.body, exchange=client.names.direct_exchange, routing_key=queue,
+            properties=props, mandatory=True,
+        )  # fmt: skip
+        if published is None:
+            return True  # the grace period ran out: left for the broker to redeliver
+        if not published.confirmed:
+            log.warning(
+                "job %s on %s: redelivery %d could not be counted (%s); it runs uncounted",
+                msg.properties.message_id, queue, lost, published.reason,
+            )  # fmt: skip
+            return False
+        await msg.ack()
+        return True
 
     async def _unknown_type(
         self,
