@@ -599,7 +599,8 @@ def _info_dict(info: JobInfo) -> dict[str, Any]:
         "worker_id": info.worker_id,
         "started_at": info.started_at,
         "finished_at": info.finished_at,
-        "cancel_requested": info.cancel_requested,
+        # What a running job's worker says (null for a job no longer running).
+        "cancel_requested": info.cancel_requested if info.state == "active" else None,
         "interruptible": info.interruptible,
     }
 
