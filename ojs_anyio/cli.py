@@ -9,15 +9,26 @@ adds the traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
-from ._cli._common import EXIT_INTERRUPTED, CLIError, error_for, redact, resolve_url, setup_logging
+from ._cli._common import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CLIError,
+    count_arg,
+    error_for,
+    redact,
+    refuse_memory,
+    resolve_url,
+    setup_logging,
+)
 
 __all__ = ["main"]
 
@@ -32,14 +43,21 @@ and --prefix (a tenant prefix such as 'tenant1.').  Output is a table; --json pr
 Exit codes: 0 ok, 1 topology check found a difference, 2 bad arguments or URL,
 3 broker unreachable, 4 authentication or access refused, 5 queue or job not found,
 6 app path does not import, 7 broker refused the operation, 8 workers keep crashing,
-130 interrupted.
+9 cancel asked of a synchronous handler (it runs to completion), 130 interrupted.
 """
 
 EPILOG = "Run 'ojs-anyio COMMAND --help' for a command's options.  Docs: docs/cli.md"
 
 
-def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error contract: one line on stderr, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"ojs-anyio: {message} (see '{self.prog} --help')\n")
+
+
+def _common() -> _Parser:
+    common = _Parser(add_help=False)
     g = common.add_argument_group("connection and output")
     g.add_argument(
         "--url", default=None, help="AMQP URL (default: $OJS_AMQP_URL or amqp://guest:guest@localhost/)"
@@ -52,7 +70,7 @@ def _common() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ojs-anyio",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -72,12 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("app", help="module:attribute of an ojs_anyio.Worker, or of a function returning one")
     w.add_argument(
         "--processes",
-        type=int,
+        type=count_arg(1),
         default=None,
         metavar="N",
         help="run N worker processes under a supervisor that restarts crashed ones",
     )
-    w.add_argument("--concurrency", type=int, default=None, metavar="C", help="jobs at once per process")
+    w.add_argument(
+        "--concurrency", type=count_arg(1), default=None, metavar="C", help="jobs at once per process"
+    )
     w.add_argument(
         "--queues", default=None, metavar="A,B", help="comma-separated queues (overrides the Worker's)"
     )
@@ -109,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     peek = dadd("peek", "show the oldest dead jobs: id, type, attempt, age, reason (nothing is removed)")
-    peek.add_argument("-n", type=int, default=20, metavar="N", help="how many (default 20)")
+    peek.add_argument("-n", type=count_arg(0), default=20, metavar="N", help="how many (default 20)")
     rq = dadd(
         "requeue",
         "move dead jobs back to their queue (publish, confirm, then ack: never lost; "
@@ -123,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     pu.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     pr = dadd("prune", "delete the oldest dead jobs: older than --max-age, or beyond --max-count")
     pr.add_argument("--max-age", default=None, metavar="DURATION", help="e.g. P180D, 30d, 12h")
-    pr.add_argument("--max-count", type=int, default=None, metavar="N", help="keep at most the newest N")
+    pr.add_argument(
+        "--max-count", type=count_arg(0), default=None, metavar="N", help="keep at most the newest N"
+    )
     pr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     p = add("push", "push a job and print its id")
@@ -206,6 +228,10 @@ def _dispatch(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]
         return _worker(args)
     if command == "cron":
         setup_logging(args.log_level, args.log_format)
+    else:
+        # A one-shot command reports what went wrong in its one error line; the library's
+        # log lines on the way (a lost connection...) would only repeat it.
+        logging.getLogger("ojs_anyio").addHandler(logging.NullHandler())
     table: dict[str, Callable[[Any], Coroutine[Any, Any, int]]] = {
         "queues": _ops.cmd_queues,
         "push": _ops.cmd_push,
@@ -239,10 +265,6 @@ def _worker(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]]:
         queues = [q.strip() for q in args.queues.split(",") if q.strip()]
         if not queues:
             raise CLIError("--queues: give at least one queue name", 2)
-    if args.concurrency is not None and args.concurrency < 1:
-        raise CLIError("--concurrency must be 1 or more", 2)
-    if args.processes is not None and args.processes < 1:
-        raise CLIError("--processes must be 1 or more", 2)
     worker = load_object(args.app, Worker, show_traceback=args.traceback)
     if args.processes is None and not args.reload:
         if queues is not None:
@@ -287,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args)
     url = resolve_url(getattr(args, "url", None))
     try:
+        refuse_memory(url)
         target = _dispatch(args)
         if isinstance(target, int):
             return target

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -25,12 +26,16 @@ __all__ = [
     "EXIT_DIFFERENT",
     "EXIT_NOT_FOUND",
     "EXIT_OK",
+    "EXIT_UNINTERRUPTIBLE",
     "EXIT_USAGE",
     "CLIError",
+    "broker_where",
+    "count_arg",
     "open_client",
     "parse_duration",
     "print_json",
     "print_table",
+    "refuse_memory",
     "resolve_url",
 ]
 
@@ -44,6 +49,7 @@ EXIT_NOT_FOUND = 5  # a queue or a job that does not exist
 EXIT_APP = 6  # module:attribute does not import or is not the right object
 EXIT_BROKER = 7  # the broker refused the operation (conflicting declaration, queue full, ...)
 EXIT_CRASHING = 8  # the supervisor gave up: workers keep crashing
+EXIT_UNINTERRUPTIBLE = 9  # cancel asked, but the handler runs in a thread: it runs to completion
 EXIT_INTERRUPTED = 130  # stopped by SIGINT before finishing
 
 
@@ -57,6 +63,34 @@ class CLIError(Exception):
 
 def resolve_url(url: str | None) -> str:
     return url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
+
+
+def refuse_memory(url: str) -> None:
+    """Every command but ``demo`` works with a broker that other processes see: refuse
+    ``memory://`` (and raise :class:`amqp.InvalidURL` for a malformed URL, before any I/O)."""
+    if amqp.parse_url(url).memory:
+        raise CLIError(
+            "--url names the in-process memory broker, which lives inside this ojs-anyio process and "
+            "vanishes with it: no other process (a worker, a producer, the next command) would see "
+            "what this command does; give the amqp:// URL of a RabbitMQ",
+            EXIT_USAGE,
+        )
+
+
+def count_arg(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number, ``minimum`` or more (a bad one is a one-line
+    usage error, before anything is sent)."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    return whole_number
 
 
 def redact(text: str, url: str | None) -> str:
@@ -76,19 +110,18 @@ def redact(text: str, url: str | None) -> str:
 
 def error_for(exc: BaseException, url: str | None) -> CLIError:
     """Map a library exception onto a one-line message and an exit code."""
-    from .. import PushError, TopologyConflictError
-    from ..jobs import InvalidJobError, TopologyError
+    from .. import PushError, QueueNotFoundError, TopologyConflictError
 
-    where = ""
-    if url is not None:
-        try:
-            where = f" at {amqp.parse_url(url).redacted()}"
-        except amqp.InvalidURL:
-            pass
+    where = broker_where(url)
     if isinstance(exc, CLIError):
         return exc
     if isinstance(exc, amqp.InvalidURL):
         return CLIError(f"{exc} (set --url or $OJS_AMQP_URL)", EXIT_USAGE)
+    ours = amqp.DeliveryAlreadySettledError | amqp.StaleDeliveryError  # a bug here, not bad input
+    if isinstance(exc, amqp.UsageError) and not isinstance(exc, ours):
+        return CLIError(str(exc), EXIT_USAGE)  # a bad job id, argument, duration, queue name, number...
+    if isinstance(exc, QueueNotFoundError):
+        return CLIError(str(exc), EXIT_NOT_FOUND)
     if isinstance(exc, amqp.AuthenticationError):
         return CLIError(f"authentication failed{where}: check the user name and password", EXIT_AUTH)
     if isinstance(exc, amqp.AccessRefused):
@@ -101,13 +134,21 @@ def error_for(exc: BaseException, url: str | None) -> CLIError:
         return CLIError(f"not found: {_reply(exc)}", EXIT_NOT_FOUND)
     if isinstance(exc, TopologyConflictError):
         return CLIError(str(exc), EXIT_BROKER)
-    if isinstance(exc, TopologyError | InvalidJobError | InvalidDurationError):
-        return CLIError(str(exc), EXIT_USAGE)
     if isinstance(exc, PushError | amqp.AMQPError):
         return CLIError(str(exc), EXIT_BROKER)
     if isinstance(exc, TimeoutError):
         return CLIError(f"timed out talking to the broker{where}", EXIT_CONNECT)
     raise exc
+
+
+def broker_where(url: str | None) -> str:
+    """`` at amqp://user:***@host:port/vhost`` for an error line (empty for no or a bad URL)."""
+    if url is None:
+        return ""
+    try:
+        return f" at {amqp.parse_url(url).redacted()}"
+    except amqp.InvalidURL:
+        return ""
 
 
 def _reply(exc: BaseException) -> str:
@@ -148,7 +189,10 @@ def parse_duration(text: str, what: str) -> timedelta:
             "or ISO 8601 (PT30S, P180D)",
             EXIT_USAGE,
         )
-    return timedelta(milliseconds=float(match.group(1)) * _SUFFIX_MS[match.group(2)])
+    try:
+        return timedelta(milliseconds=float(match.group(1)) * _SUFFIX_MS[match.group(2)])
+    except OverflowError:
+        fail(f"{what}: {text!r} is too long (more than {timedelta.max.days} days)", EXIT_USAGE)
 
 
 def format_age(seconds: float | None) -> str:

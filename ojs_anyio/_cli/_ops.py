@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -29,20 +30,27 @@ from ..jobs import (
     job_queue_arguments,
     retry_queue_arguments,
 )
+from ..jobs._client import SYNC_CANCEL_DETAIL, JobInfo, return_to_queue
+from ..jobs._envelope import check_job_id
 from ._app import load_object
 from ._common import (
+    EXIT_CONNECT,
     EXIT_DIFFERENT,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     EXIT_OK,
+    EXIT_UNINTERRUPTIBLE,
     EXIT_USAGE,
     CLIError,
+    broker_where,
+    error_for,
     fail,
     format_age,
     open_client,
     parse_duration,
     print_json,
     print_table,
+    resolve_url,
 )
 from ._progress import Progress
 
@@ -276,9 +284,7 @@ async def cmd_dlq_peek(args: Any) -> int:
                     held.append(msg)
                     rows.append(_dead_row(msg, now))
             finally:
-                with anyio.CancelScope(shield=True):
-                    for msg in held:
-                        await msg.reject(requeue=True)
+                await return_to_queue(held)
     if args.json:
         print_json({"queue": args.queue, "total": total, "jobs": rows})
     else:
@@ -298,6 +304,16 @@ async def cmd_dlq_requeue(args: Any) -> int:
         fail("give --id or --all, not both", EXIT_USAGE)
 
     async def run(interrupt: Interrupt) -> int:
+        state = _Requeue()
+        try:
+            return await requeue(interrupt, state)
+        except Exception as exc:
+            if state.job_queue is None:
+                raise  # nothing was moved yet: the error as it is
+            # Also when the connection died: the block was cancelled, and this is its error.
+            raise _requeue_stopped(exc, resolve_url(args.url), state) from exc
+
+    async def requeue(interrupt: Interrupt, state: _Requeue) -> int:
         async with open_client(args.url, args.prefix) as client:
             names = client.names
             dlq = names.dlx_queue(args.queue)
@@ -307,9 +323,10 @@ async def cmd_dlq_requeue(args: Any) -> int:
                     f"Requeue all {total} dead jobs of {args.queue!r} to {names.job_queue(args.queue)}?",
                     args.yes,
                 )
-            moved, scanned = 0, 0
+            scanned = 0
             malformed: list[str] = []
             wanted = set(ids)
+            state.job_queue = names.job_queue(args.queue)
             progress = Progress(len(ids) if ids else total, "requeue", enabled=not args.json)
             dead = client.dead_letters(args.queue)
             async with client.conn.channel(confirms=True) as ch:
@@ -333,21 +350,26 @@ async def cmd_dlq_requeue(args: Any) -> int:
                             malformed.append(job_id or "-")
                             wanted.discard(job_id or "")
                             continue
+                        state.in_flight = job_id or f"without an id (delivery {msg.delivery_tag})"
                         try:
                             await dead.republish(ch, msg, reset_attempts=args.reset_attempts)
+                        except _NOT_SENT:
+                            state.in_flight = None  # refused by the broker, or never sent: not moved
+                            held.append(msg)
+                            raise
                         except BaseException:
                             held.append(msg)
                             raise
                         # Confirmed by the broker: now the dead copy may go.
                         await msg.ack()
-                        moved += 1
+                        state.in_flight = None
+                        state.moved += 1
                         wanted.discard(job_id or "")
-                        progress.update(moved)
+                        progress.update(state.moved)
                 finally:
                     progress.close()
-                    with anyio.CancelScope(shield=True):
-                        for msg in held:
-                            await msg.reject(requeue=True)
+                    await return_to_queue(held)
+        moved = state.moved
         result = {
             "queue": args.queue,
             "requeued": moved,
@@ -373,6 +395,37 @@ async def cmd_dlq_requeue(args: Any) -> int:
         return EXIT_OK
 
     return await interruptible(run)
+
+
+#: What ``DeadLetters.republish`` raises when the copy is not in the job queue: the broker
+#: refused it (nack, no route), it was never written, or it cannot be encoded.
+_NOT_SENT = (amqp.PublishNackedError, amqp.UnroutableError, amqp.PublishTimeoutError, amqp.UsageError)
+
+
+@dataclass
+class _Requeue:
+    """How far a ``dlq requeue`` got, for the error line when it fails part way."""
+
+    job_queue: str | None = None  # set once the moving starts
+    moved: int = 0
+    #: The job between its publish and the ack of its dead copy: if the connection goes
+    #: then, it may be in both queues.
+    in_flight: str | None = None
+
+
+def _requeue_stopped(exc: Exception, url: str, state: _Requeue) -> CLIError:
+    """The one line for a requeue that failed part way: how far it got, and the one job
+    that may be in both queues."""
+    if isinstance(exc, amqp.ConnectionLostError | amqp.ConnectionClosedError | OSError):
+        cause = CLIError(f"lost the connection to the broker{broker_where(url)}: {exc}", EXIT_CONNECT)
+    else:
+        cause = error_for(exc, url)  # re-raises what it does not know
+    if state.in_flight is None:
+        twice = "no job is in both queues"
+    else:
+        twice = f"job {state.in_flight} may be in both queues (published, its dead copy not yet acked)"
+    progress = f"requeue stopped after moving {state.moved} job(s) to {state.job_queue}"
+    return CLIError(f"{progress}; {twice}: {cause}", cause.code)
 
 
 async def cmd_dlq_purge(args: Any) -> int:
@@ -430,13 +483,30 @@ async def cmd_dlq_prune(args: Any) -> int:
 # -------------------------------------------------------------- push / cancel / info
 
 
+class _NotJSON(ValueError):
+    """A number that Python's json module reads but JSON has not: NaN, Infinity, 1e999."""
+
+
+def _not_json(text: str) -> float:
+    raise _NotJSON(f"{text} is not a JSON number (JSON has no NaN or Infinity)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotJSON(f"{text} is too large for a JSON number (it would arrive as null)")
+    return value
+
+
 def _json_arg(text: str, what: str, kind: type[T]) -> T:
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except json.JSONDecodeError as exc:
         raise CLIError(
             f"{what} is not valid JSON: {exc.msg} at character {exc.pos} of {text!r}", EXIT_USAGE
         ) from None
+    except _NotJSON as exc:
+        raise CLIError(f"{what} is not valid JSON: {exc}", EXIT_USAGE) from None
     if not isinstance(value, kind):
         raise CLIError(
             f"{what} must be a JSON {'array' if kind is list else 'object'}, got {text!r}", EXIT_USAGE
@@ -445,13 +515,17 @@ def _json_arg(text: str, what: str, kind: type[T]) -> T:
 
 
 def _retry_arg(text: str) -> RetryPolicy:
-    if text.strip().isdigit():
-        return RetryPolicy(max_attempts=int(text))
-    data = _json_arg(text, "--retry", dict)
+    if text.strip().lstrip("-").isdigit():
+        data: dict[str, Any] = {"max_attempts": int(text)}
+    else:
+        data = _json_arg(text, "--retry", dict)
     try:
-        return msgspec.convert(data, RetryPolicy)
+        policy = msgspec.convert(data, RetryPolicy)
+        if isinstance(policy.max_attempts, int):
+            amqp.Int32(policy.max_attempts)  # x-ojs-max-attempts is an int32 on the wire
     except (msgspec.ValidationError, ValueError) as exc:
         raise CLIError(f"--retry: {exc}", EXIT_USAGE) from None
+    return policy
 
 
 def _at_arg(text: str) -> datetime:
@@ -476,7 +550,9 @@ async def cmd_push(args: Any) -> int:
     at = _at_arg(args.at) if args.at else None
     timeout = None
     if args.timeout:
-        timeout = max(1, round(parse_duration(args.timeout, "--timeout").total_seconds()))
+        # Whole seconds in OJS (0: no timeout of its own); the library refuses a fraction.
+        seconds = parse_duration(args.timeout, "--timeout").total_seconds()
+        timeout = int(seconds) if seconds.is_integer() else seconds
     async with open_client(args.url, args.prefix) as client:
         if args.declare:
             await client.declare_queue(args.queue)
@@ -515,7 +591,7 @@ async def cmd_push(args: Any) -> int:
     return EXIT_OK
 
 
-def _info_dict(info: Any) -> dict[str, Any]:
+def _info_dict(info: JobInfo) -> dict[str, Any]:
     return {
         "job_id": info.job_id,
         "state": info.state,
@@ -523,18 +599,36 @@ def _info_dict(info: Any) -> dict[str, Any]:
         "worker_id": info.worker_id,
         "started_at": info.started_at,
         "finished_at": info.finished_at,
+        # What a running job's worker says (null for a job no longer running).
+        "cancel_requested": info.cancel_requested if info.state == "active" else None,
+        "interruptible": info.interruptible,
     }
+
+
+#: Table rows left out when they say the usual: no cancel asked, the handler can be cancelled.
+_USUAL = {"cancel_requested": False, "interruptible": True}
 
 
 def _print_info(data: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(data)
     else:
-        print_table(["FIELD", "VALUE"], [[k, v] for k, v in data.items() if v is not None])
+        rows = [[k, v] for k, v in data.items() if v is not None and not (k in _USUAL and _USUAL[k] is v)]
+        print_table(["FIELD", "VALUE"], rows)
+
+
+def _ask_args(args: Any) -> float:
+    """``info`` and ``cancel``: refuse, before connecting, an id that cannot be a job id
+    and a timeout of zero; the timeout in seconds."""
+    check_job_id(args.job_id, "job id")
+    timeout = parse_duration(args.timeout, "--timeout").total_seconds()
+    if timeout <= 0:
+        fail(f"--timeout: give the workers some time to answer, got {args.timeout!r}", EXIT_USAGE)
+    return timeout
 
 
 async def cmd_info(args: Any) -> int:
-    timeout = parse_duration(args.timeout, "--timeout").total_seconds()
+    timeout = _ask_args(args)
     async with open_client(args.url, args.prefix) as client:
         info = await client.info(args.job_id, queue=args.queue, timeout=timeout)
     if info.state == "unknown":
@@ -548,14 +642,14 @@ async def cmd_info(args: Any) -> int:
 
 
 async def cmd_cancel(args: Any) -> int:
-    timeout = parse_duration(args.timeout, "--timeout").total_seconds()
+    timeout = _ask_args(args)
     async with open_client(args.url, args.prefix) as client:
         await client.cancel(args.job_id, queue=args.queue)
         info = None
         with anyio.move_on_after(timeout):
             while True:
                 info = await client.info(args.job_id, queue=args.queue, timeout=timeout)
-                if info.state != "active":
+                if info.state != "active" or _runs_on(info):
                     break
                 await anyio.sleep(0.1)  # the handler is being cancelled: ask again shortly
     if info is None or info.state == "unknown":
@@ -565,7 +659,15 @@ async def cmd_cancel(args: Any) -> int:
             EXIT_NOT_FOUND,
         )
     _print_info(_info_dict(info), args.json)
+    if _runs_on(info):
+        _err(f"job {args.job_id}: {info.detail or SYNC_CANCEL_DETAIL}")
+        return EXIT_UNINTERRUPTIBLE
     return EXIT_OK
+
+
+def _runs_on(info: JobInfo) -> bool:
+    """The worker running the job got the CANCEL, and its handler cannot be interrupted."""
+    return info.state == "active" and info.cancel_requested and info.interruptible is False
 
 
 # ----------------------------------------------------------------------- cron

@@ -6,6 +6,12 @@
 * user, password and vhost are percent-decoded: ``%2f`` is ``/``.  An absent vhost
   (``amqp://host``) or an empty one (``amqp://host/``) means ``/`` (RabbitMQ has no
   vhost named ``""``); ``amqp://host/%2F`` is ``/`` too.
+* The only unencoded ``@`` allowed is the one that ends the user name and password.  One
+  after the host (in the vhost or the query) means a ``/`` or ``?`` in the password was not
+  percent-encoded (``amqp://u:2024/rest@host`` is host ``u``, port 2024, vhost
+  ``rest@host``), so it is refused with the hint to encode it, rather than connecting
+  somewhere else and showing the rest of the password in the vhost.  Write an ``@`` that
+  belongs to a vhost or a query value as ``%40``.
 * Several hosts may be given, comma-separated (``amqp://h1,h2:5673/vhost``), to
   rotate across on reconnection.
 * The password never appears in ``repr()`` or in any error text.
@@ -101,7 +107,7 @@ class AMQPURL:
         return ctx
 
 
-_ENCODE_HINT = "percent-encode '/', '?', '#' and '@' in the user name and password"
+_ENCODE_HINT = "percent-encode '/' (%2F), '?' (%3F), '#' (%23) and '@' (%40) in the user name and password"
 
 
 def _bad(message: str) -> InvalidURL:
@@ -135,6 +141,9 @@ def parse_url(url: str) -> AMQPURL:
         raise _bad("fragments ('#…') are not allowed")
     rest, _, query = rest.partition("?")
     authority, slash, path = rest.partition("/")
+    if "@" in path or "@" in query:
+        # Not echoed: it is the rest of a password that held an unencoded '/' or '?'.
+        raise _bad(f"'@' after the host: {_ENCODE_HINT}; in a vhost or a query value, write '@' as %40")
     userinfo, at, hostpart = authority.rpartition("@")
     if not at:
         hostpart, userinfo = authority, ""
@@ -162,9 +171,6 @@ def parse_url(url: str) -> AMQPURL:
         vhost = "/"
     options: dict[str, object] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
-        if "@" in key:
-            # An unencoded '?' in the password: the rest of the password looks like a query.
-            raise _bad(f"'@' after '?': {_ENCODE_HINT}")
         if key not in _QUERY_KEYS:
             raise _bad(f"unknown query parameter {key!r} (known: {', '.join(sorted(_QUERY_KEYS))})")
         if key in ("heartbeat", "channel_max", "frame_max"):

@@ -30,12 +30,13 @@ from ._args import check_json_args
 from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
 from ._dlq import died_at, requeue_properties
 from ._durations import DurationLike, duration_ms, duration_seconds
-from ._envelope import ErrorInfo, Job, encode_job, new_job, parse_timestamp
-from ._errors import DelayOutOfRangeError
+from ._envelope import ErrorInfo, Job, check_job_id, encode_job, new_job, parse_timestamp
+from ._errors import ArgumentTypeError, DelayOutOfRangeError
 from ._exceptions import (
     PushError,
     PushOutcomeUnknownError,
     QueueFullError,
+    QueueNotFoundError,
     SchedulerUnavailableError,
     TopologyConflictError,
     UnroutableJobError,
@@ -89,6 +90,7 @@ __all__ = [
     "DeadJob",
     "PushResult",
     "connect",
+    "return_to_queue",
 ]
 
 R = TypeVar("R")
@@ -102,6 +104,10 @@ _json = msgspec.json.Encoder()
 _json_decode = msgspec.json.Decoder()
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+#: What INFO says of a running sync handler that was asked to cancel.
+SYNC_CANCEL_DETAIL = (
+    "cancel requested; the handler is synchronous and cannot be interrupted: it runs to completion"
+)
 #: A scheduled job due in this many milliseconds or less goes straight to its queue.
 #: Zero: a job must never run before its ``scheduled_at``.
 SCHEDULE_IMMEDIATE_MS = 0
@@ -124,6 +130,14 @@ class JobInfo:
     finished_at: str | None = None
     #: The OJS error object of the job's last failed attempt (type, message, backtrace).
     error: ErrorInfo | None = None
+    #: An active job: a CANCEL reached the worker running it.
+    cancel_requested: bool = False
+    #: An active job: whether a CANCEL can stop its handler.  False for a plain ``def``
+    #: handler, which runs in a thread: it runs to completion whatever CANCEL says.  None
+    #: when the worker did not say (a finished job, another implementation's worker).
+    interruptible: bool | None = None
+    #: The worker's remark on the job's state, e.g. :data:`SYNC_CANCEL_DETAIL`.
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +202,8 @@ class Client:
         self.retry = retry
         self._channel: amqp.Channel | None = None
         self._declared_queues: set[str] = set()
+        #: Job queues seen to exist by a passive declare (see :meth:`_require_job_queue`).
+        self._existing_queues: set[str] = set()
         self._declared_retry: set[tuple[str, int]] = set()
         self._base_declared = False
         self._delay_declared = False
@@ -252,14 +268,31 @@ class Client:
             self._declared_queues.add(queue)
 
     async def use_existing_queue(self, queue: str) -> amqp.QueueInfo:
-        """Check that ``ojs.queue.{q}`` exists (a passive declare on a channel of its own)
-        and push to it as it is, without declaring it (so a queue declared with other
-        :class:`QueueOptions` is not re-declared).  Raises :class:`amqp.NotFound` if the
-        queue does not exist.  Used by ``ojs-anyio push``."""
-        async with self.conn.channel(confirms=False) as ch:
-            info = await ch.queue_declare(self.names.job_queue(queue), passive=True)
+        """Check that ``ojs.queue.{q}`` exists and push to it as it is, without declaring
+        it (so a queue declared with other :class:`QueueOptions` is not re-declared).
+        Raises :class:`QueueNotFoundError` if the queue does not exist.  Used by
+        ``ojs-anyio push``."""
+        info = await self._job_queue_info(queue)
         self._declared_queues.add(queue)
         return info
+
+    async def _job_queue_info(self, queue: str) -> amqp.QueueInfo:
+        """A passive declare of ``ojs.queue.{q}``, on a channel of its own (the 404 of a
+        missing queue closes that channel only).  Raises :class:`QueueNotFoundError`."""
+        name = self.names.job_queue(queue)
+        try:
+            async with self.conn.channel(confirms=False) as ch:
+                return await ch.queue_declare(name, passive=True)
+        except amqp.NotFound as exc:
+            raise QueueNotFoundError(f"queue {queue!r} does not exist ({name})", queue=queue) from exc
+
+    async def _require_job_queue(self, queue: str) -> None:
+        """Raise :class:`QueueNotFoundError` unless ``ojs.queue.{q}`` exists: this client
+        declared it, or a passive declare finds it (remembered, so it is asked once)."""
+        if queue in self._declared_queues or queue in self._existing_queues:
+            return
+        await self._job_queue_info(queue)
+        self._existing_queues.add(queue)
 
     async def _declare_checked(self, name: str, arguments: dict[str, Any]) -> None:
         ch = await self.channel()
@@ -439,7 +472,14 @@ class Client:
         if delay is not None:
             if scheduled_at is not None:
                 raise UsageError("give scheduled_at or delay, not both")
-            scheduled_at = now + timedelta(seconds=duration_seconds(delay, "delay"))
+            seconds = duration_seconds(delay, "delay")
+            try:
+                scheduled_at = now + timedelta(seconds=seconds)
+            except OverflowError:  # past year 9999
+                raise DelayOutOfRangeError(
+                    f"delay of {seconds:g} s is beyond the longest delay RabbitMQ can hold, "
+                    f"{MAX_DELAY_MS} ms (about 49.7 days); nothing was published"
+                ) from None
         if timeout is not None and not isinstance(timeout, int):
             seconds = duration_seconds(timeout, "timeout")
             if seconds != int(seconds):
@@ -752,7 +792,13 @@ class Client:
 
     async def declare_control_queue(self, queue: str) -> None:
         """The durable ``ojs.queue.control.{q}`` (OJS AMQP binding §4.1): no arguments, as the
-        binding declares it, unless the queue's options make it quorum."""
+        binding declares it, unless the queue's options make it quorum.
+
+        Only for a queue whose job queue exists (declared by this client, or found by a
+        passive declare); otherwise :class:`QueueNotFoundError`, and nothing is declared:
+        a mistyped queue name must not leave a durable control queue behind, holding the
+        messages sent to it for good."""
+        await self._require_job_queue(queue)
         ch = await self.channel()
         await self._declare_base(ch)
         # Quorum too when the queue's options say so: a classic queue lives on one node, and
@@ -779,7 +825,14 @@ class Client:
 
         Asynchronous: the worker running it cancels its handler and acks it as cancelled;
         a worker receiving the job later skips it (the cancel is remembered for a while).
+        A handler running in a thread (a plain ``def``) cannot be interrupted: it runs to
+        completion, and INFO says so (``JobInfo.interruptible`` is False).
+
+        Raises :class:`InvalidJobError` for an id that cannot be a job id (not a lowercase
+        UUIDv7) and :class:`QueueNotFoundError` when ``ojs.queue.{q}`` does not exist;
+        nothing is sent then.
         """
+        check_job_id(job_id)
         await self._control_publish(queue, CONTROL_CANCEL, {"job_id": job_id})
 
     async def heartbeat(self, job_id: str, worker_id: str, *, queue: str = "default") -> None:
@@ -794,7 +847,12 @@ class Client:
         ``correlation_id``; replies with another id (late answers to earlier requests) are
         skipped.  Requests from one client are answered one at a time.  No answer within
         ``timeout`` gives ``JobInfo(state="unknown")``, not an exception.
+
+        Raises at once, sending nothing: :class:`InvalidJobError` for an id that cannot be a
+        job id (not a lowercase UUIDv7), :class:`QueueNotFoundError` when ``ojs.queue.{q}``
+        does not exist.
         """
+        check_job_id(job_id)
         timeout = duration_seconds(timeout, "timeout")
         await self.declare_control_queue(queue)
         correlation_id = uuid.uuid4().hex
@@ -828,6 +886,7 @@ class Client:
                             log.warning("malformed INFO reply for job %s: %r", job_id, reply.body[:200])
                             continue
                         if isinstance(data, dict) and data.get("job_id") == job_id:
+                            interruptible, detail = data.get("interruptible"), data.get("detail")
                             return JobInfo(
                                 job_id=job_id,
                                 state=str(data.get("state", "unknown")),
@@ -836,6 +895,9 @@ class Client:
                                 started_at=data.get("started_at"),
                                 finished_at=data.get("finished_at"),
                                 error=_error_info(data.get("error")),
+                                cancel_requested=data.get("cancel_requested") is True,
+                                interruptible=interruptible if isinstance(interruptible, bool) else None,
+                                detail=detail if isinstance(detail, str) else None,
                             )
                 except amqp.AMQPError:
                     await self._close_reply_queue()  # declared afresh by the next request
@@ -1007,9 +1069,7 @@ class DeadLetters:
                     held.append(msg)
                     out.append(_dead_job(msg))
             finally:
-                with anyio.CancelScope(shield=True):
-                    for msg in held:
-                        await msg.reject(requeue=True)
+                await return_to_queue(held)
         return out
 
     async def requeue(self, limit: int | None = None) -> int:
@@ -1045,9 +1105,7 @@ class DeadLetters:
                     await msg.ack()
                     moved += 1
             finally:
-                with anyio.CancelScope(shield=True):
-                    for msg in held:
-                        await msg.reject(requeue=True)
+                await return_to_queue(held)
         return moved
 
     async def republish(
@@ -1092,17 +1150,31 @@ class DeadLetters:
         the broker bounds nothing: run this periodically (``ojs-anyio dlq prune``
         or a task of your own).  The queue is FIFO by death, so it stops at the first job
         young enough to keep while the count is within bounds; at most ``limit`` are
-        dropped per call.  A job's death time is ``x-ojs-dead-lettered-at`` (annotated
-        mode), or RabbitMQ's ``x-death`` time, or its ``timestamp``.  ``on_dropped(n)`` is
-        called after each drop with the count so far (a progress report); ``stop()`` is
-        asked before each job and ends the call early when true.  Returns how many were
-        dropped.
+        dropped per call.  A job's death time is :func:`died_at`'s: ``x-ojs-dead-lettered-at``
+        (annotated mode), or RabbitMQ's ``x-death`` time, or its ``timestamp``; a job whose
+        death time is unknown (none of them, or an unusable one) is never dropped for its
+        age, so the age rule stops there too.  ``on_dropped(n)`` is called after each drop
+        with the count so far (a progress report); ``stop()`` is asked before each job and
+        ends the call early when true.  Returns how many were dropped.
+
+        ``max_jobs`` and ``limit`` must be whole numbers, zero or more (a negative one is
+        refused before anything is touched: it would otherwise drop every job).
         """
-        cutoff = (
-            None
-            if older_than is None
-            else datetime.now(UTC) - timedelta(seconds=duration_seconds(older_than, "older_than"))
-        )
+        for value, name in ((max_jobs, "max_jobs"), (limit, "limit")):
+            if value is None and name == "max_jobs":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")
+            if value < 0:
+                raise UsageError(f"{name} must be zero or more, got {value}")
+        now = datetime.now(UTC)
+        cutoff = None
+        if older_than is not None:
+            seconds = duration_seconds(older_than, "older_than")
+            try:
+                cutoff = now - timedelta(seconds=seconds)
+            except OverflowError:  # before year 1: no job is that old
+                cutoff = None
         dropped = 0
         async with self.client.conn.channel(confirms=False) as ch:
             excess = 0
@@ -1114,7 +1186,7 @@ class DeadLetters:
                 if msg is None:
                     break
                 if dropped >= excess:
-                    when = died_at(msg.properties)
+                    when = died_at(msg.properties, now=now)
                     if cutoff is None or when is None or when >= cutoff:
                         # The queue is oldest first: everything after this is kept too.
                         with anyio.CancelScope(shield=True):
@@ -1125,6 +1197,19 @@ class DeadLetters:
                 if on_dropped is not None:
                     on_dropped(dropped)
         return dropped
+
+
+async def return_to_queue(held: Sequence[amqp.IncomingMessage]) -> None:
+    """Put messages taken with ``Basic.Get`` back in their queue, in order (``Basic.Reject``
+    with requeue), shielded from cancellation.  Once their channel or connection is gone
+    the broker has put them back itself, so that is not an error (the error that closed it
+    is the caller's to report)."""
+    with anyio.CancelScope(shield=True):
+        for msg in held:
+            try:
+                await msg.reject(requeue=True)
+            except (amqp.StaleDeliveryError, amqp.ConnectionLostError, amqp.ConnectionClosedError):
+                return
 
 
 def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:

@@ -6,7 +6,7 @@ interrupted requeue neither loses nor doubles one.  Pure functions, no I/O.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -28,9 +28,12 @@ from ._wire import (
     with_headers,
 )
 
-__all__ = ["death_reason", "died_at", "requeue_properties"]
+__all__ = ["DEATH_CLOCK_SKEW", "death_reason", "died_at", "requeue_properties"]
 
 _DEAD_LETTERED_AT = "x-ojs-dead-lettered-at"
+#: How far ahead of the reader's clock a death time may be (clock skew between the host
+#: that wrote it and the one reading it); a later time cannot be right.
+DEATH_CLOCK_SKEW = timedelta(minutes=5)
 
 
 def requeue_properties(
@@ -75,26 +78,44 @@ def _x_death(headers: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def died_at(props: BasicProperties) -> datetime | None:
-    """When the job was dead-lettered: our ``x-ojs-dead-lettered-at`` (an annotated copy:
-    the worker's time; any ``x-death`` it carries is from an earlier hop, such as a retry
-    queue), else RabbitMQ's latest ``x-death`` time, else the message's ``timestamp`` (when
-    it was created)."""
+def died_at(props: BasicProperties, *, now: datetime | None = None) -> datetime | None:
+    """When the job was dead-lettered, in UTC, or None when that is unknown.
+
+    Our ``x-ojs-dead-lettered-at`` (an annotated copy: the worker's time; any ``x-death``
+    it carries is from an earlier hop, such as a retry queue), else RabbitMQ's latest
+    ``x-death`` time, else the message's ``timestamp`` (when it was created).
+
+    A time is unusable when it does not parse, when a ``datetime`` cannot hold it
+    (``9999-12-31T23:59:60Z`` is in year 10000), or when it is more than
+    :data:`DEATH_CLOCK_SKEW` ahead of ``now`` (default: the current time).  An unusable
+    ``x-ojs-dead-lettered-at`` falls back to the ``x-death`` time only, never to the
+    creation time, so a bad stamp never makes a job look older than it is: with no
+    ``x-death`` the time is unknown (None), and ``prune`` keeps the job."""
     headers = props.headers or {}
-    marked = headers.get(_DEAD_LETTERED_AT)
-    if isinstance(marked, str):
-        try:
-            return parse_timestamp(marked)
-        except ValueError:
-            pass
+    now = datetime.now(UTC) if now is None else now
     death = _x_death(headers)
-    if death is not None and isinstance(death.get("time"), datetime):
-        when: datetime = death["time"]
-        return when if when.tzinfo else when.replace(tzinfo=UTC)
-    stamp = props.timestamp
-    if isinstance(stamp, datetime):
-        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
-    return None
+    broker = _usable(death.get("time"), now) if death is not None else None
+    if _DEAD_LETTERED_AT in headers:
+        marked = headers[_DEAD_LETTERED_AT]
+        stamped = None
+        if isinstance(marked, str):
+            try:
+                stamped = _usable(parse_timestamp(marked), now)
+            except (ValueError, OverflowError):
+                stamped = None
+        return stamped if stamped is not None else broker
+    return broker if broker is not None else _usable(props.timestamp, now)
+
+
+def _usable(when: object, now: datetime) -> datetime | None:
+    """``when`` in UTC if it is a datetime that can be a death time (see :func:`died_at`)."""
+    if not isinstance(when, datetime):
+        return None
+    try:
+        utc = (when if when.tzinfo else when.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError:  # an offset that takes it past year 1 or 9999
+        return None
+    return utc if utc <= now + DEATH_CLOCK_SKEW else None
 
 
 def death_reason(props: BasicProperties) -> str:

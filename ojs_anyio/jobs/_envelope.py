@@ -43,7 +43,7 @@ from typing import Annotated, Any, Final, Literal, get_args
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from ._errors import InvalidDurationError, InvalidJobError
+from ._errors import ArgumentTypeError, InvalidDurationError, InvalidJobError
 from ._retry import Duration, EffectiveRetryPolicy, RetryPolicy, resolve_retry, validate_duration_syntax
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "Job",
     "JobState",
     "UniquePolicy",
+    "check_job_id",
     "decode_job",
     "encode_job",
     "format_timestamp",
@@ -432,6 +433,19 @@ def encode_job(job: Job) -> bytes:
     ):
         return _encoder.encode(job)
     return _encoder.encode(job_to_dict(job))
+
+
+def check_job_id(job_id: object, what: str = "job_id") -> str:
+    """``job_id`` when it can be an OJS job id, which job.schema.json makes a lowercase
+    UUIDv7: every id a conforming producer sends, and no other (a worker of ours
+    dead-letters a job with any other id as ``INVALID_PAYLOAD``, so it never runs).
+    Raises :class:`InvalidJobError` naming ``what``, or :class:`ArgumentTypeError` for a
+    non-str."""
+    if not isinstance(job_id, str):
+        raise ArgumentTypeError(f"{what} must be a str, not {type(job_id).__name__}")
+    if _ID_RE.fullmatch(job_id) is None:
+        raise InvalidJobError(what, f"{job_id!r} cannot be a job id: it must be {_PATTERN_HINTS[ID_PATTERN]}")
+    return job_id
 
 
 def validate_job(job: Job) -> Job:

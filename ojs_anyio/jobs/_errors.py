@@ -15,7 +15,7 @@
 
 * **Runtime failures** (the broker or the connection said no): :class:`JobError` and its
   subclasses, :class:`PushError` (:class:`QueueFullError`, :class:`UnroutableJobError`,
-  :class:`PushOutcomeUnknownError`), :class:`TopologyConflictError`,
+  :class:`PushOutcomeUnknownError`), :class:`QueueNotFoundError`, :class:`TopologyConflictError`,
   :class:`SchedulerUnavailableError`.  Each is an :class:`ojs_anyio.amqp.AMQPError`.
 
 * **Handler verdicts**, not errors: :class:`Retry`, :class:`Discard`, :class:`DeadLetter`.
@@ -41,6 +41,7 @@ __all__ = [
     "PushError",
     "PushOutcomeUnknownError",
     "QueueFullError",
+    "QueueNotFoundError",
     "SchedulerUnavailableError",
     "TopologyConflictError",
     "TopologyError",
@@ -117,6 +118,17 @@ class PushOutcomeUnknownError(PushError):
     """
 
     code = "OUTCOME_UNKNOWN"
+
+
+class QueueNotFoundError(JobError):
+    """The job queue ``ojs.queue.{q}`` does not exist on the broker (a passive declare said
+    404).  Raised by the calls that address a queue's workers (``cancel``, ``info``,
+    ``heartbeat``, ``declare_control_queue``) instead of declaring a control queue for a
+    name that no job queue has, and by ``use_existing_queue``."""
+
+    def __init__(self, message: str, *, queue: str) -> None:
+        self.queue = queue
+        super().__init__(message)
 
 
 class TopologyConflictError(JobError):

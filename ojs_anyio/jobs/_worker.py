@@ -52,7 +52,7 @@ from ojs_anyio.amqp import Int32, UsageError
 from .. import amqp
 from . import _tracing
 from ._args import check_queue_names
-from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, Client
+from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, SYNC_CANCEL_DETAIL, Client
 from ._dead_letter import dead_letter as settle_dead_letter
 from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
@@ -518,7 +518,11 @@ class Worker:
         now = time.monotonic()
         if kind == CONTROL_CANCEL:
             if self.cancel_job(job_id):
-                log.info("job %s: cancel requested, handler cancelled", job_id)
+                ctx = self.active.get(job_id)
+                if ctx is not None and not self._interruptible(ctx):
+                    log.info("job %s: %s", job_id, SYNC_CANCEL_DETAIL)
+                else:
+                    log.info("job %s: cancel requested, handler cancelled", job_id)
             else:
                 _remember(self._cancelled, job_id, now, limit=10_000)
         elif kind == CONTROL_HEARTBEAT:
@@ -560,7 +564,12 @@ class Worker:
                 "attempt": ctx.attempt,
                 "worker_id": self.worker_id,
                 "started_at": ctx.started_wall,
+                "interruptible": self._interruptible(ctx),
             }
+            if ctx.cancel_requested:
+                answer["cancel_requested"] = True
+                if not answer["interruptible"]:
+                    answer["detail"] = SYNC_CANCEL_DETAIL
             previous = error_from_headers(ctx.message.properties.headers)  # the last attempt's
             if previous is not None:
                 answer["error"] = previous
@@ -569,6 +578,11 @@ class Worker:
         if recent is None:
             return None
         return {**recent, "finished_at": recent["finished_at"].text()}
+
+    def _interruptible(self, ctx: JobContext) -> bool:
+        """Whether CANCEL stops the job's handler: not a plain ``def``, which runs in a thread."""
+        spec = self._handlers.get(ctx.job.type)
+        return spec is None or spec.is_async
 
     def _was_cancelled(self, job_id: str) -> bool:
         when = self._cancelled.get(job_id)

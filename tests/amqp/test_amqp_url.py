@@ -213,6 +213,12 @@ def test_password_not_in_repr_str_or_redacted() -> None:
         "amqp://alice:s3cr/etPw@h/",
         "amqp://alice:s3cr?etPw@h/",
         "amqp://alice:1234?etPw@h/",
+        # A '/' after digits: the start looks like a port, the rest like a vhost.
+        "amqp://alice:2024/s3cretPw@h",
+        "amqp://alice:2024/s3cretPw@h/",
+        "amqp://alice:2024/s3cretPw@h:5672/prod",
+        "amqp://alice:2024?s3cretPw=1@h",
+        "amqp://alice:s3cr?heartbeat=5@h",
     ],
 )
 def test_password_not_in_errors(url: str) -> None:
@@ -221,6 +227,20 @@ def test_password_not_in_errors(url: str) -> None:
     text = str(info.value) + repr(info.value)
     for piece in ("s3cr", "etPw", SECRET):
         assert piece not in text
+
+
+@pytest.mark.parametrize(
+    "url", ["amqp://u:2024/rest@h", "amqp://u:pa?ss@h/", "amqp://h/team@eu", "amqp://h/?x=a@b"]
+)
+def test_an_at_sign_after_the_host_is_refused_with_the_encoding_hint(url: str) -> None:
+    """The one unencoded '@' ends the user name and password; one after the host means the
+    password held an unencoded '/' or '?' (or a vhost or query value an unencoded '@')."""
+    with pytest.raises(InvalidURL, match="'@' after the host") as info:
+        parse_url(url)
+    assert "%2F" in str(info.value) and "%40" in str(info.value)
+    assert "rest" not in str(info.value)
+    assert parse_url("amqp://u:2024%2Frest@h").password == "2024/rest"
+    assert parse_url("amqp://h/team%40eu?server_name_indication=x").virtual_host == "team@eu"
 
 
 def test_connection_repr_hides_password() -> None:

@@ -32,6 +32,7 @@ def q() -> Iterator[str]:
 
 APP = """
 import os
+import time
 import anyio
 import ojs_anyio as ojs
 
@@ -53,6 +54,16 @@ async def work(ctx: ojs.JobContext, seconds: float) -> None:
     note("done", ctx)
 
 
+@worker.handler("t.sync")
+def sync_work(ctx: ojs.JobContext, release: str) -> None:
+    # A plain def (runs in a thread): returns once the file release exists (2 min at most).
+    note("start", ctx)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    note("done", ctx)
+
+
 sched = ojs.Scheduler(name=os.environ.get("APP_GROUP", "g"))
 sched.add("t.work", "* * * * * *", name="every-second", queue=QUEUE, args=[0])
 """
@@ -61,7 +72,8 @@ sched.add("t.work", "* * * * * *", name="every-second", queue=QUEUE, args=[0])
 @pytest.fixture
 def app_dir(tmp_path: Path, q: str, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A directory holding ``app.py`` (a Worker ``worker`` of queue ``q`` and a Scheduler
-    ``sched``); its handler logs ``start:ID:PID`` / ``done:ID:PID`` lines to $APP_LOG."""
+    ``sched``); its handlers (``t.work``, async, and ``t.sync``, a plain def) log
+    ``start:ID:PID`` / ``done:ID:PID`` lines to $APP_LOG."""
     (tmp_path / "app.py").write_text(APP)
     monkeypatch.setenv("APP_QUEUE", q)
     monkeypatch.setenv("APP_LOG", str(tmp_path / "jobs.log"))

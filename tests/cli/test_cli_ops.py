@@ -221,9 +221,10 @@ def test_info_and_cancel_against_a_running_worker(app_dir: Path, q: str) -> None
         assert "active" in ok("info", job_id, "--queue", q)
         cancelled = json.loads(ok("cancel", job_id, "--queue", q, "--timeout", "5", "--json"))
         assert cancelled["state"] == "cancelled"
-        r = run_cli("info", "no-such-job", "--queue", q, "--timeout", "0.5")
-        assert r.returncode == 5 and "no-such-job" in r.stderr
-        r = run_cli("cancel", "no-such-job", "--queue", q, "--timeout", "0.5")
+        unknown = "01a2095d-0000-7000-8000-000000000000"  # a job id no worker knows
+        r = run_cli("info", unknown, "--queue", q, "--timeout", "0.5")
+        assert r.returncode == 5 and unknown in r.stderr
+        r = run_cli("cancel", unknown, "--queue", q, "--timeout", "0.5")
         assert r.returncode == 5 and "cancel sent" in r.stderr
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
@@ -243,7 +244,7 @@ def test_errors_are_one_line_with_a_documented_code(q: str) -> None:
         (["push", "t.work", "--queue", q, "--args", '{"a": 1}'], 2, "must be a JSON array"),
         (["push", "t.work", "--queue", q, "--delay", "soon"], 2, "not a duration"),
         (["push", "t.work", "--queue", q, "--at", "2030-01-01T00:00:00"], 2, "no time zone"),
-        (["info", "nope", "--queue", q, "--timeout", "0.3"], 5, "no worker"),
+        (["info", "01a2095d-0000-7000-8000-000000000000", "--queue", q, "--timeout", "0.3"], 5, "no worker"),
         (["queues", "Bad Name"], 2, "not an OJS queue name"),
         (["queues"], 2, "name the queues"),
         (["worker", "nosuchapp:worker"], 6, "cannot import"),

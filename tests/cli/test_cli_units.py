@@ -96,3 +96,31 @@ def test_death_time_and_reason_fallbacks() -> None:
         }
     )
     assert died_at(retried) == datetime(2026, 2, 1, tzinfo=UTC)
+
+
+def test_an_unusable_death_time_is_unknown_or_the_brokers() -> None:
+    """A death stamp that does not parse, that a datetime cannot hold (the leap second takes
+    9999-12-31T23:59:60Z into year 10000) or that is in the future is not a death time: the
+    x-death time is used instead, and without one the time is unknown, never the (older)
+    creation time, so prune cannot drop the job for an age it does not have."""
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    created = datetime(2020, 1, 1, tzinfo=UTC)
+    broker = datetime(2026, 2, 1, tzinfo=UTC)
+    for stamp in ("9999-12-31T23:59:60Z", "9999-12-31T23:59:59Z", "0001-01-01T00:00:00+14:00", "soon", 42):
+        alone = _dead({"x-ojs-dead-lettered-at": stamp}, timestamp=created)
+        assert died_at(alone, now=now) is None, stamp
+        with_broker = _dead(
+            {"x-ojs-dead-lettered-at": stamp, "x-death": [{"reason": "expired", "time": broker}]},
+            timestamp=created,
+        )
+        assert died_at(with_broker, now=now) == broker, stamp
+    # A few minutes ahead is clock skew between hosts, not an error; an offset becomes UTC.
+    skewed = _dead({"x-ojs-dead-lettered-at": "2026-03-01T00:04:00Z"})
+    assert died_at(skewed, now=now) == datetime(2026, 3, 1, 0, 4, tzinfo=UTC)
+    offset = died_at(_dead({"x-ojs-dead-lettered-at": "2026-02-01T02:00:00+02:00"}), now=now)
+    assert offset == datetime(2026, 2, 1, tzinfo=UTC) and offset.tzinfo is UTC
+    # Without our stamp: a future x-death time is skipped for the creation time.
+    future_broker = _dead(
+        {"x-death": [{"reason": "expired", "time": datetime(2027, 1, 1)}]}, timestamp=created
+    )
+    assert died_at(future_broker, now=now) == created

@@ -14,7 +14,6 @@ import functools
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -173,7 +172,7 @@ async def test_info_active_then_completed_and_unknown(client: ojs.Client, q: str
         assert completed.worker_id == owner.worker_id
         assert completed.finished_at is not None
 
-        unknown_id = str(uuid.uuid4())
+        unknown_id = client.build("info.job", [], queue=q).id  # a job id nobody pushed
         t0 = time.monotonic()
         with anyio.fail_after(WAIT):
             unknown = await client.info(unknown_id, queue=q, timeout=0.5)
@@ -206,6 +205,7 @@ async def test_beat_reaches_every_worker_and_the_control_key(
     beats: list[tuple[str | None, dict[str, str]]] = []
     async with raw.channel(confirms=False) as ch:
         tap = await ch.queue_declare("", exclusive=True, auto_delete=True)
+        await client.declare_queue(q)  # a control queue only for a queue that exists
         await client.declare_control_queue(q)
         await ch.queue_bind(tap.name, names.direct_exchange, names.control_routing_key(q))
         async with (

@@ -95,8 +95,11 @@ def test_sync_client_raises_the_async_clients_errors_in_the_caller(backend: str)
     with ojs.SyncClient(URL, backend=backend, declare="lazy") as client:
         with pytest.raises(ojs.InvalidJobError):
             client.push("", [], queue="x")  # empty type: refused before anything is sent
-        info = client.info("no-such-job", queue=f"t{uuid.uuid4().hex[:10]}", timeout=0.2)
-        assert info.state == "unknown"
+        with pytest.raises(ojs.InvalidJobError, match="UUIDv7"):
+            client.info("no-such-job", queue="x", timeout=0.2)  # not a job id: refused at once
+        missing = f"t{uuid.uuid4().hex[:10]}"
+        with pytest.raises(ojs.QueueNotFoundError, match=missing):
+            client.info(client.build("sync.test", []).id, queue=missing, timeout=0.2)
 
 
 def test_sync_client_bad_url_fails_in_the_constructor() -> None:
