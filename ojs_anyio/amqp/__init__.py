@@ -62,6 +62,7 @@ from ._events import (
     TopologyRecoveryFailed,
 )
 from ._metrics import timing_enabled as sdk_meter_provider_installed
+from ._policy import DEFAULT_CONFIRM_TIMEOUT, DEFAULT_PUBLISH_TIMEOUT
 from ._url import AMQPURL, InvalidURL, parse_url
 
 __all__ = [
@@ -87,6 +88,8 @@ __all__ = [
     "Consumer",
     "ConsumerCancelledError",
     "ConsumerRecovered",
+    "DEFAULT_CONFIRM_TIMEOUT",
+    "DEFAULT_PUBLISH_TIMEOUT",
     "DeliveryAlreadySettledError",
     "IncomingMessage",
     "Int32",

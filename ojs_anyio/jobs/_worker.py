@@ -582,9 +582,11 @@ class Worker:
             amqp.StaleDeliveryError,
             amqp.ChannelClosedError,
             amqp.ConnectionLostError,
+            amqp.OperationTimeoutError,
         ) as exc:
-            # The connection or channel died while settling: the job was not acked, so the
-            # broker redelivers it (redelivered=True).  At-least-once, never lost.
+            # The connection or channel died while settling, or stayed away longer than
+            # publish_timeout: the job was not acked, so the broker redelivers it
+            # (redelivered=True).  At-least-once, never lost.
             log.warning(
                 "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
                 msg.properties.message_id, msg.delivery_tag, queue, exc,
