@@ -111,31 +111,25 @@ def push_error(exc: BaseException, job: Job) -> PushError:
 
 
 def _push_error(exc: BaseException, job: Job) -> PushError:
+    kind, text = _meaning(exc, job)
+    return kind(text, job_id=job.id, queue=job.queue)
+
+
+def _meaning(exc: BaseException, job: Job) -> tuple[type[PushError], str]:
+    where = f"queue {job.queue!r}"
     if isinstance(exc, amqp.UnroutableError):
-        return UnroutableJobError(
-            f"job {job.id} could not be routed to queue {job.queue!r}: {exc.reply_text} "
-            f"(is ojs.queue.{job.queue} declared and bound?)",
-            job_id=job.id,
-            queue=job.queue,
+        return UnroutableJobError, (
+            f"job {job.id} could not be routed to {where}: {exc.reply_text} "
+            f"(is ojs.queue.{job.queue} declared and bound?)"
         )
     if isinstance(exc, amqp.PublishNackedError):
-        return QueueFullError(
-            # A nack carries no reason.  Besides a full queue, a quorum queue nacks while it
-            # has no leader (an election after a node failure, or its majority down).
-            f"QUEUE_FULL: queue {job.queue!r} rejected job {job.id} (full with x-overflow=reject-publish, "
-            f"or a quorum queue without a leader at that moment); it was not enqueued",
-            job_id=job.id,
-            queue=job.queue,
+        # A nack carries no reason.  Besides a full queue, a quorum queue nacks while it
+        # has no leader (an election after a node failure, or its majority down).
+        return QueueFullError, (
+            f"QUEUE_FULL: {where} rejected job {job.id} (full with x-overflow=reject-publish, "
+            "or a quorum queue without a leader at that moment); it was not enqueued"
         )
     if isinstance(exc, amqp.PublishOutcomeUnknownError):
-        return PushOutcomeUnknownError(
-            f"outcome of job {job.id} on queue {job.queue!r} is unknown: {exc}",
-            job_id=job.id,
-            queue=job.queue,
-        )
+        return PushOutcomeUnknownError, f"outcome of job {job.id} on {where} is unknown: {exc}"
     # A publish timeout (PublishTimeoutError) or any UNAVAILABLE error: nothing was written.
-    return PushNotSentError(
-        f"job {job.id} was not sent to queue {job.queue!r}, so it is not enqueued: {exc}",
-        job_id=job.id,
-        queue=job.queue,
-    )
+    return PushNotSentError, f"job {job.id} was not sent to {where}, so it is not enqueued: {exc}"

@@ -17,7 +17,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -50,6 +51,19 @@ async def _delete(queue: str) -> None:
                 await ch.queue_delete(name)
 
 
+@asynccontextmanager
+async def _through_proxy() -> AsyncIterator[tuple[FaultProxy, ojs.Client, str]]:
+    """A client with the defaults, connected through a fault proxy, and a fresh queue it
+    declared by pushing one job while the broker was there (deleted afterwards)."""
+    q = _queue()
+    try:
+        async with FaultProxy() as proxy, ojs.connect(proxy.url()) as client:
+            await client.push("t.first", [0], queue=q)
+            yield proxy, client, q
+    finally:
+        await _delete(q)
+
+
 def _assert_not_sent(exc: BaseException | None, queue: str) -> None:
     assert isinstance(exc, ojs.PushNotSentError), repr(exc)
     assert not isinstance(exc, ojs.PushOutcomeUnknownError)
@@ -61,145 +75,123 @@ def _assert_not_sent(exc: BaseException | None, queue: str) -> None:
 
 @pytest.mark.anyio
 async def test_broker_away_longer_than_the_bound_every_push_is_not_sent() -> None:
-    q = _queue()
-    worker = ojs.Worker(queues=[q])
+    async with _through_proxy() as (proxy, client, q):
+        worker = ojs.Worker(queues=[q])
 
-    @worker.job("t.typed", queue=q)
-    async def typed(ctx: ojs.JobContext, n: int) -> None: ...
+        @worker.job("t.typed", queue=q)
+        async def typed(ctx: ojs.JobContext, n: int) -> None: ...
 
-    try:
-        async with FaultProxy() as proxy, ojs.connect(proxy.url()) as client:
-            log = EventLog(client.conn)
-            await client.push("t.first", [0], queue=q)  # declares the queue while the broker is there
-            proxy.refuse_new()
-            proxy.cut_all()
-            await log.wait_for(amqp.ConnectionLost)
-            ended: dict[str, tuple[Any, float]] = {}
-            started = anyio.current_time()
+        log = EventLog(client.conn)
+        proxy.refuse_new()
+        proxy.cut_all()
+        await log.wait_for(amqp.ConnectionLost)
+        ended: dict[str, tuple[Any, float]] = {}
+        started = anyio.current_time()
 
-            async def attempt(name: str, call: Callable[[], Awaitable[Any]]) -> None:
-                try:
-                    outcome: Any = await call()
-                except ojs.PushError as exc:
-                    outcome = exc
-                ended[name] = (outcome, anyio.current_time() - started)
+        async def attempt(name: str, call: Callable[[], Awaitable[Any]]) -> None:
+            try:
+                outcome: Any = await call()
+            except ojs.PushError as exc:
+                outcome = exc
+            ended[name] = (outcome, anyio.current_time() - started)
 
-            with anyio.fail_after(BOUND + SLACK):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(attempt, "push", lambda: client.push("t.x", [1], queue=q))
-                    tg.start_soon(
-                        attempt, "push_for_result", lambda: client.push_for_result("t.x", [2], queue=q)
-                    )
-                    tg.start_soon(attempt, "typed", lambda: typed.push(client, 3))
-                    batch = [client.build("t.x", [n], queue=q) for n in range(4, 7)]
-                    tg.start_soon(attempt, "push_batch", lambda: client.push_batch(batch))
+        batch = [client.build("t.x", [n], queue=q) for n in range(4, 7)]
+        with anyio.fail_after(BOUND + SLACK):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attempt, "push", lambda: client.push("t.x", [1], queue=q))
+                tg.start_soon(attempt, "push_for_result", lambda: client.push_for_result("t.x", [2], queue=q))
+                tg.start_soon(attempt, "typed", lambda: typed.push(client, 3))
+                tg.start_soon(attempt, "push_batch", lambda: client.push_batch(batch))
 
-            for name in ("push", "push_for_result", "typed"):
-                error, elapsed = ended[name]
-                _assert_not_sent(error, q)
-                assert BOUND * 0.9 <= elapsed < BOUND + SLACK, (name, elapsed)
-            results, elapsed = ended["push_batch"]
-            # One bound for the whole batch, not one per job.
-            assert BOUND * 0.9 <= elapsed < BOUND + SLACK, elapsed
-            assert [r.job.id for r in results] == [j.id for j in batch]
-            for r in results:
-                assert not r.ok
-                _assert_not_sent(r.error, q)
+        for name in ("push", "push_for_result", "typed"):
+            error, elapsed = ended[name]
+            _assert_not_sent(error, q)
+            assert BOUND * 0.9 <= elapsed < BOUND + SLACK, (name, elapsed)
+        results, elapsed = ended["push_batch"]
+        # One bound for the whole batch, not one per job.
+        assert BOUND * 0.9 <= elapsed < BOUND + SLACK, elapsed
+        assert [r.job.id for r in results] == [j.id for j in batch]
+        for r in results:
+            assert not r.ok
+            _assert_not_sent(r.error, q)
 
-            proxy.refuse_new(False)
-            await log.wait_recovered(timeout=60)
-            # Not sent means not enqueued: only the first job is there, and pushing works again.
-            assert await message_count(client.conn, ojs.Names().job_queue(q)) == 1
-            await client.push("t.after", [], queue=q)
-            assert await message_count(client.conn, ojs.Names().job_queue(q)) == 2
-    finally:
-        await _delete(q)
+        proxy.refuse_new(False)
+        await log.wait_recovered(timeout=60)
+        # Not sent means not enqueued: only the first job is there, and pushing works again.
+        assert await message_count(client.conn, ojs.Names().job_queue(q)) == 1
+        await client.push("t.after", [], queue=q)
+        assert await message_count(client.conn, ojs.Names().job_queue(q)) == 2
 
 
 @pytest.mark.anyio
 async def test_a_short_outage_inside_the_bound_the_push_succeeds_after_recovery() -> None:
-    q = _queue()
-    try:
-        async with FaultProxy() as proxy, ojs.connect(proxy.url()) as client:
-            log = EventLog(client.conn)
-            await client.push("t.first", [0], queue=q)
-            proxy.refuse_new()
-            proxy.cut_all()
-            await log.wait_for(amqp.ConnectionLost)
-            assert not client.conn.is_open
-            pushed: list[tuple[ojs.Job, float]] = []
-            started = anyio.current_time()
+    async with _through_proxy() as (proxy, client, q):
+        log = EventLog(client.conn)
+        proxy.refuse_new()
+        proxy.cut_all()
+        await log.wait_for(amqp.ConnectionLost)
+        assert not client.conn.is_open
+        pushed: list[tuple[ojs.Job, float]] = []
+        started = anyio.current_time()
 
-            async def push() -> None:
-                job = await client.push("t.x", [1], queue=q)
-                pushed.append((job, anyio.current_time()))
+        async def push() -> None:
+            job = await client.push("t.x", [1], queue=q)
+            pushed.append((job, anyio.current_time()))
 
-            with anyio.fail_after(BOUND + SLACK):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(push)
-                    # The outage ends before the first reconnect attempt (about 1 s after the
-                    # loss, the default policy): the push started while it lasted.
-                    proxy.refuse_new(False)
-            job, done_at = pushed[0]
-            recovered_at = log.times_of(amqp.ConnectionRecovered)
-            assert recovered_at and recovered_at[0] <= done_at  # it waited for the recovery
-            assert done_at - started < BOUND + SLACK
-            assert await message_count(client.conn, ojs.Names().job_queue(q)) == 2
-            assert job.queue == q
-    finally:
-        await _delete(q)
+        with anyio.fail_after(BOUND + SLACK):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(push)
+                # The outage ends before the first reconnect attempt (about 1 s after the
+                # loss, the default policy): the push started while it lasted.
+                proxy.refuse_new(False)
+        job, done_at = pushed[0]
+        recovered_at = log.times_of(amqp.ConnectionRecovered)
+        assert recovered_at and recovered_at[0] <= done_at  # it waited for the recovery
+        assert done_at - started < BOUND + SLACK
+        assert await message_count(client.conn, ojs.Names().job_queue(q)) == 2
+        assert job.queue == q
 
 
 @pytest.mark.anyio
 async def test_the_connection_dies_after_the_job_was_written_outcome_unknown() -> None:
-    q = _queue()
-    try:
-        async with FaultProxy() as proxy, ojs.connect(proxy.url()) as client:
-            await client.push("t.first", [0], queue=q)
-            ch = await client.channel()
-            proxy.stall("upstream")  # the job reaches the proxy, never the broker
-            ended: list[tuple[BaseException, float]] = []
+    async with _through_proxy() as (proxy, client, q):
+        ch = await client.channel()
+        proxy.stall("upstream")  # the job reaches the proxy, never the broker
+        ended: list[tuple[BaseException, float]] = []
 
-            async def push() -> None:
-                try:
-                    await client.push("t.x", [1], queue=q)
-                except ojs.PushError as exc:
-                    ended.append((exc, anyio.current_time()))
+        async def push() -> None:
+            try:
+                await client.push("t.x", [1], queue=q)
+            except ojs.PushError as exc:
+                ended.append((exc, anyio.current_time()))
 
-            with anyio.fail_after(SLACK):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(push)
-                    await wait_until(lambda: ch.unconfirmed == 1, what="the job written")
-                    cut_at = anyio.current_time()
-                    proxy.cut_all()
-                    proxy.unstall()
-            error, at = ended[0]
-            assert isinstance(error, ojs.PushOutcomeUnknownError), repr(error)
-            assert not isinstance(error, ojs.PushNotSentError)
-            assert error.code == "OUTCOME_UNKNOWN" and error.queue == q
-            assert at - cut_at < SLACK  # at the loss, not after a timeout
-    finally:
-        await _delete(q)
+        with anyio.fail_after(SLACK):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(push)
+                await wait_until(lambda: ch.unconfirmed == 1, what="the job written")
+                cut_at = anyio.current_time()
+                proxy.cut_all()
+                proxy.unstall()
+        error, at = ended[0]
+        assert isinstance(error, ojs.PushOutcomeUnknownError), repr(error)
+        assert not isinstance(error, ojs.PushNotSentError)
+        assert error.code == "OUTCOME_UNKNOWN" and error.queue == q
+        assert at - cut_at < SLACK  # at the loss, not after a timeout
 
 
 @pytest.mark.anyio
 async def test_a_silent_broker_after_the_job_was_written_outcome_unknown_after_confirm_timeout() -> None:
-    q = _queue()
-    try:
-        async with FaultProxy() as proxy, ojs.connect(proxy.url()) as client:
-            await client.push("t.first", [0], queue=q)
-            proxy.stall()  # nothing gets through, and the heartbeat (60 s) notices nothing yet
-            started = anyio.current_time()
-            with anyio.fail_after(CONFIRM + SLACK), pytest.raises(ojs.PushOutcomeUnknownError) as info:
-                await client.push("t.x", [1], queue=q)
-            elapsed = anyio.current_time() - started
-            assert CONFIRM * 0.9 <= elapsed < CONFIRM + SLACK, elapsed
-            assert f"not confirmed within {CONFIRM:.3g}s" in str(info.value)
-            proxy.unstall()
-            # "Unknown" was the honest answer: the broker got the job after all.
-            await wait_message_count(URL, ojs.Names().job_queue(q), 2, timeout=SLACK)
-    finally:
-        await _delete(q)
+    async with _through_proxy() as (proxy, client, q):
+        proxy.stall()  # nothing gets through, and the heartbeat (60 s) notices nothing yet
+        started = anyio.current_time()
+        with anyio.fail_after(CONFIRM + SLACK), pytest.raises(ojs.PushOutcomeUnknownError) as info:
+            await client.push("t.x", [1], queue=q)
+        elapsed = anyio.current_time() - started
+        assert CONFIRM * 0.9 <= elapsed < CONFIRM + SLACK, elapsed
+        assert f"not confirmed within {CONFIRM:.3g}s" in str(info.value)
+        proxy.unstall()
+        # "Unknown" was the honest answer: the broker got the job after all.
+        await wait_message_count(URL, ojs.Names().job_queue(q), 2, timeout=SLACK)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
