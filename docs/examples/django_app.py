@@ -5,7 +5,11 @@ in a real project the ``get_client()`` part lives in your app's module and ``clo
 is wired to process shutdown the same way.
 
 ``SyncClient`` keeps one connection in a background event loop and is safe to call from
-every request thread; ``push`` returns once the broker confirmed the job.
+every request thread; ``push`` returns once the broker confirmed the job.  The view answers
+202 with the job id, or 503 with ``Retry-After`` when the broker is away: a push waits at
+most ``publish_timeout`` (5 s) for a recovering connection and ``confirm_timeout`` (5 s)
+for the confirm, and connecting at most ``connection_timeout`` (10 s), so a request thread
+never hangs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from django.urls import path
 import ojs_anyio as ojs
 
 QUEUE = os.environ.get("OJS_EXAMPLE_QUEUE", "email")
+#: Seconds a client should wait before trying again when the broker is away.
+RETRY_AFTER = "10"
 
 _client: ojs.SyncClient | None = None
 _client_lock = threading.Lock()
@@ -47,8 +53,22 @@ atexit.register(close_client)
 
 def signup(request: HttpRequest) -> JsonResponse:
     email = request.POST["email"]
-    job = get_client().push("email.send", [email, "welcome"], queue=QUEUE)
-    return JsonResponse({"job_id": job.id})
+    try:
+        job = get_client().push("email.send", [email, "welcome"], queue=QUEUE)
+    except (ojs.PushNotSentError, ojs.amqp.ConnectionLostError):
+        # Certainly not queued (not sent, or no connection could be made to send it): the
+        # caller may simply try again later.
+        return _unavailable({"queued": False})
+    except ojs.PushOutcomeUnknownError as exc:
+        # Sent, but not confirmed: it may run.  Trying again may send a second email.
+        return _unavailable({"queued": "unknown", "job_id": exc.job_id})
+    return JsonResponse({"job_id": job.id}, status=202)
+
+
+def _unavailable(body: dict[str, object]) -> JsonResponse:
+    response = JsonResponse({"error": "the job queue is unavailable", **body}, status=503)
+    response["Retry-After"] = RETRY_AFTER
+    return response
 
 
 urlpatterns = [path("signup", signup)]

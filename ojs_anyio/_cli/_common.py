@@ -110,7 +110,7 @@ def redact(text: str, url: str | None) -> str:
 
 def error_for(exc: BaseException, url: str | None) -> CLIError:
     """Map a library exception onto a one-line message and an exit code."""
-    from .. import PushError, QueueNotFoundError, TopologyConflictError
+    from .. import PushError, PushNotSentError, QueueNotFoundError, TopologyConflictError
 
     where = broker_where(url)
     if isinstance(exc, CLIError):
@@ -128,7 +128,7 @@ def error_for(exc: BaseException, url: str | None) -> CLIError:
         return CLIError(f"access refused{where}: {_reply(exc)}", EXIT_AUTH)
     if isinstance(exc, amqp.ConnectionLevelError) and getattr(exc, "reply_code", None) == 530:
         return CLIError(f"the broker refused the connection{where}: {_reply(exc)}", EXIT_AUTH)
-    if isinstance(exc, amqp.ConnectionLostError | amqp.ConnectionClosedError | OSError):
+    if isinstance(exc, amqp.ConnectionLostError | amqp.ConnectionClosedError | OSError | PushNotSentError):
         return CLIError(f"cannot reach the broker{where}: {exc}", EXIT_CONNECT)
     if isinstance(exc, amqp.NotFound):
         return CLIError(f"not found: {_reply(exc)}", EXIT_NOT_FOUND)

@@ -72,6 +72,7 @@ from ._events import (
     TopologyRecoveryFailed,
 )
 from ._metrics import timing_enabled as sdk_meter_provider_installed
+from ._policy import DEFAULT_CONFIRM_TIMEOUT, DEFAULT_PUBLISH_TIMEOUT
 from ._republish import DEFAULT_REPUBLISH_POLICY, Republished, RepublishPolicy, copy_properties, republish
 from ._url import AMQPURL, InvalidURL, parse_url
 
@@ -99,6 +100,8 @@ __all__ = [
     "ConsumerCancelledError",
     "ConsumerRecovered",
     "DELIVERY_LOST_ERRORS",
+    "DEFAULT_CONFIRM_TIMEOUT",
+    "DEFAULT_PUBLISH_TIMEOUT",
     "DeliveryAlreadySettledError",
     "IncomingMessage",
     "NESTED_TOO_DEEP",

@@ -198,7 +198,7 @@ class Connection:
                 await self._unblocked.wait()
             if scope.cancelled_caught:
                 raise BlockedTimeoutError(
-                    f"broker kept publishers blocked for over {timeout}s (reason: {self.blocked_reason})"
+                    f"broker kept publishers blocked for over {timeout:.3g}s (reason: {self.blocked_reason})"
                 )
         if self._closed:
             raise ConnectionClosedError("connection is closed")
@@ -213,7 +213,7 @@ class Connection:
                 self._raise_if_closed()
                 await self._connected.wait()
         if scope.cancelled_caught:
-            raise OperationTimeoutError(f"connection not re-established within {timeout}s")
+            raise OperationTimeoutError(f"connection not re-established within {timeout:.3g}s")
         self._raise_if_closed()
 
     async def aclose(self) -> None:

@@ -148,12 +148,14 @@ class StaleDeliveryError(UsageError):
 
 
 #: The errors that mean "this delivery can no longer be settled here": its channel or
-#: connection died (or was recovered) before the settlement went out, so the broker
-#: delivers the message again.  A consumer catches these around one message's handling,
-#: logs them and carries on with the next delivery.
+#: connection died (or was recovered, or stayed away longer than the operation's
+#: timeout: it is recovering) before the settlement went out, so the broker delivers the
+#: message again.  A consumer catches these around one message's handling, logs them and
+#: carries on with the next delivery.
 DELIVERY_LOST_ERRORS: tuple[type[Exception], ...] = (
     PublishOutcomeUnknownError,
     StaleDeliveryError,
     ChannelClosedError,
     ConnectionLostError,
+    OperationTimeoutError,
 )

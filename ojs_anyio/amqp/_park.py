@@ -33,16 +33,22 @@ def _on_trio() -> bool:
     return sniffio is not None and sniffio.thread_local.name == "trio"
 
 
-async def wait(slot: Slot) -> None:
-    """Suspend until :func:`wake` is called with ``slot._waiter`` (which must be empty)."""
+async def wait(slot: Slot, timeout: float | None = None) -> None:
+    """Suspend until :func:`wake` is called with ``slot._waiter`` (which must be empty), or
+    until ``timeout`` seconds passed: the caller tells the two apart by what it waits for.
+    The timeout is a bare timer (asyncio) rather than a cancel scope, for the hot path."""
     if not _on_trio():
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         slot._waiter = fut
+        timer = None if timeout is None else loop.call_later(timeout, _resolve, fut)
         try:
             await fut
         finally:
             if slot._waiter is fut:
                 slot._waiter = None
+            if timer is not None:
+                timer.cancel()
         return
     import trio
 
@@ -54,7 +60,16 @@ async def wait(slot: Slot) -> None:
             slot._waiter = None
         return trio.lowlevel.Abort.SUCCEEDED
 
-    await trio.lowlevel.wait_task_rescheduled(abort)
+    if timeout is None:
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        return
+    with trio.move_on_after(timeout):
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def wake(slot: Slot) -> None:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["NO_RECOVERY", "RecoveryPolicy"]
+__all__ = ["DEFAULT_CONFIRM_TIMEOUT", "DEFAULT_PUBLISH_TIMEOUT", "NO_RECOVERY", "RecoveryPolicy"]
+
+#: Seconds a call waits for a recovering (or blocked) connection, by default, in the
+#: layers that turn recovery on for callers who must answer soon (``ojs_anyio.connect``,
+#: ``events.connect``): the first two reconnect attempts of the default policy fit
+#: (after about 1 s and 3 s), a web request does not hang.  ``docs/failure-handling.md``.
+DEFAULT_PUBLISH_TIMEOUT = 5.0
+#: Seconds a push or an event publish waits for the broker's confirm once it was sent, by
+#: default in the same layers.  A healthy broker confirms within milliseconds.
+DEFAULT_CONFIRM_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -144,10 +144,23 @@ class PublishWindow:
     async def flush(self) -> None:
         await self.channel._flush_publish()
 
-    async def wait_all(self) -> list[PublishHandle]:
-        """Flush, wait until no publish of this window is pending; return the failed ones."""
+    async def wait_all(self, timeout: float | None = None) -> list[PublishHandle]:
+        """Flush, wait until no publish of this window is pending; return the failed ones.
+
+        ``timeout`` bounds the wait for the confirms (default: until each one comes, or the
+        connection is declared dead).  When it passes, every publish of the window still
+        without a confirm fails with :class:`PublishOutcomeUnknownError` and is among the
+        returned handles.
+        """
         await self.flush()
-        await self._wait_below(0)
+        if timeout is None:
+            await self._wait_below(0)
+        else:
+            with anyio.move_on_after(timeout):
+                await self._wait_below(0)
+            if self.in_flight:
+                ch = self.channel
+                ch._give_up_confirms([h for h in ch._pending.values() if h._window is self], timeout)
         failed, self.failures = self.failures, []
         return failed
 
@@ -193,6 +206,20 @@ class PublishingChannel(ChannelCore):
                 )
                 exc.__cause__ = error
                 handle._resolve(exc)
+
+    def _give_up_confirms(self, handles: list[PublishHandle], timeout: float) -> None:
+        """Stop waiting for these handles' confirms: each fails "outcome unknown" (the
+        message was sent; the broker may still route it).  A confirm that comes later finds
+        no pending handle and is ignored."""
+        for handle in handles:
+            if self._pending.get(handle.tag) is handle:
+                del self._pending[handle.tag]
+            handle._resolve(
+                PublishOutcomeUnknownError(
+                    f"publish to {handle.exchange!r}/{handle.routing_key!r} sent, but not confirmed "
+                    f"within {timeout:.3g}s"
+                )
+            )
 
     # -------------------------------------------------- events from the reader
 
@@ -309,14 +336,18 @@ class PublishingChannel(ChannelCore):
         properties: BasicProperties | None = None,
         mandatory: bool = False,
         timeout: float | None = None,
+        confirm_timeout: float | None = None,
     ) -> None:
         """Publish one message.  With confirms on, return once the broker acked it.
 
         Raises :class:`UnroutableError` (mandatory and no queue matched),
         :class:`PublishNackedError`, :class:`PublishOutcomeUnknownError` (the channel or
-        connection died first), or :class:`BlockedTimeoutError` / ``PublishTimeoutError``
-        when ``timeout`` passes while the broker blocks publishers or the connection is
-        recovering.  ``properties`` are never modified.
+        connection died first, or no confirm came within ``confirm_timeout`` seconds of
+        sending), or :class:`BlockedTimeoutError` / ``PublishTimeoutError`` (nothing was
+        sent) when ``timeout`` (default: the connection's ``publish_timeout``) passes while
+        the broker blocks publishers or the connection is recovering.  Without
+        ``confirm_timeout`` the confirm is awaited until it comes or the connection is
+        declared dead (missed heartbeats).  ``properties`` are never modified.
         """
         handle = await self._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, None)
         try:
@@ -326,6 +357,10 @@ class PublishingChannel(ChannelCore):
                 self._pending.pop(handle.tag, None)
             raise PublishOutcomeUnknownError(f"connection failed while sending the publish: {exc}") from exc
         if handle.tag:
+            if confirm_timeout is not None and handle._result is None:
+                await _park.wait(handle, confirm_timeout)  # the confirm, or the time is up
+                if handle._result is None:
+                    self._give_up_confirms([handle], confirm_timeout)
             await handle.wait()
 
     def publish_window(self, max_in_flight: int = 1024) -> PublishWindow:

@@ -60,6 +60,8 @@ class EventBus:
         recovery: amqp.RecoveryPolicy | None = None,
         connection_name: str = "ojs-events",
         republish: amqp.RepublishPolicy = amqp.DEFAULT_REPUBLISH_POLICY,
+        publish_timeout: float | None = amqp.DEFAULT_PUBLISH_TIMEOUT,
+        confirm_timeout: float | None = amqp.DEFAULT_CONFIRM_TIMEOUT,
         **connect_options: Any,
     ) -> None:
         if publisher_pool_size < 1:
@@ -79,6 +81,10 @@ class EventBus:
         #: How redeliveries and dead-letter copies ride out transient refusals (see amqp.republish).
         self.republish = republish
         self.connection_name = connection_name
+        #: The publisher connection's bound on waiting for recovery (subscribers wait as long
+        #: as recovery takes), and a publish's bound on waiting for its confirm.
+        self.publish_timeout = publish_timeout
+        self.confirm_timeout = confirm_timeout
         self._connect_options = connect_options
         self._tg: anyio.abc.TaskGroup | None = None
         self._publisher: _Slot | None = None
@@ -111,7 +117,9 @@ class EventBus:
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
         self._tg = tg
-        self._publisher = await self._open_slot(f"{self.connection_name}-pub")
+        self._publisher = await self._open_slot(
+            f"{self.connection_name}-pub", publish_timeout=self.publish_timeout
+        )
         conn = self._publisher.conn
         for _ in range(self.publisher_pool_size):
             ch = conn.channel(confirms=True)
@@ -120,13 +128,16 @@ class EventBus:
         # The exchange exists before anyone publishes (queues are the subscribers' business).
         await self._channels[0].exchange_declare(self.exchange, "topic", durable=True)
 
-    async def _open_slot(self, name: str) -> _Slot:
+    async def _open_slot(self, name: str, **options: Any) -> _Slot:
         assert self._tg is not None
-        slot: _Slot = await self._tg.start(self._hold, name)
+        slot: _Slot = await self._tg.start(self._hold, name, options)
         return slot
 
-    async def _hold(self, name: str, *, task_status: anyio.abc.TaskStatus[_Slot]) -> None:
-        async with amqp.connect(self.url, recovery=self.recovery, name=name, **self._connect_options) as conn:
+    async def _hold(
+        self, name: str, options: dict[str, Any], *, task_status: anyio.abc.TaskStatus[_Slot]
+    ) -> None:
+        options = {**self._connect_options, **options}
+        async with amqp.connect(self.url, recovery=self.recovery, name=name, **options) as conn:
             slot = _Slot(conn)
             task_status.started(slot)
             await slot.stop.wait()
@@ -189,8 +200,10 @@ class EventBus:
         ``message_id``, ``timestamp``, ``content_type`` and the current trace context.
         Raises ``amqp.UnroutableError`` when no queue is bound to the key (``mandatory``,
         on by default), ``amqp.PublishNackedError``, ``amqp.PublishOutcomeUnknownError``
-        (the connection died first: publish again, with the same ``message_id``, if a
-        duplicate is acceptable) or ``amqp.PublishTimeoutError``.
+        (sent, then the connection died or no confirm came within the bus's
+        ``confirm_timeout``: publish again, with the same ``message_id``, if a duplicate is
+        acceptable) or ``amqp.PublishTimeoutError`` (not sent: the connection was not usable
+        within ``timeout``, by default the bus's ``publish_timeout``).
         """
         body, content_type = encode_payload(payload)
         mid = message_id or new_message_id()
@@ -204,6 +217,7 @@ class EventBus:
                 properties=props,
                 mandatory=self.mandatory if mandatory is None else mandatory,
                 timeout=timeout,
+                confirm_timeout=self.confirm_timeout,
             )
         return mid
 
@@ -224,7 +238,7 @@ class EventBus:
         """
         window = self.publish_window(max_in_flight)
         ids = [(await window.publish(key, payload)).message_id for key, payload in events]
-        failed = await window.wait_all()
+        failed = await window.wait_all(self.confirm_timeout)
         if failed:
             error = failed[0].error
             assert error is not None
@@ -436,13 +450,15 @@ class EventWindow:
     def in_flight(self) -> int:
         return self._window.in_flight
 
-    async def wait_all(self) -> list[EventHandle]:
+    async def wait_all(self, timeout: float | None = None) -> list[EventHandle]:
         """Flush, wait for every confirm; return the failed events (``[]``: all confirmed).
 
-        A returned (unroutable) event's ``message_id`` is known from the broker's return;
-        for other failures it is ``""``: keep the handles ``publish`` gave if you need it.
+        ``timeout`` bounds the wait (default: the bus's ``confirm_timeout``); events still
+        unconfirmed then fail with ``amqp.PublishOutcomeUnknownError``.  A returned
+        (unroutable) event's ``message_id`` is known from the broker's return; for other
+        failures it is ``""``: keep the handles ``publish`` gave if you need it.
         """
-        failed = await self._window.wait_all()
+        failed = await self._window.wait_all(self._bus.confirm_timeout if timeout is None else timeout)
         out = []
         for h in failed:
             props = getattr(h.error, "properties", None)
@@ -501,7 +517,9 @@ async def connect(url: str | None = None, **options: Any) -> AsyncIterator[Event
     Options: ``exchange`` (default ``"events"``), ``queue_tag`` (``""``), ``mandatory``
     (True), ``publisher_pool_size`` (4), ``max_subscriptions_per_connection`` (100),
     ``redelivery`` (:class:`RedeliveryPolicy`), ``recovery`` (``amqp.RecoveryPolicy``, on
-    by default), ``connection_name``; anything else goes to ``amqp.connect``.
+    by default), ``connection_name``, ``publish_timeout`` (5 s: how long a publish waits for
+    the recovering publisher connection; ``None``: without bound), ``confirm_timeout`` (5 s:
+    how long a publish waits for its confirm once sent); anything else goes to ``amqp.connect``.
     """
     bus = EventBus(url, **options)
     try:

@@ -34,16 +34,14 @@ from ._envelope import ErrorInfo, Job, check_job_id, encode_job, new_job, parse_
 from ._errors import ArgumentTypeError, DelayOutOfRangeError
 from ._exceptions import (
     PushError,
-    PushOutcomeUnknownError,
-    QueueFullError,
     QueueNotFoundError,
     SchedulerUnavailableError,
     TopologyConflictError,
-    UnroutableJobError,
 )
 from ._middleware import Middleware, build_push_chain, check_middleware, overrides
 from ._results import PendingResult, ResultRouter
 from ._retry import RetryPolicy, merge
+from ._sending import SEND_FAILURES, UNAVAILABLE, SendDeadline, before_sending, push_error
 from ._topology import (
     DELAY_LEVELS,
     DLQ_MAX_AGE_MS,
@@ -165,6 +163,7 @@ class Client:
         retry: RetryPolicy | None = None,
         scheduler: str = "levels",
         middleware: Sequence[Middleware] | None = None,
+        confirm_timeout: float | None = amqp.DEFAULT_CONFIRM_TIMEOUT,
     ) -> None:
         if declare not in ("eager", "lazy"):
             raise UsageError("declare must be 'eager' or 'lazy'")
@@ -180,6 +179,9 @@ class Client:
                 f"not {type(queue_options).__name__}"
             )
         self.conn = conn
+        #: Seconds a push waits for the broker's confirm once the job was sent (None: until
+        #: it comes or the connection is declared dead), then PushOutcomeUnknownError.
+        self.confirm_timeout = confirm_timeout
         #: Around-hooks of every push (first = outermost); see :class:`Middleware`.
         self.middleware: tuple[Middleware, ...] = check_middleware(middleware)
         self._push_hooks = tuple(m for m in self.middleware if overrides(m, "around_push"))
@@ -525,8 +527,10 @@ class Client:
         """PUSH one job; return it once the broker confirmed it (001 §5.1).
 
         Raises :class:`UnroutableJobError` (its queue doesn't exist), :class:`QueueFullError`
-        (QUEUE_FULL), :class:`PushOutcomeUnknownError` (connection lost before the confirm);
-        ``TypeError`` for an argument JSON cannot carry.
+        (QUEUE_FULL), :class:`PushNotSentError` (not sent: the connection was not usable
+        within ``publish_timeout``; the job is not enqueued), :class:`PushOutcomeUnknownError`
+        (sent, then the connection was lost or ``confirm_timeout`` passed before the
+        confirm); ``TypeError`` for an argument JSON cannot carry.
 
         ``idempotency_key``: a second push with the same key within ``idempotency_window``
         (default 24 h), from any client of the broker, raises :class:`DuplicateJobError`
@@ -578,7 +582,11 @@ class Client:
         """:meth:`push_for_result` for a job built with :meth:`build`."""
         _check_pushable(job)
         router = self._result_router()
-        reply_to = await router.reply_to()
+        try:
+            with before_sending(SendDeadline(self.conn)):
+                reply_to = await router.reply_to()
+        except UNAVAILABLE as exc:
+            raise push_error(exc, job) from exc
         pending: PendingResult[R] = router.expect(job, convert)
         try:
             pushed = await self._push_through(job, idempotency_key, idempotency_window, reply_to)
@@ -644,15 +652,19 @@ class Client:
         window_ms = duration_ms(window, "idempotency_window", allow_zero=False)
         check_window(window_ms)
         lock = lock_queue(self.names.prefix, idempotency_key, window_ms)
-        if self.declare == "eager" or job.queue not in self._declared_queues:
-            await self.declare_queue(job.queue)  # before the claim: a topology error keeps the key free
-        ch = await self.channel()
+        deadline = SendDeadline(self.conn)
         try:
+            with before_sending(deadline):
+                # Before the claim: a topology error keeps the key free.
+                if self.declare == "eager" or job.queue not in self._declared_queues:
+                    await self.declare_queue(job.queue)
+                ch = await self.channel()
+            # Not under the deadline: cut after its marker was sent, the key's state is unknown.
             await claim(ch, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
-        except amqp.PublishError as exc:
-            raise _push_error(exc, job) from exc
+        except SEND_FAILURES as exc:
+            raise push_error(exc, job) from exc
         try:
-            return await self._publish_job(job, idempotency_key, reply_to)
+            return await self._publish_job(job, idempotency_key, reply_to, deadline)
         except BaseException:
             # Free the key, so that pushing again can succeed (at least once, as everywhere).
             with anyio.CancelScope(shield=True):
@@ -664,51 +676,77 @@ class Client:
                     )
             raise
 
-    async def _publish_job(self, job: Job, idempotency_key: str | None, reply_to: str | None = None) -> Job:
-        if self.declare == "eager" or job.queue not in self._declared_queues:
-            await self.declare_queue(job.queue)
+    async def _publish_job(
+        self,
+        job: Job,
+        idempotency_key: str | None,
+        reply_to: str | None = None,
+        deadline: SendDeadline | None = None,
+    ) -> Job:
+        if deadline is None:
+            deadline = SendDeadline(self.conn)
+        try:
+            with before_sending(deadline):
+                if self.declare == "eager" or job.queue not in self._declared_queues:
+                    await self.declare_queue(job.queue)
+        except UNAVAILABLE as exc:
+            raise push_error(exc, job) from exc
         # The message's trace headers are written inside the PRODUCER span, so the worker's
         # CONSUMER span becomes its child (001 §12.2).
         with _tracing.producer_span(job, self.names.direct_exchange) as span:
-            exchange, routing_key, props, body = await self._message(job, idempotency_key)
-            if reply_to is not None:
-                props = msgspec.structs.replace(props, reply_to=reply_to)
-            if exchange != self.names.direct_exchange:
-                span.set_attribute("messaging.destination.name", exchange)
-            ch = await self.channel()
             try:
+                with before_sending(deadline):
+                    exchange, routing_key, props, body = await self._message(job, idempotency_key)
+                    ch = await self.channel()
+                if reply_to is not None:
+                    props = msgspec.structs.replace(props, reply_to=reply_to)
+                if exchange != self.names.direct_exchange:
+                    span.set_attribute("messaging.destination.name", exchange)
                 await ch.publish(
                     body,
                     exchange=exchange,
                     routing_key=routing_key,
                     properties=props,
                     mandatory=self._mandatory(exchange),
+                    timeout=deadline.left(),
+                    confirm_timeout=self.confirm_timeout,
                 )
-            except amqp.PublishError as exc:
-                raise _push_error(exc, job) from exc
+            except SEND_FAILURES as exc:
+                raise push_error(exc, job) from exc
         return job
 
     async def push_batch(self, jobs: Iterable[Job], *, max_in_flight: int = 1024) -> list[PushResult]:
         """PUSH many jobs pipelined on one channel (one round trip's latency, not one per job).
 
         Returns one :class:`PushResult` per job, in order; a failed job doesn't stop the others.
+        Errors are :meth:`push`'s: while the connection is away, the first job waits up to
+        ``publish_timeout`` and every job not sent gets :class:`PushNotSentError` (the others
+        at once); the confirms are awaited up to ``confirm_timeout`` after the last job was sent.
         """
         jobs = list(jobs)
         if self._push_hooks:
             jobs = [await self._through_hooks(job) for job in jobs]
         for job in jobs:
             _check_pushable(job)
-        for queue in {j.queue for j in jobs}:
-            await self.declare_queue(queue)
-        ch = await self.channel()
+        # One publish_timeout for the waits before a job is sent, restarted by each job
+        # sent: while the connection stays away, the first job waits and the rest fail at once.
+        deadline = SendDeadline(self.conn)
+        try:
+            with before_sending(deadline):
+                for queue in {j.queue for j in jobs}:
+                    await self.declare_queue(queue)
+                ch = await self.channel()
+        except UNAVAILABLE as exc:
+            return [PushResult(job, push_error(exc, job)) for job in jobs]
         window = ch.publish_window(max_in_flight=max_in_flight)
         handles: list[amqp.PublishHandle | PushError] = []
         for job in jobs:
             with _tracing.producer_span(job, self.names.direct_exchange) as span:
-                exchange, routing_key, props, body = await self._message(job, None)
-                if exchange != self.names.direct_exchange:
-                    span.set_attribute("messaging.destination.name", exchange)
                 try:
+                    with before_sending(deadline):
+                        exchange, routing_key, props, body = await self._message(job, None)
+                    if exchange != self.names.direct_exchange:
+                        span.set_attribute("messaging.destination.name", exchange)
                     handles.append(
                         await window.publish(
                             body,
@@ -716,17 +754,19 @@ class Client:
                             routing_key=routing_key,
                             properties=props,
                             mandatory=self._mandatory(exchange),
+                            timeout=deadline.left(),
                         )
                     )
-                except amqp.PublishError as exc:
-                    handles.append(_push_error(exc, job))
-        await window.wait_all()
+                    deadline.restart()
+                except SEND_FAILURES as exc:
+                    handles.append(push_error(exc, job))
+        await window.wait_all(self.confirm_timeout)
         results: list[PushResult] = []
         for job, handle in zip(jobs, handles, strict=True):
             if isinstance(handle, PushError):
                 results.append(PushResult(job, handle))
             elif handle.error is not None:
-                results.append(PushResult(job, _push_error(handle.error, job)))
+                results.append(PushResult(job, push_error(handle.error, job)))
             else:
                 results.append(PushResult(job))
         return results
@@ -991,30 +1031,6 @@ def _delay_ms(due: datetime, now: datetime) -> int:
     return math.ceil((due - now).total_seconds() * 1000)
 
 
-def _push_error(exc: BaseException, job: Job) -> PushError:
-    if isinstance(exc, amqp.UnroutableError):
-        return UnroutableJobError(
-            f"job {job.id} could not be routed to queue {job.queue!r}: {exc.reply_text} "
-            f"(is ojs.queue.{job.queue} declared and bound?)",
-            job_id=job.id,
-            queue=job.queue,
-        )
-    if isinstance(exc, amqp.PublishNackedError):
-        return QueueFullError(
-            # A nack carries no reason.  Besides a full queue, a quorum queue nacks while it
-            # has no leader (an election after a node failure, or its majority down).
-            f"QUEUE_FULL: queue {job.queue!r} rejected job {job.id} (full with x-overflow=reject-publish, "
-            f"or a quorum queue without a leader at that moment); it was not enqueued",
-            job_id=job.id,
-            queue=job.queue,
-        )
-    if isinstance(exc, PushError):
-        return exc
-    return PushOutcomeUnknownError(
-        f"outcome of job {job.id} on queue {job.queue!r} is unknown: {exc}", job_id=job.id, queue=job.queue
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class DeadJob:
     """A job in a dead-letter queue, with why it died.
@@ -1249,6 +1265,8 @@ async def connect(
     scheduler: str = "levels",
     queues: Iterable[str] = ("default",),
     middleware: Sequence[Middleware] | None = None,
+    publish_timeout: float | None = amqp.DEFAULT_PUBLISH_TIMEOUT,
+    confirm_timeout: float | None = amqp.DEFAULT_CONFIRM_TIMEOUT,
     **amqp_options: Any,
 ) -> AsyncIterator[Client]:
     """``async with ojs_anyio.connect("amqp://guest:guest@localhost/") as client:``
@@ -1256,6 +1274,12 @@ async def connect(
     ``url`` defaults to ``$OJS_AMQP_URL``, then ``amqp://guest:guest@localhost:5672/``.
     Recovery (reconnect with backoff, topology re-declared, consumers re-registered) is on
     by default here; pass ``recovery=amqp.RecoveryPolicy(enabled=False)`` to turn it off.
+
+    Nothing waits for a recovering connection without bound: ``publish_timeout`` (5 s)
+    bounds every call's wait for it (a push's whole preparation counts as one wait; then
+    :class:`PushNotSentError`, other calls ``amqp.OperationTimeoutError``), and
+    ``confirm_timeout`` (5 s) a push's wait for the broker's confirm once the job was sent
+    (then :class:`PushOutcomeUnknownError`).  ``None`` waits without bound.
 
     ``scheduler`` picks how scheduled jobs wait (``docs/scheduling.md``): ``"levels"``
     (default: the binary delay levels, no plugin), ``"plugin"`` (the
@@ -1269,7 +1293,7 @@ async def connect(
     """
     url = url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
     policy = recovery if recovery is not None else amqp.RecoveryPolicy()
-    async with amqp.connect(url, recovery=policy, **amqp_options) as conn:
+    async with amqp.connect(url, recovery=policy, publish_timeout=publish_timeout, **amqp_options) as conn:
         client = Client(
             conn,
             names=Names(prefix),
@@ -1278,6 +1302,7 @@ async def connect(
             retry=retry,
             scheduler=scheduler,
             middleware=middleware,
+            confirm_timeout=confirm_timeout,
         )
         client._probe_options = dict(amqp_options)
         try:

@@ -119,7 +119,7 @@ from .. import amqp
 from ._client import Client
 from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp, new_job, parse_timestamp
-from ._exceptions import PushError, PushOutcomeUnknownError, TopologyConflictError
+from ._exceptions import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
 from ._retry import RetryPolicy
 from ._topology import Names, QueueOptions, quorum_queue_arguments
 
@@ -588,7 +588,12 @@ class Scheduler:
                         # token now rather than when the channel closes.
                         with anyio.CancelScope(shield=True):
                             await self._give_back()
-            except (amqp.ChannelClosedError, amqp.ChannelLevelError, amqp.ConsumerCancelledError) as exc:
+            except (
+                amqp.ChannelClosedError,
+                amqp.ChannelLevelError,
+                amqp.ConsumerCancelledError,
+                amqp.OperationTimeoutError,  # the connection stayed away longer than publish_timeout
+            ) as exc:
                 self._held = None
                 self._lose(f"leadership channel failed: {exc}")
                 log.warning("scheduler %s: re-joining in %.1fs after %s", self.name, self.retry_delay, exc)
@@ -629,7 +634,12 @@ class Scheduler:
             info = await self._declare_queue(ch)
             if info.message_count == 0:
                 await self._publish_token(ch)
-        except (amqp.ChannelClosedError, amqp.ChannelLevelError, amqp.PublishError) as exc:
+        except (
+            amqp.ChannelClosedError,
+            amqp.ChannelLevelError,
+            amqp.PublishError,
+            amqp.OperationTimeoutError,
+        ) as exc:
             log.warning("scheduler %s: re-creating the token failed (%s); re-joining", self.name, exc)
 
     async def _publish_token(self, ch: amqp.Channel) -> None:
@@ -851,8 +861,9 @@ class Scheduler:
                 # not the key, is what keeps a tick from firing twice.
                 job = await client._push_job(built, idempotency_key=key)
                 job_id = job.id
-        except PushOutcomeUnknownError as exc:
-            log.warning("scheduler %s: outcome of %s unknown (%s); not recorded", self.name, key, exc)
+        except (PushOutcomeUnknownError, PushNotSentError) as exc:
+            # Not sent, or maybe not: the tick is not recorded, and fires again.
+            log.warning("scheduler %s: %s not confirmed (%s); not recorded", self.name, key, exc)
             if self._holding() is not None:
                 await anyio.sleep(self.retry_delay)  # still leader (e.g. publish timeout): pace retries
             return False

@@ -15,7 +15,8 @@
 
 * **Runtime failures** (the broker or the connection said no): :class:`JobError` and its
   subclasses, :class:`PushError` (:class:`QueueFullError`, :class:`UnroutableJobError`,
-  :class:`PushOutcomeUnknownError`), :class:`QueueNotFoundError`, :class:`TopologyConflictError`,
+  :class:`PushNotSentError`, :class:`PushOutcomeUnknownError`), :class:`QueueNotFoundError`,
+  :class:`TopologyConflictError`,
   :class:`SchedulerUnavailableError`.  Each is an :class:`ojs_anyio.amqp.AMQPError`.
 
 * **Handler verdicts**, not errors: :class:`Retry`, :class:`Discard`, :class:`DeadLetter`.
@@ -39,6 +40,7 @@ __all__ = [
     "InvalidJobError",
     "JobError",
     "PushError",
+    "PushNotSentError",
     "PushOutcomeUnknownError",
     "QueueFullError",
     "QueueNotFoundError",
@@ -111,8 +113,21 @@ class UnroutableJobError(PushError):
     code = "UNROUTABLE"
 
 
+class PushNotSentError(PushError):
+    """The job was never written to the broker: it is certainly not enqueued.
+
+    The connection could not be used in time (it was recovering, or the broker blocked
+    publishers, for longer than ``publish_timeout``), or it failed before the job was
+    sent.  Pushing the same job again cannot duplicate it; a web handler can answer "not
+    queued" (503).  ``__cause__`` is the connection's error.
+    """
+
+    code = "NOT_SENT"
+
+
 class PushOutcomeUnknownError(PushError):
-    """The connection or channel failed before the broker confirmed the push.
+    """The job was sent, and the connection or channel failed (or ``confirm_timeout``
+    passed) before the broker confirmed it.
 
     The job may or may not be enqueued; pushing it again may duplicate it.
     """

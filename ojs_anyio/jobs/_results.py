@@ -156,17 +156,21 @@ class ResultRouter:
         self._slots.pop(job_id, None)
 
     async def _read(self, *, task_status: anyio.abc.TaskStatus[amqp.QueueInfo]) -> None:
+        started = False
         try:
             async with self._conn.channel(confirms=False) as ch:
                 info = await ch.queue_declare("", exclusive=True, auto_delete=True)
                 async with ch.consume(info.name, no_ack=True, max_buffer=1024) as replies:
                     task_status.started(info)
+                    started = True
                     async for msg in replies:
                         if msg.malformed is not None:  # consumed with no_ack: nothing to settle
                             log.warning("ignoring a job result reply: malformed message: %s", msg.malformed)
                             continue
                         self._deliver(msg.body)
         except amqp.AMQPError as exc:
+            if not started:
+                raise  # to the push that asked for the queue (not sent); the next one tries again
             # Surface to every waiter and the next push_for_result, never only a log line.
             self._failed = exc
             self._queue = None

@@ -11,7 +11,10 @@ the client owns, started in ``__init__`` and joined in :meth:`close`).  Every ca
 coroutine to that loop and blocks until it finishes, so pushes from many threads share one
 connection and one confirm-enabled channel, and each push still returns only once the
 broker confirmed it.  Errors are the async client's (:class:`PushError` and friends),
-raised in the calling thread.
+raised in the calling thread.  So are the bounds: a push waits at most ``publish_timeout``
+(5 s) for a recovering connection (then :class:`PushNotSentError`) and ``confirm_timeout``
+(5 s) for its confirm (then :class:`PushOutcomeUnknownError`); the constructor connects
+within ``connection_timeout`` (10 s a host).
 """
 
 from __future__ import annotations

@@ -692,8 +692,9 @@ class Worker:
         try:
             await self._handle_one(client, ch, queue, msg)
         except amqp.DELIVERY_LOST_ERRORS as exc:
-            # The connection or channel died while settling: the job was not acked, so the
-            # broker redelivers it (redelivered=True).  At-least-once, never lost.
+            # The connection or channel died while settling, or stayed away longer than
+            # publish_timeout: the job was not acked, so the broker redelivers it
+            # (redelivered=True).  At-least-once, never lost.
             log.warning(
                 "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
                 msg.properties.message_id, msg.delivery_tag, queue, exc,

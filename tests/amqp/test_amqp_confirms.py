@@ -245,6 +245,30 @@ async def test_closing_the_channel_fails_pending_confirms() -> None:
                 proxy.unstall("downstream")
 
 
+async def test_confirm_timeout_gives_up_waiting_and_a_late_confirm_is_ignored() -> None:
+    """``publish(confirm_timeout=…)`` and ``wait_all(timeout=…)`` stop waiting for confirms
+    that do not come (a broker gone silent): "outcome unknown", and the channel goes on."""
+    async with FaultProxy() as proxy:
+        with anyio.fail_after(20):
+            async with amqp.connect(proxy.url()) as conn, conn.channel() as ch:
+                queue = (await ch.queue_declare("", exclusive=True)).name
+                proxy.stall("downstream")  # the broker gets the messages; its confirms wait
+                started = anyio.current_time()
+                with pytest.raises(amqp.PublishOutcomeUnknownError, match=r"not confirmed within 0\.2s"):
+                    await ch.publish(b"single", routing_key=queue, confirm_timeout=0.2)
+                assert anyio.current_time() - started < 2.0
+                window = ch.publish_window()
+                handles = [await window.publish(b"%d" % i, routing_key=queue) for i in range(5)]
+                failed = await window.wait_all(timeout=0.2)
+                assert failed == handles
+                assert all(isinstance(h.error, amqp.PublishOutcomeUnknownError) for h in handles)
+                assert window.in_flight == 0 and ch.unconfirmed == 0
+                proxy.unstall("downstream")
+                # The late confirms find nothing to resolve; the channel keeps working.
+                await ch.publish(b"after", routing_key=queue, confirm_timeout=5)
+                assert await _count(ch, queue) == 7  # "unknown": they were routed after all
+
+
 async def test_cutting_the_connection_fails_pending_confirms_promptly() -> None:
     errors: list[BaseException] = []
     async with FaultProxy() as proxy:

@@ -43,6 +43,29 @@ async def test_wait_returns_after_wake() -> None:
     _park.wake(slot)  # nothing parked: a no-op
 
 
+async def test_wait_with_a_timeout_returns_when_it_passes_or_at_the_wake() -> None:
+    slot = Slot()
+    with anyio.fail_after(5):
+        started = anyio.current_time()
+        await _park.wait(slot, 0.05)  # nobody wakes it: back after the timeout
+        assert anyio.current_time() - started >= 0.04
+        assert slot._waiter is None
+        _park.wake(slot)  # the timed-out task is not woken again
+        woken = anyio.Event()
+
+        async def waiter() -> None:
+            await _park.wait(slot, 60)
+            woken.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            while slot._waiter is None:
+                await anyio.lowlevel.checkpoint()
+            _park.wake(slot)  # long before its timeout
+            await woken.wait()
+    assert slot._waiter is None
+
+
 async def test_cancelled_wait_clears_the_slot() -> None:
     slot = Slot()
     with anyio.fail_after(5):

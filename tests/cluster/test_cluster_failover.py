@@ -121,9 +121,10 @@ async def produce(client: ojs.Client, soak: Soak) -> None:
                 results = None  # the batch failed before any confirm: all outcomes unknown
             failed = jobs if results is None else [r.job for r in results if not r.ok]
             if results is not None:
-                # Outcome unknown (the connection died before the confirm), or nacked: a
-                # quorum queue nacks while it has no leader (the election after a failure).
-                retryable = (ojs.PushOutcomeUnknownError, ojs.QueueFullError)
+                # Not sent (the connection was away longer than publish_timeout), outcome
+                # unknown (it died before the confirm), or nacked: a quorum queue nacks while
+                # it has no leader (the election after a failure).
+                retryable = (ojs.PushNotSentError, ojs.PushOutcomeUnknownError, ojs.QueueFullError)
                 unexpected = [r.error for r in results if r.error and not isinstance(r.error, retryable)]
                 assert not unexpected, unexpected
                 soak.nacked += sum(isinstance(r.error, ojs.QueueFullError) for r in results)

@@ -82,3 +82,27 @@ async def test_pool_connections_recover_together(names: Names) -> None:
     # An event handled just before the cut may come again (its ack may not have been written):
     # at least once, never lost.
     assert set(seen.items) == {"a", "b", "a-after", "b-after"}
+
+
+async def test_publish_while_the_broker_stays_away_ends_within_publish_timeout(names: Names) -> None:
+    """With the bus's defaults a publish never hangs on a recovering connection: after
+    ``publish_timeout`` it raises PublishTimeoutError (nothing was sent)."""
+    bound, slack = amqp.DEFAULT_PUBLISH_TIMEOUT, 10.0
+    async with FaultProxy() as proxy, events.connect(proxy.url(), **names.bus_options()) as bus:
+        lost = anyio.Event()
+        bus.publisher_connection.add_listener(
+            lambda event: lost.set() if isinstance(event, amqp.ConnectionLost) else None
+        )
+        await bus.publish("rec.read", {"i": 0}, mandatory=False)
+        proxy.refuse_new()
+        proxy.cut_all()
+        await lost.wait()
+        for publish in (
+            lambda: bus.publish("rec.read", {"i": 1}, mandatory=False),
+            lambda: bus.publish_many([("rec.read", {"i": 2}), ("rec.read", {"i": 3})]),
+        ):
+            started = anyio.current_time()
+            with anyio.fail_after(bound + slack), pytest.raises(amqp.PublishTimeoutError):
+                await publish()
+            assert bound * 0.9 <= anyio.current_time() - started < bound + slack
+        proxy.refuse_new(False)

@@ -57,7 +57,8 @@ def test_timeouts_are_operation_timeouts_and_only_publishes_are_publish_errors()
 
 
 def test_runtime_errors_are_amqp_errors_and_verdicts_are_not() -> None:
-    for cls in (ojs.PushError, ojs.QueueFullError, ojs.UnroutableJobError, ojs.PushOutcomeUnknownError):
+    pushes = (ojs.QueueFullError, ojs.UnroutableJobError, ojs.PushNotSentError, ojs.PushOutcomeUnknownError)
+    for cls in (ojs.PushError, *pushes):
         assert issubclass(cls, ojs.JobError) and issubclass(cls, amqp.AMQPError)
         assert not issubclass(cls, amqp.UsageError)
     for verdict in (ojs.Retry, ojs.Discard, ojs.DeadLetter):
