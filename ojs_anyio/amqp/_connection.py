@@ -203,6 +203,13 @@ class Connection:
         if self._closed:
             raise ConnectionClosedError("connection is closed")
 
+    async def flush(self) -> None:
+        """Write every frame queued so far, acks batched for later included, before
+        returning (they are in the socket's hands then).  For a settlement that must
+        reach the broker before what comes next, such as an ack before running a job that
+        may end the process.  Raises :class:`ConnectionLostError` if the socket failed."""
+        await self._transport.flushed()
+
     async def wait_connected(self, timeout: float | None = None) -> None:
         """Wait until the connection is usable (at once, unless it is recovering)."""
         self._raise_if_closed()

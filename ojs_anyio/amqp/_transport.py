@@ -63,6 +63,8 @@ class Transport:
         self._dispatch, self._on_lost = dispatch, on_lost
         #: A task is sending (group commit: others only queue bytes).
         self.writing = False
+        #: Set when a write finishes, for a task waiting in flushed() (made on demand).
+        self._written: anyio.Event | None = None
         #: Bytes were queued without writing them (batched acks); the flusher sends them.
         self.deferred_flush = False
         self._flush_soon = anyio.Event()
@@ -151,6 +153,19 @@ class Transport:
             raise err from exc
         finally:
             self.writing = False
+            written, self._written = self._written, None
+            if written is not None:
+                written.set()
+
+    async def flushed(self) -> None:
+        """Return once every byte queued before the call was handed to the socket: unlike
+        :meth:`flush`, wait for a write another task has under way (group commit leaves
+        our bytes to it), then write whatever is left (batched acks included)."""
+        while self.writing:
+            if self._written is None:
+                self._written = anyio.Event()
+            await self._written.wait()
+        await self.flush()
 
     async def flush_quietly(self) -> None:
         try:

@@ -207,6 +207,7 @@ class Client:
         #: Job queues seen to exist by a passive declare (see :meth:`_require_job_queue`).
         self._existing_queues: set[str] = set()
         self._declared_retry: set[tuple[str, int]] = set()
+        self._declared_redelivered: set[str] = set()
         self._base_declared = False
         self._delay_declared = False
         self._declare_lock = anyio.Lock()
@@ -268,6 +269,20 @@ class Client:
             await self._declare_checked(names.job_queue(queue), args)
             await self._bind(job_queue_binding(names, queue))
             self._declared_queues.add(queue)
+
+    async def declare_redelivered_queue(self, queue: str, *, again: bool = False) -> None:
+        """Declare ``ojs.queue.redelivered.{q}`` (a worker's: see ``Worker(max_deliveries=)``),
+        with the job queue's own arguments, so a job rejected there is dead-lettered into
+        ``ojs.queue.dlx.{q}`` like one rejected from the job queue.  Once per client,
+        unless ``again`` (the broker returned a publish to it: it was deleted since)."""
+        if again:
+            self._declared_redelivered.discard(queue)
+        if queue in self._declared_redelivered:
+            return
+        await self.declare_queue(queue)
+        args = job_queue_arguments(self.names, queue, self.queue_options(queue))
+        await self._declare_checked(self.names.redelivered_queue(queue), args)
+        self._declared_redelivered.add(queue)
 
     async def use_existing_queue(self, queue: str) -> amqp.QueueInfo:
         """Check that ``ojs.queue.{q}`` exists and push to it as it is, without declaring

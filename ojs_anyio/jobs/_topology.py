@@ -137,7 +137,9 @@ DLQ_MAX_LENGTH: Final = 10_000
 CONTROL_MESSAGE_TTL_MS: Final = 3_600_000
 CONTROL_MAX_LENGTH: Final = 10_000
 #: First segments an OJS queue name may not have (they would collide with other entities).
-RESERVED_QUEUE_SEGMENTS: Final = frozenset({"dlx", "retry", "control", "delay", "ojs", "scheduler"})
+RESERVED_QUEUE_SEGMENTS: Final = frozenset(
+    {"dlx", "retry", "control", "delay", "ojs", "scheduler", "redelivered"}
+)
 #: Headers RabbitMQ adds when it dead-letters a message.
 DEAD_LETTER_HEADERS: Final = frozenset(
     {
@@ -156,6 +158,7 @@ _RESERVED_OWNER: Final = {
     "retry": "a retry delay queue of another queue (ojs.queue.retry.{{queue}}.{{delay_ms}})",
     "control": "the control queue of queue {q!r}",
     "delay": "one of the scheduling delay queues (ojs.queue.delay.*)",
+    "redelivered": "the queue of redelivered jobs of queue {q!r}",
 }
 _QUEUE_RE: Final = re.compile(r"[a-z0-9][a-z0-9\-.]*")
 _MAX_NAME_BYTES: Final = 255  # AMQP shortstr
@@ -258,6 +261,11 @@ class Names(msgspec.Struct, frozen=True):
 
     def control_queue(self, queue: str) -> str:
         return self._name(f"ojs.queue.control.{_check_queue(queue)}")
+
+    def redelivered_queue(self, queue: str) -> str:
+        """This library's own: jobs of ``ojs.queue.{q}`` that were delivered and never
+        settled (their worker died), each run on its own (see the worker's WORKER_LOST)."""
+        return self._name(f"ojs.queue.redelivered.{_check_queue(queue)}")
 
     def control_routing_key(self, queue: str) -> str:
         """CANCEL and BEAT go to the direct exchange with the control queue's name as key (001 §5)."""

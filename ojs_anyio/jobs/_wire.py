@@ -80,9 +80,9 @@ H_ORIGINAL_PRIORITY: Final = "x-ojs-original-priority"
 #: When the worker dead-lettered a job in the opt-in annotated mode (ISO 8601).
 H_DEAD_LETTERED_AT: Final = "x-ojs-dead-lettered-at"
 #: How many deliveries of the job ended without a settlement before this copy was published
-#: (a classic queue's own count of lost workers; quorum queues count in x-delivery-count).
+#: (the worker's own count: Worker(max_deliveries=...)).
 H_UNSETTLED: Final = "x-ojs-unsettled-deliveries"
-#: RabbitMQ's count of a quorum queue message's earlier deliveries that were returned.
+#: RabbitMQ's count of a quorum queue message's earlier deliveries (dropped from copies).
 H_DELIVERY_COUNT: Final = "x-delivery-count"
 #: When a worker first met a job whose type it had no handler for (epoch milliseconds,
 #: int64): the start of the unknown-type grace window (Worker(unknown_type_grace=...)).
@@ -229,21 +229,13 @@ def header_max_attempts(headers: dict[str, Any] | None, default: int) -> int:
     return value
 
 
-def unsettled_deliveries(headers: dict[str, Any] | None, redelivered: bool) -> tuple[int, bool]:
-    """How many earlier deliveries of this message ended without a settlement (a worker
-    died or lost its connection holding it), and whether the broker counts them.
-
-    A quorum queue counts returned deliveries in ``x-delivery-count`` (RabbitMQ adds it to a
-    redelivered message).  A classic queue counts nothing, so the worker keeps the count in
-    ``x-ojs-unsettled-deliveries`` on a copy it publishes for each redelivery, plus one for
-    the redelivery at hand.  A value that is not a count reads as 0."""
-    if headers:
-        broker_count = headers.get(H_DELIVERY_COUNT)
-        if isinstance(broker_count, int) and not isinstance(broker_count, bool) and broker_count >= 0:
-            return broker_count, True
+def unsettled_deliveries(headers: dict[str, Any] | None) -> int:
+    """How many earlier deliveries of this job ended without a settlement, as counted on
+    the copies the worker publishes (``x-ojs-unsettled-deliveries``); 0 if absent or not a
+    count.  (RabbitMQ's ``x-delivery-count`` of quorum queues is not used: it also counts
+    jobs that merely sat beside the one that killed their worker.)"""
     kept = headers.get(H_UNSETTLED) if headers else None
-    count = kept if isinstance(kept, int) and not isinstance(kept, bool) and 0 <= kept < 2**31 else 0
-    return count + (1 if redelivered else 0), False
+    return kept if isinstance(kept, int) and not isinstance(kept, bool) and 0 <= kept < 2**31 else 0
 
 
 def header_since(headers: dict[str, Any] | None, key: str, now_ms: int) -> int:

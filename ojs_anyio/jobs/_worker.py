@@ -239,6 +239,9 @@ class Worker:
         self._unknown_logged: set[str] = set()
         #: The scopes of settling publishes under way (the end of the grace period cancels them).
         self._settle_scopes: set[anyio.CancelScope] = set()
+        #: Redelivered jobs being moved now, and the event their end sets (_moves_settled).
+        self._moving = 0
+        self._moved: anyio.Event | None = None
         #: (worker policy, it merged over the OJS defaults): see _policy.
         self._defaults: tuple[RetryPolicy | None, RetryPolicy] | None = None
         #: job type -> the handler, inspected at registration
@@ -381,6 +384,7 @@ class Worker:
             self._backend = _Backend()
             for queue in self.queues:
                 await client.declare_queue(queue)
+                await client.declare_redelivered_queue(queue)
             self._thread_limiter = anyio.CapacityLimiter(self.concurrency * len(self.queues))
             self._prepare_middleware()
             log.info(
@@ -656,18 +660,24 @@ class Worker:
             async with (
                 client.conn.channel(confirms=True) as ch,
                 ch.consume(names.job_queue(queue), prefetch=self.concurrency) as deliveries,
+                client.conn.channel(confirms=True) as lone_ch,
+                # Jobs whose delivery ended unsettled run one at a time, so a job that kills
+                # its worker is the only one in flight when it does (see _move_redelivered).
+                lone_ch.consume(names.redelivered_queue(queue), prefetch=1) as redelivered,
             ):
                 started.set()
                 async with anyio.create_task_group() as tg:
                     for _ in range(self.concurrency):
                         tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
+                    lone_loop = functools.partial(self._pull_loop, lone=True)
+                    tg.start_soon(lone_loop, client, lone_ch, queue, redelivered)
         finally:
             self._queues_running -= 1
             if self._queues_running <= 0:
                 self._queues_done.set()
 
     async def _pull_loop(
-        self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer
+        self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer, *, lone: bool = False
     ) -> None:
         # One scope for the task's whole life, not one per fetch: it is in _fetch_scopes
         # (where stop() cancels it) only while the task waits for a delivery, never while
@@ -684,7 +694,19 @@ class Worker:
                     return
                 finally:
                     idle.discard(scope)
+                if lone:
+                    await self._moves_settled()
                 await self._handle(client, ch, queue, msg)
+
+    async def _moves_settled(self) -> None:
+        """Wait until every redelivered job this worker is moving has its original acked
+        on the wire.  The copy can reach this worker's lone consumer as soon as the broker
+        routed it, before the original's ack went out: run at once, a job that ends the
+        process would take that ack with it, and the original would come back as a second
+        copy."""
+        while self._moving:
+            self._moved = anyio.Event()
+            await self._moved.wait()
 
     # ---------------------------------------------------------- one job
 
@@ -728,18 +750,18 @@ class Worker:
             verdict = dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc))
             await self._settle(client, ch, queue, msg, None, 1, verdict, started)
             return
-        if msg.redelivered or H_DELIVERY_COUNT in headers:
-            lost, counted_by_broker = unsettled_deliveries(headers, msg.redelivered)
+        if msg.redelivered:
+            lost = unsettled_deliveries(headers) + 1
             if lost >= self.max_deliveries:
                 verdict = dead_letter(
                     ErrorCode.WORKER_LOST,
-                    f"delivered {lost + 1} times, and {lost} ended without a settlement (a worker died "
-                    f"or lost its connection running it); max_deliveries is {self.max_deliveries}",
+                    f"delivered {lost} times, and each delivery ended without a settlement (a worker "
+                    f"died or lost its connection holding it); max_deliveries is {self.max_deliveries}",
                 )
                 await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
                 return
-            if not counted_by_broker and await self._count_redelivery(client, ch, queue, msg, lost):
-                return  # the copy carries the count: it runs when it comes
+            if await self._move_redelivered(client, ch, queue, msg, lost):
+                return  # the copy carries the count, and runs on its own when it comes
         if self._was_cancelled(job.id):
             await msg.ack()
             log.info(
@@ -926,6 +948,8 @@ class Worker:
                 known = True  # exclusive to another connection: a waiting requester
             except amqp.NotFound:
                 return False  # gone (the requester left): nothing to send
+            except ValueError:  # not a queue name at all (pamqp's check, or ours)
+                known = False
             else:
                 known = False  # any client could read it
             _remember(self._reply_targets, reply_to, known, limit=1000)
@@ -971,7 +995,13 @@ class Worker:
         action = verdict.action
         reply_to = msg.properties.reply_to
         if reply_to and job is not None and action in ("ack", "dead_letter"):
-            await self._reply(client, ch, msg, job, reply_to, verdict, result)
+            try:
+                await self._reply(client, ch, msg, job, reply_to, verdict, result)
+            except amqp.DELIVERY_LOST_ERRORS:
+                raise
+            except Exception:  # a side channel: it never keeps the job from its settlement
+                log.exception("job %s: the result reply to %r failed; the job is settled all the same",
+                              job.id, reply_to)  # fmt: skip
         if action == "ack" or action == "cancelled":
             assert job is not None
             await msg.ack()
@@ -1067,19 +1097,43 @@ class Worker:
             )
         )
 
-    async def _count_redelivery(
+    async def _move_redelivered(
         self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage, lost: int
     ) -> bool:
-        """A classic queue counts no redeliveries: publish a copy of a redelivered job that
-        carries the count (``x-ojs-unsettled-deliveries``) to the back of its queue, confirmed,
-        then ack the original, which does not run now.  Only redelivered jobs pay this.  True
-        when done; False (the job then runs now, uncounted) if the broker refused the copy."""
+        """A redelivered job: its earlier delivery ended without a settlement (a worker died
+        or lost its connection holding it, or a graceful stop left it).  Which job of those
+        a dying worker held killed it, nobody knows, so each goes, as a copy that counts
+        the unsettled deliveries (``x-ojs-unsettled-deliveries``), to
+        ``ojs.queue.redelivered.{q}``, which every worker consumes one job at a time:
+        there, a job that kills its worker is the only one it held, and only its count
+        grows, up to ``max_deliveries`` (then WORKER_LOST).  Confirmed, then the original
+        is acked.  Only redelivered jobs pay this.  True when done; False (the job then
+        runs now, uncounted) if the broker refused the copy."""
         props = with_headers(
-            msg.properties, {H_UNSETTLED: lost}, base=strip_dead_letter_headers(msg.properties.headers)
-        )
+            msg.properties, {H_UNSETTLED: lost}, drop=(H_DELIVERY_COUNT,),
+            base=strip_dead_letter_headers(msg.properties.headers),
+        )  # fmt: skip
+        self._moving += 1
+        try:
+            return await self._move(client, ch, queue, msg, lost, props)
+        finally:
+            self._moving -= 1
+            if not self._moving and self._moved is not None:
+                self._moved.set()
+
+    async def _move(
+        self,
+        client: Client,
+        ch: amqp.Channel,
+        queue: str,
+        msg: amqp.IncomingMessage,
+        lost: int,
+        props: amqp.BasicProperties | None,
+    ) -> bool:
         published = await self._republish(
-            ch, msg.body, exchange=client.names.direct_exchange, routing_key=queue,
+            ch, msg.body, exchange="", routing_key=client.names.redelivered_queue(queue),
             properties=props, mandatory=True,
+            redeclare=functools.partial(client.declare_redelivered_queue, queue, again=True),
         )  # fmt: skip
         if published is None:
             return True  # the grace period ran out: left for the broker to redeliver
@@ -1090,6 +1144,13 @@ class Worker:
             )  # fmt: skip
             return False
         await msg.ack()
+        # On the wire before the copy can run here (and perhaps end this process): a batched
+        # ack lost with the process would leave the original to come back as a second copy.
+        await client.conn.flush()
+        log.info(
+            "job %s on %s was delivered before and never settled (%d time%s): it runs again on its own",
+            msg.properties.message_id, queue, lost, "" if lost == 1 else "s",
+        )  # fmt: skip
         return True
 
     async def _unknown_type(

@@ -594,7 +594,10 @@ class State:
             if isinstance(values, list):
                 routing_keys.extend(v for v in values if isinstance(v, str))
         headers.pop("BCC", None)
-        deaths: list[Any] = [d for d in (headers.get("x-death") or []) if isinstance(d, dict)]
+        # An x-death that is not an array (any client may write one) is replaced, as
+        # RabbitMQ 3.10 does (checked: {"x-death": true} comes out as a one-entry array).
+        previous = headers.get("x-death")
+        deaths: list[Any] = [d for d in previous if isinstance(d, dict)] if isinstance(previous, list) else []
         target_keys = [q.dlrk] if q.dlrk is not None else routing_keys
         entry: dict[str, Any] | None = None
         for d in deaths:

@@ -91,6 +91,7 @@ def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait(timeout=30)  # reaped: no "still running" warning in a later test
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

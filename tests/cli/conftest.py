@@ -24,6 +24,7 @@ def q() -> Iterator[str]:
             names.job_queue(name),
             names.dlx_queue(name),
             names.control_queue(name),
+            names.redelivered_queue(name),
             names.delay_landing_queue(name),
             *(names.retry_queue(name, ms) for ms in RETRY_LADDER_MS),
         ]

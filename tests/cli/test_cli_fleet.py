@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -60,7 +61,7 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Pat
     yield tmp_path, q
     names = ojs.Names()
     delete_queues([
-        names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
+        names.job_queue(q), names.dlx_queue(q), names.control_queue(q), names.redelivered_queue(q),
         *(names.retry_queue(q, ms) for ms in RETRY_LADDER_MS),
     ])  # fmt: skip
 
@@ -83,6 +84,15 @@ def push(q: str, poison: tuple[bytes, amqp.BasicProperties] | None, kinds: list[
     return ids
 
 
+@contextmanager
+def explained(out: Path) -> Iterator[None]:
+    """A failed wait says what the supervisor and its workers printed."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the fleet printed:\n{out.read_text()[-4000:]}") from None
+
+
 def logged(log: Path, kind: str) -> list[str]:
     return [line.split(":")[1] for line in lines(log) if line.startswith(kind + ":")]
 
@@ -95,8 +105,8 @@ def test_a_poison_message_in_front_of_2000_jobs_stops_no_worker(fleet: tuple[Pat
     poison = (ojs.encode_job(job), props)
     ids = push(q, poison, ["f.ok"] * 2000)
     sup = spawn_cli("worker", "app:worker", "--processes", "2", cwd=app, log=out)
-    with reaped(sup):
-        wait_for(lambda: len(logged(log, "done")) >= 2000, 240, "2,000 jobs done")
+    with reaped(sup), explained(out):
+        wait_for(lambda: len(logged(log, "done")) >= 2000, 90, "2,000 jobs done")
         wait_for(lambda: queue_count(f"ojs.queue.dlx.{q}") == 1, 30, "the poison in the DLQ")
         sup.send_signal(signal.SIGTERM)
         assert sup.wait(timeout=60) == 0, out.read_text()[-3000:]
@@ -111,9 +121,9 @@ def test_a_job_that_kills_its_process_is_dead_lettered_as_worker_lost(fleet: tup
     log, out = app / "jobs.log", app / "sup.out"
     [killer, *ids] = push(q, None, ["f.exit"] + ["f.ok"] * 200)
     sup = spawn_cli("worker", "app:worker", "--processes", "2", cwd=app, log=out)
-    with reaped(sup):
-        wait_for(lambda: queue_count(f"ojs.queue.dlx.{q}") == 1, 180, "the killer job in the DLQ")
-        wait_for(lambda: len(logged(log, "done")) >= 200, 120, "every other job done")
+    with reaped(sup), explained(out):
+        wait_for(lambda: queue_count(f"ojs.queue.dlx.{q}") == 1, 90, "the killer job in the DLQ")
+        wait_for(lambda: len(logged(log, "done")) >= 200, 60, "every other job done")
         sup.send_signal(signal.SIGTERM)
         assert sup.wait(timeout=60) == 0, out.read_text()[-3000:]
     text = out.read_text()

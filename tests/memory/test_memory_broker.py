@@ -391,3 +391,21 @@ async def test_random_methods_never_crash_the_broker() -> None:
             broker.run_due()
         await ch.publish(b"alive", routing_key="survivor")
         assert (await ch.queue_declare("survivor", passive=True)).message_count == 1
+
+
+@pytest.mark.anyio
+async def test_an_x_death_header_that_is_not_an_array_is_replaced_when_dead_lettered() -> None:
+    """Any client may publish ``x-death: true``; RabbitMQ 3.10 dead-letters such a message
+    with a fresh one-entry x-death array (checked against the broker), and so do we."""
+    dlx = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "xd.dlq"}
+    async with MemoryBroker() as broker, amqp.connect(broker.url) as conn, conn.channel() as ch:
+        await ch.queue_declare("xd.dlq")
+        await ch.queue_declare("xd", arguments=dlx)
+        await ch.publish(b"x", routing_key="xd", properties=amqp.BasicProperties(headers={"x-death": True}))
+        msg = await ch.get("xd")
+        assert msg is not None
+        await msg.nack(requeue=False)
+        dead = await ch.get("xd.dlq")  # the broker moved it before it answered this Get
+    assert dead is not None
+    deaths = (dead.properties.headers or {})["x-death"]
+    assert [(d["reason"], d["queue"], d["count"]) for d in deaths] == [("rejected", "xd", 1)]
