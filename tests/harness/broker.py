@@ -5,9 +5,10 @@ Two kinds of node (:class:`Node`):
 * **The default broker** (``DEFAULT_NODE``: ``rabbitmqctl`` on this host, AMQP on
   127.0.0.1:5672, or ``OJS_BROKER_HOST`` / ``OJS_BROKER_PORT``) may be the user's own
   RabbitMQ.  The harness only queries it and manages what the tests create on it: its
-  ``ctl()`` runs the commands of ``ORDINARY_COMMANDS`` (``status``, ``list_*``, a test's own
-  vhosts and permissions, ``close_connection`` of a connection the test opened and named)
-  and raises :class:`DefaultBrokerGuardError` for anything else, before any process starts.
+  ``ctl()`` runs ``status``, ``list_*``, ``close_connection`` (of a connection the test
+  opened and named), and the tests' own vhosts (not ``/``), users (``ojs-test-…``) and
+  their permissions, and raises :class:`DefaultBrokerGuardError` for anything else, before
+  any process starts.
 * **The suite's private node** (:class:`harness.private_node.PrivateNode`, the
   ``private_node`` fixture) is started by the suite for its disruptive tests, with its own
   ports, epmd, cookie and directories.  Only it has the disruptive helpers (stopping the
@@ -27,7 +28,6 @@ current setting is read from ``rabbitmqctl status --formatter json``
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -46,7 +46,7 @@ __all__ = [
     "DefaultBrokerGuardError",
     "MemoryWatermark",
     "Node",
-    "ORDINARY_COMMANDS",
+    "TEST_USER_PREFIX",
     "RabbitmqctlError",
     "close_connections",
     "get_memory_alarms",
@@ -65,13 +65,8 @@ RABBITMQCTL = os.environ.get("OJS_RABBITMQCTL", "rabbitmqctl")
 _FRAME_END = 0xCE
 _MAX_START_FRAME = 128 * 1024
 
-#: What the harness may run against the default broker: queries, and managing the vhosts,
-#: permissions and connections the tests themselves create.  Every ``list_*`` is a query too.
-ORDINARY_COMMANDS = frozenset(
-    {"status", "version", "add_vhost", "delete_vhost", "set_permissions", "close_connection"}
-)
-#: These must name a vhost of the tests' own (never ``/``, the user's default vhost).
-_VHOST_COMMANDS = frozenset({"add_vhost", "delete_vhost", "set_permissions"})
+#: The users the tests create on the default broker, and only those, have names beginning so.
+TEST_USER_PREFIX = "ojs-test-"
 #: Options that would point rabbitmqctl at another node than the one the ``Node`` names.
 _NODE_OPTIONS = ("-n", "--node", "-l", "--longnames")
 
@@ -153,10 +148,7 @@ class Node:
             raise DefaultBrokerGuardError(
                 f"refusing rabbitmqctl {' '.join(args)}: the harness never re-targets {self.name}"
             )
-        ordinary = command.startswith("list_") or command in ORDINARY_COMMANDS
-        if command in _VHOST_COMMANDS and _vhost_of(args) in (None, "/"):
-            ordinary = False  # the user's default vhost, not one a test made
-        if not ordinary:
+        if not _ordinary(command, args[1:]):
             raise DefaultBrokerGuardError(
                 f"refusing rabbitmqctl {' '.join(args)} against {self.name} ({self.host}:{self.port}), "
                 "which may be the user's own broker: disruptive commands run only against the "
@@ -207,8 +199,8 @@ class Node:
         """``rabbitmqctl list_connections`` as dicts (JSON; default columns: name, user, vhost,
         peer_port, client_properties).  Note: the JSON ``pid`` is not usable with close_connection.
         """
-        columns = columns or ("name", "user", "vhost", "peer_port", "client_properties")
-        output = await self.ctl("list_connections", *columns, "--formatter", "json", "-q")
+        wanted = columns or ("name", "user", "vhost", "peer_port", "client_properties")
+        output = await self.ctl("list_connections", *wanted, "--formatter", "json", "-q")
         rows: list[dict[str, Any]] = json.loads(output) if output.strip() else []
         return rows
 
@@ -244,14 +236,29 @@ class Node:
         await wait_broker_ready(timeout, self.host, self.port)
 
 
-def _vhost_of(args: Sequence[str]) -> str | None:
-    """The vhost a vhost-management command names (``None`` if it names none)."""
-    if args[0] == "set_permissions":
-        for flag, value in itertools.pairwise(args):
-            if flag in ("-p", "--vhost"):
-                return value
-        return None
-    return args[1] if len(args) > 1 else None
+def _ordinary(command: str, rest: Sequence[str]) -> bool:
+    """Whether ``rabbitmqctl command *rest`` only queries a broker or manages what the tests
+    themselves made on it: their connections, vhosts other than ``/``, users named
+    ``ojs-test-…``, and permissions of those users or in those vhosts."""
+    if command.startswith("list_") or command in ("status", "version", "close_connection"):
+        return True
+    vhost, operands = None, []
+    items = iter(rest)
+    for item in items:
+        if item in ("-p", "--vhost"):
+            vhost = next(items, None)
+        elif item.startswith("--vhost="):
+            vhost = item.partition("=")[2]
+        elif not item.startswith("-"):
+            operands.append(item)
+    first = operands[0] if operands else ""
+    if command in ("add_vhost", "delete_vhost"):
+        return first not in ("", "/")
+    if command in ("add_user", "delete_user"):
+        return first.startswith(TEST_USER_PREFIX)
+    if command == "set_permissions":
+        return first.startswith(TEST_USER_PREFIX) or vhost not in (None, "/")
+    return False
 
 
 def _output(args: Sequence[str], returncode: int, stdout: bytes, stderr: bytes) -> str:

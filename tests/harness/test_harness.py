@@ -498,7 +498,12 @@ DISRUPTIVE_COMMANDS = [
     ("set_disk_free_limit", "1000GB"),
     ("eval", "init:stop()."),
     ("delete_vhost", "/"),
+    ("add_vhost",),
     ("set_permissions", "guest", "", "", ""),
+    ("set_permissions", "-p", "/", "guest", "", "", ""),
+    ("delete_user", "guest"),
+    ("add_user", "admin", "secret"),
+    ("change_password", "guest", "x"),
     ("-n", "ojs-private@localhost", "list_queues"),
     ("list_queues", "--node=rabbit@elsewhere"),
     (),
@@ -530,9 +535,12 @@ async def test_default_broker_refuses_disruptive_commands(args: tuple[str, ...])
         ("add_vhost", "ojs-test-x"),
         ("set_permissions", "-p", "ojs-test-x", "guest", ".*", ".*", ".*"),
         ("delete_vhost", "ojs-test-x"),
+        ("add_user", "ojs-test-alice", "pw"),
+        ("set_permissions", "-p", "/", "ojs-test-alice", ".*", ".*", ".*"),
+        ("delete_user", "ojs-test-alice"),
         ("close_connection", "<rabbit@localhost.1.2.3>", "bye"),
     ],
-    ids=lambda a: a[0],
+    ids=lambda a: " ".join(a[:2]),
 )
 def test_default_broker_allows_queries_and_the_tests_own_entities(args: tuple[str, ...]) -> None:
     DEFAULT_NODE.check_command(args)  # no error
