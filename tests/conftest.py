@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from harness.private_node import PrivateNode, PrivateNodeError
 from harness.tls import TLSMaterial, make_ca_and_cert
 
 # ---------------------------------------------------------------------- async backends
@@ -98,6 +100,23 @@ def second_user_url(amqp_url: str) -> Iterator[str]:
     yield AMQP_URL.replace("guest:guest@", f"{user}:{password}@", 1)
 
 
+@pytest.fixture(scope="session")
+def private_node() -> Iterator[PrivateNode]:
+    """The suite's own RabbitMQ node, the only broker the disruptive tests stop, block or
+    cut (``harness/private_node.py``): started the first time a test asks for it, stopped
+    and removed at the end of the session.  Tests that use it are marked ``disruptive``."""
+    node = PrivateNode.create()
+    try:
+        node.start()
+    except (PrivateNodeError, subprocess.TimeoutExpired) as exc:
+        node.stop()
+        pytest.fail(f"the private RabbitMQ node for the disruptive tests did not start: {exc}")
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
 @pytest.fixture
 def unique(request: pytest.FixtureRequest) -> Callable[[str], str]:
     """``unique("q")`` -> ``"ojs-test-q-<test name>-<uuid>"``: a fresh queue/exchange name."""
@@ -109,13 +128,12 @@ def unique(request: pytest.FixtureRequest) -> Callable[[str], str]:
     return make
 
 
-# ---------------------------------------------------------------------- folder-level markers
+# ---------------------------------------------------------------------- markers
 # Every test in these folders talks to RabbitMQ unless its module says ``BROKER = False``,
-# so ``pytest -m "not broker"`` runs the codec and pure tests with no broker at all.  The
-# files below stop, block or restart the shared broker: marked ``disruptive`` as a whole.
+# so ``pytest -m "not broker"`` runs the codec and pure tests with no broker at all.  A test
+# that uses the private node (it stops, blocks or cuts it) is marked ``disruptive``.
 
 _BROKER_FOLDERS = {"amqp", "jobs", "resilience", "harness"}
-_DISRUPTIVE_FILES = {"test_broker_restart.py", "test_amqp_blocked.py"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -129,5 +147,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = getattr(item, "module", None)
         if folder in _BROKER_FOLDERS and getattr(module, "BROKER", True):
             item.add_marker(pytest.mark.broker)
-        if path.name in _DISRUPTIVE_FILES:
+        if "private_node" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.disruptive)

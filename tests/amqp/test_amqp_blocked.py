@@ -1,7 +1,8 @@
 """connection.blocked: a memory alarm on the broker blocks publishers, and publish honours it.
 
-These tests change the whole broker node (memory watermark 0) for a few seconds; the
-harness restores it in a shielded ``finally``.
+These tests change the whole broker node (memory watermark 0) for a few seconds, so they run
+against the suite's private node (``private_node``), never the default broker; the harness
+restores the watermark in a shielded ``finally``.
 """
 
 from __future__ import annotations
@@ -9,18 +10,15 @@ from __future__ import annotations
 import anyio
 import anyio.lowlevel
 import pytest
-from harness import lowered_memory_watermark
+from harness import PrivateNode
 
 from ojs_anyio import amqp
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.broker,
-    pytest.mark.rabbitmq_only("lowers RabbitMQ's memory watermark (connection.blocked)"),
-]
+pytestmark = [pytest.mark.anyio, pytest.mark.broker]
 
 
-async def test_blocked_publish_times_out_and_resumes_after_unblock(amqp_url: str) -> None:
+async def test_blocked_publish_times_out_and_resumes_after_unblock(private_node: PrivateNode) -> None:
+    amqp_url = private_node.url
     seen: list[amqp.RecoveryEvent] = []
     waited = anyio.Event()
     with anyio.fail_after(60):
@@ -33,7 +31,7 @@ async def test_blocked_publish_times_out_and_resumes_after_unblock(amqp_url: str
                 waited.set()
 
             async with conn.subscribe() as events, anyio.create_task_group() as tg:
-                async with lowered_memory_watermark():
+                async with private_node.lowered_memory_watermark():
                     # RabbitMQ blocks a connection once it publishes during the alarm.  This
                     # publish is written at once (not yet known to be blocked) and held by
                     # the broker until the alarm clears.

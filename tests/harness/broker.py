@@ -1,12 +1,18 @@
-"""Broker-side control for tests: rabbitmqctl, memory alarms, stopping the app, readiness.
+"""Broker-side control for tests: rabbitmqctl, memory alarms, readiness, connections.
 
-Every helper that changes the broker restores it in a ``finally`` shielded from cancellation
-and bounded by a timeout.  As a last resort (the test process dies with the block still open),
-an ``atexit`` hook runs the pending restores synchronously.
+Two kinds of node (:class:`Node`):
 
-These helpers act on the whole broker node (shared by every test that runs at the same time):
-mark tests that use ``lowered_memory_watermark``, ``broker_stopped`` or ``close_all_connections``
-with ``@pytest.mark.broker`` and don't run them concurrently with other broker tests.
+* **The default broker** (``DEFAULT_NODE``: ``rabbitmqctl`` on this host, AMQP on
+  127.0.0.1:5672, or ``OJS_BROKER_HOST`` / ``OJS_BROKER_PORT``) may be the user's own
+  RabbitMQ.  The harness only queries it and manages what the tests create on it: its
+  ``ctl()`` runs ``status``, ``list_*``, ``close_connection`` (of a connection the test
+  opened and named), and the tests' own vhosts (not ``/``), users (``ojs-test-…``) and
+  their permissions, and raises :class:`DefaultBrokerGuardError` for anything else, before
+  any process starts.
+* **The suite's private node** (:class:`harness.private_node.PrivateNode`, the
+  ``private_node`` fixture) is started by the suite for its disruptive tests, with its own
+  ports, epmd, cookie and directories.  Only it has the disruptive helpers (stopping the
+  app, lowering the memory watermark, closing every connection), as its methods.
 
 Memory alarm semantics verified on RabbitMQ 3.10.8: ``set_vm_memory_high_watermark <fraction>``
 takes a fraction of the OS-reported memory (``absolute <bytes>`` for an absolute limit); 0 sets
@@ -22,34 +28,33 @@ current setting is read from ``rabbitmqctl status --formatter json``
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import subprocess
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
-from anyio import CancelScope
 from anyio.abc import ByteStream
+
+from ojs_anyio.amqp import UsageError
 
 __all__ = [
     "AMQP_PROTOCOL_HEADER",
+    "DEFAULT_NODE",
+    "DefaultBrokerGuardError",
     "MemoryWatermark",
+    "Node",
+    "TEST_USER_PREFIX",
     "RabbitmqctlError",
-    "broker_stopped",
-    "close_all_connections",
     "close_connections",
     "get_memory_alarms",
     "get_memory_watermark",
     "list_connections",
-    "lowered_memory_watermark",
     "rabbitmqctl",
     "rabbitmqctl_sync",
     "read_connection_start",
-    "set_memory_watermark",
     "wait_broker_ready",
 ]
 
@@ -59,6 +64,11 @@ BROKER_PORT = int(os.environ.get("OJS_BROKER_PORT", "5672"))
 RABBITMQCTL = os.environ.get("OJS_RABBITMQCTL", "rabbitmqctl")
 _FRAME_END = 0xCE
 _MAX_START_FRAME = 128 * 1024
+
+#: The users the tests create on the default broker, and only those, have names beginning so.
+TEST_USER_PREFIX = "ojs-test-"
+#: Options that would point rabbitmqctl at another node than the one the ``Node`` names.
+_NODE_OPTIONS = ("-n", "--node", "-l", "--longnames")
 
 
 class RabbitmqctlError(RuntimeError):
@@ -74,31 +84,8 @@ class RabbitmqctlError(RuntimeError):
         self.stderr = stderr
 
 
-# ---------------------------------------------------------------------- rabbitmqctl
-
-
-async def rabbitmqctl(*args: str, timeout: float = 60) -> str:
-    """Run ``rabbitmqctl *args``; return its stdout, raise ``RabbitmqctlError`` on failure."""
-    with anyio.fail_after(timeout):
-        result = await anyio.run_process([RABBITMQCTL, *args], check=False)
-    stdout = result.stdout.decode(errors="replace")
-    if result.returncode != 0:
-        raise RabbitmqctlError(args, result.returncode, stdout, result.stderr.decode(errors="replace"))
-    return stdout
-
-
-def rabbitmqctl_sync(*args: str, timeout: float = 60) -> str:
-    """Blocking variant of ``rabbitmqctl()`` (for sync fixtures and the atexit safety net)."""
-    result = subprocess.run([RABBITMQCTL, *args], capture_output=True, timeout=timeout, check=False)
-    stdout = result.stdout.decode(errors="replace")
-    if result.returncode != 0:
-        raise RabbitmqctlError(args, result.returncode, stdout, result.stderr.decode(errors="replace"))
-    return stdout
-
-
-async def _status() -> dict[str, Any]:
-    status: dict[str, Any] = json.loads(await rabbitmqctl("status", "--formatter", "json", "-q"))
-    return status
+class DefaultBrokerGuardError(UsageError):
+    """A rabbitmqctl command that could disrupt the default broker was refused (never run)."""
 
 
 # ---------------------------------------------------------------------- memory watermark
@@ -120,77 +107,210 @@ class MemoryWatermark:
 DEFAULT_WATERMARK = MemoryWatermark("relative", 0.4)
 
 
+# ---------------------------------------------------------------------- nodes
+
+
+class Node:
+    """A RabbitMQ node: where its AMQP listener is, and the command line that runs
+    ``rabbitmqctl`` against it (``command`` + the arguments, with ``env`` added)."""
+
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        host: str,
+        port: int,
+        env: Mapping[str, str] | None = None,
+        disruptable: bool = False,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self._command = tuple(command)
+        self._env = dict(env or {})
+        #: Only the suite's private node is: the guard refuses all but ordinary commands on others.
+        self.disruptable = disruptable
+
+    def __repr__(self) -> str:
+        return f"<Node {self.name} amqp {self.host}:{self.port}>"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/"
+
+    def check_command(self, args: Sequence[str]) -> None:
+        """Raise ``DefaultBrokerGuardError`` unless ``rabbitmqctl *args`` may run on this node."""
+        if self.disruptable:
+            return
+        command = args[0] if args else ""
+        if any(a in _NODE_OPTIONS or a.startswith(("--node=", "--longnames=")) for a in args):
+            raise DefaultBrokerGuardError(
+                f"refusing rabbitmqctl {' '.join(args)}: the harness never re-targets {self.name}"
+            )
+        if not _ordinary(command, args[1:]):
+            raise DefaultBrokerGuardError(
+                f"refusing rabbitmqctl {' '.join(args)} against {self.name} ({self.host}:{self.port}), "
+                "which may be the user's own broker: disruptive commands run only against the "
+                "suite's private node (the private_node fixture)"
+            )
+
+    def _argv(self, args: Sequence[str]) -> tuple[list[str], dict[str, str] | None]:
+        self.check_command(args)
+        env = {**os.environ, **self._env} if self._env else None
+        return [*self._command, *args], env
+
+    async def ctl(self, *args: str, timeout: float = 60) -> str:
+        """Run ``rabbitmqctl *args`` against this node; return its stdout, raise
+        ``RabbitmqctlError`` on failure (``DefaultBrokerGuardError`` before running it, if
+        the command is not allowed here)."""
+        argv, env = self._argv(args)
+        with anyio.fail_after(timeout):
+            result = await anyio.run_process(argv, check=False, env=env)
+        return _output(args, result.returncode, result.stdout, result.stderr)
+
+    def ctl_sync(self, *args: str, timeout: float = 60) -> str:
+        """Blocking variant of ``ctl()`` (for sync fixtures)."""
+        argv, env = self._argv(args)
+        result = subprocess.run(argv, capture_output=True, timeout=timeout, check=False, env=env)
+        return _output(args, result.returncode, result.stdout, result.stderr)
+
+    async def status(self) -> dict[str, Any]:
+        """``rabbitmqctl status`` as a dict (JSON form): ``pid``, ``uptime``, ``alarms``…"""
+        status: dict[str, Any] = json.loads(await self.ctl("status", "--formatter", "json", "-q"))
+        return status
+
+    async def get_memory_watermark(self) -> MemoryWatermark:
+        """The current watermark setting (the default 0.4 if unreadable)."""
+        setting = (await self.status()).get("vm_memory_high_watermark_setting")
+        if isinstance(setting, dict):
+            if isinstance(relative := setting.get("relative"), int | float):
+                return MemoryWatermark("relative", float(relative))
+            if isinstance(absolute := setting.get("absolute"), int | float):
+                return MemoryWatermark("absolute", int(absolute))
+        return DEFAULT_WATERMARK
+
+    async def get_memory_alarms(self) -> list[dict[str, Any]]:
+        """The active memory alarms (``rabbitmqctl status``)."""
+        alarms = (await self.status()).get("alarms", [])
+        return [alarm for alarm in alarms if isinstance(alarm, dict) and alarm.get("resource") == "memory"]
+
+    async def list_connections(self, *columns: str) -> list[dict[str, Any]]:
+        """``rabbitmqctl list_connections`` as dicts (JSON; default columns: name, user, vhost,
+        peer_port, client_properties).  Note: the JSON ``pid`` is not usable with close_connection.
+        """
+        wanted = columns or ("name", "user", "vhost", "peer_port", "client_properties")
+        output = await self.ctl("list_connections", *wanted, "--formatter", "json", "-q")
+        rows: list[dict[str, Any]] = json.loads(output) if output.strip() else []
+        return rows
+
+    async def close_connections(
+        self, explanation: str = "closed by the test harness", *, connection_name: str
+    ) -> int:
+        """Close (broker side) the connections whose client property ``connection_name`` is
+        ``connection_name``: a connection the test opened and named itself.  Returns how many."""
+        rows = await self.list_connections()
+        # JSON pids ("#PID<...>") are refused by close_connection; the table form is accepted.
+        table = await self.ctl("list_connections", "pid", "name", "--no-table-headers", "-q")
+        pids: dict[str, str] = {}
+        for line in table.splitlines():
+            pid, _, name = line.partition("\t")
+            if name:
+                pids[name] = pid
+        closed = 0
+        for row in rows:
+            if client_property(row.get("client_properties"), "connection_name") != connection_name:
+                continue
+            pid = pids.get(str(row.get("name")))
+            if pid is None:
+                continue
+            try:
+                await self.ctl("close_connection", pid, explanation)
+            except RabbitmqctlError:
+                continue  # it went away meanwhile
+            closed += 1
+        return closed
+
+    async def wait_ready(self, timeout: float = 60) -> None:
+        """Wait until the node answers the protocol header with ``Connection.Start``."""
+        await wait_broker_ready(timeout, self.host, self.port)
+
+
+def _ordinary(command: str, rest: Sequence[str]) -> bool:
+    """Whether ``rabbitmqctl command *rest`` only queries a broker or manages what the tests
+    themselves made on it: their connections, vhosts other than ``/``, users named
+    ``ojs-test-…``, and permissions of those users or in those vhosts."""
+    if command.startswith("list_") or command in ("status", "version", "close_connection"):
+        return True
+    vhost, operands = None, []
+    items = iter(rest)
+    for item in items:
+        if item in ("-p", "--vhost"):
+            vhost = next(items, None)
+        elif item.startswith("--vhost="):
+            vhost = item.partition("=")[2]
+        elif not item.startswith("-"):
+            operands.append(item)
+    first = operands[0] if operands else ""
+    if command in ("add_vhost", "delete_vhost"):
+        return first not in ("", "/")
+    if command in ("add_user", "delete_user"):
+        return first.startswith(TEST_USER_PREFIX)
+    if command == "set_permissions":
+        return first.startswith(TEST_USER_PREFIX) or vhost not in (None, "/")
+    return False
+
+
+def _output(args: Sequence[str], returncode: int, stdout: bytes, stderr: bytes) -> str:
+    text = stdout.decode(errors="replace")
+    if returncode != 0:
+        raise RabbitmqctlError(tuple(args), returncode, text, stderr.decode(errors="replace"))
+    return text
+
+
+def client_property(properties: object, key: str) -> object:
+    """A client property of a ``list_connections`` row (JSON form: ``[[key, type, value], ...]``)."""
+    if isinstance(properties, list):
+        for item in properties:
+            if isinstance(item, list) and len(item) == 3 and item[0] == key:
+                return item[2]
+    return None
+
+
+#: The broker the suite runs its ordinary tests against; possibly the user's own.
+DEFAULT_NODE = Node("the default broker", [RABBITMQCTL], host=BROKER_HOST, port=BROKER_PORT)
+
+
+# The default broker's helpers under their long-standing names.
+
+
+async def rabbitmqctl(*args: str, timeout: float = 60) -> str:
+    """``rabbitmqctl *args`` against the default broker (ordinary commands only)."""
+    return await DEFAULT_NODE.ctl(*args, timeout=timeout)
+
+
+def rabbitmqctl_sync(*args: str, timeout: float = 60) -> str:
+    """Blocking variant of ``rabbitmqctl()``."""
+    return DEFAULT_NODE.ctl_sync(*args, timeout=timeout)
+
+
 async def get_memory_watermark() -> MemoryWatermark:
-    """The broker's current watermark setting (falls back to the default 0.4 if unreadable)."""
-    setting = (await _status()).get("vm_memory_high_watermark_setting")
-    if isinstance(setting, dict):
-        if isinstance(relative := setting.get("relative"), int | float):
-            return MemoryWatermark("relative", float(relative))
-        if isinstance(absolute := setting.get("absolute"), int | float):
-            return MemoryWatermark("absolute", int(absolute))
-    return DEFAULT_WATERMARK
-
-
-async def set_memory_watermark(watermark: MemoryWatermark) -> None:
-    await rabbitmqctl(*watermark.rabbitmqctl_args())
+    return await DEFAULT_NODE.get_memory_watermark()
 
 
 async def get_memory_alarms() -> list[dict[str, Any]]:
-    """The broker's active memory alarms (``rabbitmqctl status``)."""
-    alarms = (await _status()).get("alarms", [])
-    return [alarm for alarm in alarms if isinstance(alarm, dict) and alarm.get("resource") == "memory"]
+    return await DEFAULT_NODE.get_memory_alarms()
 
 
-async def _wait_memory_alarm(present: bool) -> None:
-    # Polling an external process: there is no event to wait on.
-    while bool(await get_memory_alarms()) != present:  # noqa: ASYNC110
-        await anyio.sleep(0.1)
+async def list_connections(*columns: str) -> list[dict[str, Any]]:
+    return await DEFAULT_NODE.list_connections(*columns)
 
 
-@asynccontextmanager
-async def lowered_memory_watermark(timeout: float = 60) -> AsyncIterator[MemoryWatermark]:
-    """Set the memory watermark to 0 (memory alarm: publishers get blocked) for the block.
-
-    Waits until the alarm is active before entering, yields the previous setting, and on exit
-    (shielded, bounded by ``timeout``) restores it and waits until the alarm is gone.
-    """
-    with anyio.fail_after(timeout):
-        previous = await get_memory_watermark()
-    if previous.kind == "relative" and previous.value == 0:
-        previous = DEFAULT_WATERMARK  # left over from an interrupted run
-    restore_args = previous.rabbitmqctl_args()
-    _pending.append(restore_args)
-    try:
-        with anyio.fail_after(timeout):
-            await rabbitmqctl("set_vm_memory_high_watermark", "0")
-            await _wait_memory_alarm(True)
-        yield previous
-    finally:
-        with CancelScope(shield=True), anyio.fail_after(timeout):
-            await rabbitmqctl(*restore_args)
-            _discard_pending(restore_args)
-            await _wait_memory_alarm(False)
+async def close_connections(explanation: str = "closed by the test harness", *, connection_name: str) -> int:
+    return await DEFAULT_NODE.close_connections(explanation, connection_name=connection_name)
 
 
-# ---------------------------------------------------------------------- stop / start
-
-
-@asynccontextmanager
-async def broker_stopped(timeout: float = 60) -> AsyncIterator[None]:
-    """``rabbitmqctl stop_app`` for the block; ``start_app`` and wait until ready on exit.
-
-    The restart runs in a shielded ``finally`` (bounded by ``timeout``), so it happens even if
-    the block fails or is cancelled.
-    """
-    _pending.append(("start_app",))
-    try:
-        await rabbitmqctl("stop_app", timeout=timeout)
-        yield
-    finally:
-        with CancelScope(shield=True), anyio.fail_after(2 * timeout):
-            await rabbitmqctl("start_app", timeout=timeout)
-            _discard_pending(("start_app",))
-            await wait_broker_ready(timeout)
+# ---------------------------------------------------------------------- readiness
 
 
 async def read_connection_start(stream: ByteStream) -> bytes:
@@ -239,88 +359,3 @@ async def wait_broker_ready(timeout: float = 60, host: str = BROKER_HOST, port: 
             f"the broker on {host}:{port} did not send Connection.Start within {timeout}s"
             f" (last error: {last_error!r})"
         ) from exc
-
-
-# ---------------------------------------------------------------------- connections
-
-
-async def list_connections(*columns: str) -> list[dict[str, Any]]:
-    """``rabbitmqctl list_connections`` as dicts (JSON; default columns: name, user, vhost,
-    peer_port, client_properties).  Note: the JSON ``pid`` is not usable with close_connection.
-    """
-    columns = columns or ("name", "user", "vhost", "peer_port", "client_properties")
-    output = await rabbitmqctl("list_connections", *columns, "--formatter", "json", "-q")
-    rows: list[dict[str, Any]] = json.loads(output) if output.strip() else []
-    return rows
-
-
-async def close_all_connections(explanation: str = "closed by the test harness", *, vhost: str = "/") -> None:
-    """Close every AMQP connection of ``vhost`` (broker side: clients get CONNECTION_FORCED)."""
-    await rabbitmqctl("close_all_connections", "--vhost", vhost, explanation)
-
-
-async def close_connections(
-    explanation: str = "closed by the test harness",
-    *,
-    connection_name: str | None = None,
-    match: Callable[[dict[str, Any]], bool] | None = None,
-) -> int:
-    """Close (broker side) the connections whose client property ``connection_name`` equals
-    ``connection_name`` and/or for which ``match(row)`` is true (rows as ``list_connections()``
-    gives them, plus ``connection_name``).  Returns how many were closed.
-    """
-    rows = await list_connections()
-    # JSON pids ("#PID<...>") are refused by close_connection; the table form is accepted.
-    table = await rabbitmqctl("list_connections", "pid", "name", "--no-table-headers", "-q")
-    pids: dict[str, str] = {}
-    for line in table.splitlines():
-        pid, _, name = line.partition("\t")
-        if name:
-            pids[name] = pid
-    closed = 0
-    for row in rows:
-        row["connection_name"] = _client_property(row.get("client_properties"), "connection_name")
-        if connection_name is not None and row["connection_name"] != connection_name:
-            continue
-        if match is not None and not match(row):
-            continue
-        pid = pids.get(str(row.get("name")))
-        if pid is None:
-            continue
-        try:
-            await rabbitmqctl("close_connection", pid, explanation)
-        except RabbitmqctlError:
-            continue  # it went away meanwhile
-        closed += 1
-    return closed
-
-
-def _client_property(properties: object, key: str) -> object:
-    if isinstance(properties, list):
-        for item in properties:
-            if isinstance(item, list) and len(item) == 3 and item[0] == key:
-                return item[2]
-    return None
-
-
-# ---------------------------------------------------------------------- atexit safety net
-
-#: rabbitmqctl commands that undo a change still in effect; run at exit if still pending.
-_pending: list[tuple[str, ...]] = []
-
-
-def _discard_pending(args: tuple[str, ...]) -> None:
-    try:
-        _pending.remove(args)
-    except ValueError:
-        pass
-
-
-@atexit.register
-def _run_pending_restores() -> None:
-    while _pending:
-        args = _pending.pop()
-        try:
-            rabbitmqctl_sync(*args, timeout=60)
-        except (OSError, subprocess.SubprocessError, RabbitmqctlError):
-            pass

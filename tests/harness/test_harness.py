@@ -20,13 +20,19 @@ from pamqp import frame as amqp_frame
 from pamqp import header as amqp_header
 
 from harness import (
+    DEFAULT_NODE,
+    DefaultBrokerGuardError,
     FaultProxy,
+    Node,
+    PrivateNode,
     TLSMaterial,
     TLSTerminatingProxy,
     broker,
     make_ca_and_cert,
     read_connection_start,
 )
+from harness.private_node import RESERVED_AMQP_PORTS, RESERVED_DIST_PORTS, RESERVED_EPMD_PORTS
+from ojs_anyio.amqp import UsageError
 
 pytestmark = pytest.mark.anyio
 
@@ -473,14 +479,119 @@ async def test_broker_queries() -> None:
         assert isinstance(await broker.list_connections(), list)
         assert "rabbit" in await broker.rabbitmqctl("status", "-q")
     with pytest.raises(broker.RabbitmqctlError):
-        broker.rabbitmqctl_sync("no_such_command", timeout=30)
+        broker.rabbitmqctl_sync("list_queues", "no_such_column", timeout=30)
+
+
+# ---------------------------------------------------------------------- the default broker's guard
+# The default broker may be the user's own: the harness refuses, before starting any
+# process, every rabbitmqctl command against it but queries and the tests' own vhosts,
+# permissions and named connections.
+
+DISRUPTIVE_COMMANDS = [
+    ("stop_app",),
+    ("start_app",),
+    ("stop",),
+    ("shutdown",),
+    ("reset",),
+    ("close_all_connections", "--vhost", "/", "bye"),
+    ("set_vm_memory_high_watermark", "0"),
+    ("set_disk_free_limit", "1000GB"),
+    ("eval", "init:stop()."),
+    ("delete_vhost", "/"),
+    ("add_vhost",),
+    ("set_permissions", "guest", "", "", ""),
+    ("set_permissions", "-p", "/", "guest", "", "", ""),
+    ("delete_user", "guest"),
+    ("add_user", "admin", "secret"),
+    ("change_password", "guest", "x"),
+    ("-n", "ojs-private@localhost", "list_queues"),
+    ("list_queues", "--node=rabbit@elsewhere"),
+    (),
+]
+
+
+@pytest.mark.parametrize("args", DISRUPTIVE_COMMANDS, ids=lambda a: " ".join(a) or "nothing")
+async def test_default_broker_refuses_disruptive_commands(args: tuple[str, ...]) -> None:
+    # A node whose rabbitmqctl does not exist: had the guard let the command through, it
+    # would fail with FileNotFoundError, not the guard's error.
+    lookalike = Node("the default broker", ["/nonexistent/rabbitmqctl"], host="127.0.0.1", port=5672)
+    with pytest.raises(DefaultBrokerGuardError, match="refusing rabbitmqctl"):
+        await lookalike.ctl(*args)
+    with pytest.raises(DefaultBrokerGuardError):
+        lookalike.ctl_sync(*args)
+    with pytest.raises(DefaultBrokerGuardError):
+        DEFAULT_NODE.check_command(args)
+    with pytest.raises(DefaultBrokerGuardError):
+        await broker.rabbitmqctl(*args)
+    assert not DEFAULT_NODE.disruptable
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status", "--formatter", "json"),
+        ("list_queues", "-p", "t1", "name"),
+        ("list_connections",),
+        ("add_vhost", "ojs-test-x"),
+        ("set_permissions", "-p", "ojs-test-x", "guest", ".*", ".*", ".*"),
+        ("delete_vhost", "ojs-test-x"),
+        ("add_user", "ojs-test-alice", "pw"),
+        ("set_permissions", "-p", "/", "ojs-test-alice", ".*", ".*", ".*"),
+        ("delete_user", "ojs-test-alice"),
+        ("close_connection", "<rabbit@localhost.1.2.3>", "bye"),
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_default_broker_allows_queries_and_the_tests_own_entities(args: tuple[str, ...]) -> None:
+    DEFAULT_NODE.check_command(args)  # no error
+
+
+@pytest.mark.parametrize(
+    ("port", "epmd_port"),
+    [*((p, 4371) for p in sorted(RESERVED_AMQP_PORTS)), *((5690, p) for p in sorted(RESERVED_EPMD_PORTS))],
+)
+def test_private_node_refuses_the_default_and_cluster_ports(
+    port: int, epmd_port: int, tmp_path: Path
+) -> None:
+    with pytest.raises(UsageError, match="belongs to the default broker"):
+        PrivateNode(tmp_path, port, epmd_port)
+
+
+def test_private_node_ports_differ_from_the_default_broker_and_the_cluster() -> None:
+    node = PrivateNode.create()
+    assert node.port not in RESERVED_AMQP_PORTS
+    assert node.dist_port == node.port + 20000 and node.dist_port not in RESERVED_DIST_PORTS
+    assert node.epmd_port not in RESERVED_EPMD_PORTS
+    assert node.disruptable
+    node.check_command(("stop_app",))  # the private node takes what the default refuses
+
+
+# ---------------------------------------------------------------------- the private node
+
+
+async def test_private_node_is_a_node_of_its_own(private_node: PrivateNode) -> None:
+    """Its own VM, listeners, data and config: nothing in common with the default broker."""
+    with anyio.fail_after(60):
+        status = await private_node.status()
+        default = await DEFAULT_NODE.status()  # read-only
+    assert status["pid"] != default["pid"]
+    listeners = {(item["protocol"], item["port"]) for item in status["listeners"]}
+    assert listeners == {("amqp", private_node.port), ("clustering", private_node.dist_port)}
+    assert status["data_directory"].startswith(str(private_node.directory))
+    assert all(f.startswith(str(private_node.directory)) for f in status["config_files"])
+    assert status["totals"]["virtual_host_count"] == 1
+    with anyio.fail_after(60):
+        await private_node.wait_ready(timeout=30)
+        epmd = await anyio.run_process(["epmd", "-port", str(private_node.epmd_port), "-names"])
+    names = [line.split()[1] for line in epmd.stdout.decode().splitlines() if line.startswith("name ")]
+    assert names == ["ojs-private"]
+    cookie = private_node.directory / "home" / ".erlang.cookie"
+    assert cookie.stat().st_mode & 0o077 == 0
 
 
 # ---------------------------------------------------------------------- broker-side control
-# These act on the whole broker node (and so on every test running against it at the same time).
-# Marked so they can be deselected locally (-m "not disruptive"); CI runs them.  They
-# restore the broker in a shielded finally, and pytest runs tests one at a time.
-disruptive = pytest.mark.disruptive
+# The disruptive helpers act on the whole private node; pytest runs tests one at a time, and
+# each helper restores the node in a shielded finally.
 
 
 class RawAMQP:
@@ -550,75 +661,68 @@ async def test_close_connections_by_name() -> None:
         assert await broker.close_connections(connection_name=name) == 0
 
 
-@pytest.mark.broker
-async def test_close_all_connections_of_a_vhost() -> None:
+async def test_close_all_connections_of_a_vhost(private_node: PrivateNode) -> None:
     # A vhost of its own, so that no other test's connection is closed.
     vhost = f"harness-{os.getpid()}-{os.urandom(4).hex()}"
     with anyio.fail_after(60):
-        await broker.rabbitmqctl("add_vhost", vhost)
+        await private_node.ctl("add_vhost", vhost)
         try:
-            await broker.rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-            async with await anyio.connect_tcp("127.0.0.1", 5672) as stream:
+            await private_node.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+            async with await anyio.connect_tcp(private_node.host, private_node.port) as stream:
                 peer = RawAMQP(stream)
                 await peer.open("harness-vhost-probe", vhost=vhost)
-                await broker.close_all_connections("vhost cleared", vhost=vhost)
+                await private_node.close_all_connections("vhost cleared", vhost=vhost)
                 close = await peer.receive()
                 assert isinstance(close, amqp.Connection.Close)
                 assert close.reply_code == 320
         finally:
             with anyio.CancelScope(shield=True):
-                await broker.rabbitmqctl("delete_vhost", vhost)
+                await private_node.ctl("delete_vhost", vhost)
 
 
-@pytest.mark.broker
-@disruptive
-async def test_lowered_memory_watermark_blocks_publishers() -> None:
+async def test_lowered_memory_watermark_blocks_publishers(private_node: PrivateNode) -> None:
     with anyio.fail_after(60):
-        before = await broker.get_memory_watermark()
-        async with await anyio.connect_tcp("127.0.0.1", 5672) as stream:
+        before = await private_node.get_memory_watermark()
+        async with await anyio.connect_tcp(private_node.host, private_node.port) as stream:
             peer = RawAMQP(stream)
             await peer.open(f"harness-blocked-{os.getpid()}")
-            async with broker.lowered_memory_watermark() as previous:
+            async with private_node.lowered_memory_watermark() as previous:
                 assert previous == before
-                assert await broker.get_memory_alarms()
+                assert await private_node.get_memory_alarms()
                 await peer.publish("harness-nowhere", b"x")
                 blocked = await peer.receive()
                 assert isinstance(blocked, amqp.Connection.Blocked)
                 assert "memory" in blocked.reason
             assert isinstance(await peer.receive(), amqp.Connection.Unblocked)
-            assert await broker.get_memory_alarms() == []
-        assert await broker.get_memory_watermark() == before
+            assert await private_node.get_memory_alarms() == []
+        assert await private_node.get_memory_watermark() == before
 
 
-@pytest.mark.broker
-@disruptive
-async def test_lowered_memory_watermark_restores_when_cancelled() -> None:
+async def test_lowered_memory_watermark_restores_when_cancelled(private_node: PrivateNode) -> None:
     with anyio.fail_after(60):
-        before = await broker.get_memory_watermark()
+        before = await private_node.get_memory_watermark()
         with anyio.CancelScope() as scope:
-            async with broker.lowered_memory_watermark():
+            async with private_node.lowered_memory_watermark():
                 scope.cancel()
                 await anyio.sleep_forever()
-        assert await broker.get_memory_watermark() == before
-        assert await broker.get_memory_alarms() == []
+        assert await private_node.get_memory_watermark() == before
+        assert await private_node.get_memory_alarms() == []
 
 
-@pytest.mark.broker
-@disruptive
-async def test_broker_stopped_restarts_even_on_error() -> None:
+async def test_broker_stopped_restarts_even_on_error(private_node: PrivateNode) -> None:
     with anyio.fail_after(120):
         async with (
-            FaultProxy("127.0.0.1", 5672) as proxy,
+            FaultProxy(private_node.host, private_node.port) as proxy,
             await anyio.connect_tcp("127.0.0.1", proxy.port) as client,
         ):
             await read_connection_start(client)
             with pytest.raises(RuntimeError, match="boom"):
-                async with broker.broker_stopped():
+                async with private_node.broker_stopped():
                     # The broker dropped the connection, and answers no more.
                     with pytest.raises(CONNECTION_LOST):
                         while True:
                             await client.receive()
                     with pytest.raises(TimeoutError):
-                        await broker.wait_broker_ready(timeout=1)
+                        await private_node.wait_ready(timeout=1)
                     raise RuntimeError("boom")
-        await broker.wait_broker_ready(timeout=5)
+        await private_node.wait_ready(timeout=5)

@@ -1,7 +1,8 @@
 """The broker application stops and starts again (``rabbitmqctl stop_app`` / ``start_app``).
 
-This stops the whole node for every client, so the test is self-contained: it restores the
-broker in a ``finally`` (``broker_stopped``) and waits until it accepts connections again.
+This stops the whole node, so it runs against the suite's private node (``private_node``),
+never the default broker; ``broker_stopped`` restarts the node in a ``finally`` and waits
+until it accepts connections again.
 """
 
 from __future__ import annotations
@@ -10,28 +11,24 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from harness import broker_stopped
+from harness import PrivateNode
 
 from ojs_anyio import amqp
 
 from .resilience_helpers import EventLog
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.broker,
-    pytest.mark.rabbitmq_only("restarts the RabbitMQ broker"),
-]
+pytestmark = [pytest.mark.anyio, pytest.mark.broker]
 
 #: Small backoff, so the first attempt after the broker is back comes within ~0.2 s.
 POLICY = amqp.RecoveryPolicy(initial_delay=0.05, multiplier=2.0, max_delay=0.2, jitter=0.1)
 
 
 async def test_recovers_within_two_seconds_of_broker_restart(
-    amqp_url: str, unique: Callable[[str], str]
+    private_node: PrivateNode, unique: Callable[[str], str]
 ) -> None:
     queue = unique("q")
     with anyio.fail_after(90):
-        async with amqp.connect(amqp_url, recovery=POLICY, connection_timeout=2.0) as conn:
+        async with amqp.connect(private_node.url, recovery=POLICY, connection_timeout=2.0) as conn:
             log = EventLog(conn)
             async with conn.channel() as ch:
                 await ch.queue_declare(queue)  # not durable: the restart drops it, recovery re-declares it
@@ -41,7 +38,7 @@ async def test_recovers_within_two_seconds_of_broker_restart(
                     assert msg.body == b"before"
                     await msg.ack()
 
-                    async with broker_stopped():
+                    async with private_node.broker_stopped():
                         lost = await log.wait_for(amqp.ConnectionLost, timeout=30)
                         assert isinstance(lost.error, amqp.AMQPError)
                     # broker_stopped() returns once the broker sends Connection.Start again.
