@@ -9,7 +9,10 @@ Worker (N no-op jobs pushed with ``push_batch``, then drained at concurrency 100
 * ``3 middleware``: three pass-through middlewares overriding ``around_handler`` and
   ``on_outcome`` (the chain's own cost);
 * ``JobMetrics (SDK)``: per-job-type counters and the duration histogram recorded into an
-  OpenTelemetry SDK ``MeterProvider`` with an in-memory reader.
+  OpenTelemetry SDK ``MeterProvider`` with an in-memory reader;
+* ``all redelivered``: every job's first delivery ended unsettled (as after a crash), so
+  each is moved to ``ojs.queue.redelivered.{q}`` and run there one at a time (at most
+  2,000 jobs a round).
 
 Results (a worker at concurrency 100 serving ``push_for_result`` callers):
 
@@ -45,6 +48,8 @@ from ojs_anyio import amqp
 
 CONCURRENCY = 100
 LATENCY_JOBS = 300
+#: Jobs of the redelivered round (they run one at a time: a smaller N keeps the round short).
+REDELIVERED_JOBS = 2000
 
 
 class PassThrough(ojs.Middleware):
@@ -82,7 +87,8 @@ async def _scratch_queue(client: ojs.Client) -> Any:
         yield q
     finally:
         names = client.names
-        for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q)):
+        for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
+                     names.redelivered_queue(q)):  # fmt: skip
             with contextlib.suppress(amqp.AMQPError):
                 await ch.queue_delete(name)
 
@@ -93,6 +99,27 @@ async def worker_round(url: str, n: int, options: dict[str, Any]) -> float:
         if not all(r.ok for r in results):
             raise RuntimeError("push_batch: some jobs failed")
         return await _ours_worker(client, q, n, CONCURRENCY, **options)
+
+
+async def redelivered_round(url: str, n: int) -> float:
+    """N jobs whose first delivery ended unsettled (a consumer took them all and went away
+    without a word, as a crashed worker does), then drained by a worker at concurrency 100:
+    each is moved to ``ojs.queue.redelivered.{q}`` (one confirmed publish) and run there one
+    at a time (see ``Worker(max_deliveries=…)``): what recovering from a crash costs."""
+    async with ojs.connect(url) as client, _scratch_queue(client) as q:
+        results = await client.push_batch([client.build("bench.noop", ARGS, queue=q) for _ in range(n)])
+        if not all(r.ok for r in results):
+            raise RuntimeError("push_batch: some jobs failed")
+        async with (
+            client.conn.channel(confirms=False) as ch,
+            ch.consume(client.names.job_queue(q), prefetch=n) as messages,
+        ):
+            taken = 0
+            async for _ in messages:
+                taken += 1
+                if taken == n:
+                    break  # the channel closes unsettled: all n come back redelivered
+        return await _ours_worker(client, q, n, CONCURRENCY, metrics=False, tracing=False)
 
 
 async def results_round(url: str, n: int, out: dict[str, list[float]]) -> None:
@@ -156,6 +183,9 @@ def main() -> int:
                 rates[backend].setdefault(f"worker c={CONCURRENCY}, {name} /s", []).append(rate)
                 print(f"round {rnd + 1} {backend}: {name}: {rate:,.0f} jobs/s", file=sys.stderr)
             anyio.run(results_round, args.url, n, rates[backend], backend=backend)
+            rate = anyio.run(redelivered_round, args.url, min(n, REDELIVERED_JOBS), backend=backend)
+            rates[backend].setdefault(f"worker c={CONCURRENCY}, all redelivered /s", []).append(rate)
+            print(f"round {rnd + 1} {backend}: all redelivered: {rate:,.0f} jobs/s", file=sys.stderr)
     print(f"job API extras: N={n:,}, median of {repeat} round(s), took {time.monotonic() - started:.0f}s")
     keys = list(rates[backends[0]])
     print(f"{'':<40}" + "".join(f"{b:>12}" for b in backends))

@@ -294,7 +294,8 @@ async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
                 raise RuntimeError(f"queue holds {info.message_count} jobs, expected {n}")
             out.add(f"worker_c{c}", await _ours_worker(client, q, n, c))
         finally:
-            for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q)):
+            for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
+                         names.redelivered_queue(q)):  # fmt: skip
                 with contextlib.suppress(amqp.AMQPError):
                     await ch.queue_delete(name)
 
@@ -412,7 +413,8 @@ async def _profile_ours(url: str, n: int, c: int, prof: Any, phase: str) -> None
                 await _ours_worker(client, q, n, c)
                 prof.disable()
         finally:
-            for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q)):
+            for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
+                         names.redelivered_queue(q)):  # fmt: skip
                 with contextlib.suppress(amqp.AMQPError):
                     await ch.queue_delete(name)
 
@@ -443,7 +445,8 @@ async def _rss_cleanup(url: str, q: str) -> None:
     async with ojs.connect(url) as client:
         ch = await client.channel()
         names = client.names
-        for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q)):
+        for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
+                     names.redelivered_queue(q)):  # fmt: skip
             with contextlib.suppress(amqp.AMQPError):
                 await ch.queue_delete(name)
 

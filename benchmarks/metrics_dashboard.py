@@ -81,8 +81,9 @@ async def workload(url: str, n: int, seed: int) -> InMemoryMetricReader:
             finally:
                 worker.stop()  # run() returns once the worker stopped; then the queues go
         async with client.conn.channel(confirms=False) as ch:
-            for name in (client.names.job_queue(queue), client.names.dlx_queue(queue),
-                         client.names.control_queue(queue)):  # fmt: skip
+            names = client.names
+            for name in (names.job_queue(queue), names.dlx_queue(queue), names.control_queue(queue),
+                         names.redelivered_queue(queue)):  # fmt: skip
                 await ch.queue_delete(name)
     del handles
     return reader

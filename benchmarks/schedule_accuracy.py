@@ -136,7 +136,7 @@ async def run(
         finally:
             ch = await client.channel()
             for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
-                         names.delay_landing_queue(q)):  # fmt: skip
+                         names.delay_landing_queue(q), names.redelivered_queue(q)):  # fmt: skip
                 with contextlib.suppress(amqp.AMQPError):
                     await ch.queue_delete(name)
 

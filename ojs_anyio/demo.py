@@ -62,7 +62,8 @@ async def run_demo(url: str | None, n_jobs: int) -> dict[str, int]:
         # with other queue arguments) left behind.
         async with client.conn.channel(confirms=False) as ch:
             names = client.names
-            for name in (names.job_queue(QUEUE), names.dlx_queue(QUEUE), names.control_queue(QUEUE)):
+            for name in (names.job_queue(QUEUE), names.dlx_queue(QUEUE), names.control_queue(QUEUE),
+                         names.redelivered_queue(QUEUE)):  # fmt: skip
                 await ch.queue_delete(name)
         await client.declare_queue(QUEUE)
         async with anyio.create_task_group() as tg:

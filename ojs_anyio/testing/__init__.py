@@ -263,10 +263,10 @@ class JobTester:
         vhost = self.client.conn.url.virtual_host
         queues = self.broker.queues(vhost)
         for queue in worker.queues:
-            name = self.names.job_queue(queue)
-            q = queues.get(name)
-            if q is not None and (q.ready or self.broker.unacked_count(name, vhost)):
-                return False
+            for name in (self.names.job_queue(queue), self.names.redelivered_queue(queue)):
+                q = queues.get(name)
+                if q is not None and (q.ready or self.broker.unacked_count(name, vhost)):
+                    return False
         return True
 
     def _waiting_queues(self) -> list[tuple[str, Any]]:
@@ -303,6 +303,7 @@ class JobTester:
             names.retry_queue(_MARK, 1),
             names.delay_landing_queue(_MARK),
             names.control_queue(_MARK),
+            names.redelivered_queue(_MARK),
         ):
             if amqp_queue.startswith(_prefix(special).rsplit(".", 1)[0] + "."):
                 return None
