@@ -47,6 +47,8 @@ class Soak:
     failed_first: int = 0
     push_retries: int = 0
     nacked: int = 0
+    #: When the last completion of each kind of job came (moved: through the redelivered queue).
+    last_by_kind: dict[str, float] = field(default_factory=dict)
     #: Worker outcomes by kind; every job has attempts left, so none may be dead-lettered.
     outcomes: Counter[str] = field(default_factory=Counter)
     dead_lettered: list[ojs.JobOutcome] = field(default_factory=list)
@@ -72,7 +74,16 @@ class Soak:
             self.failed_first += 1
             raise RuntimeError("transient failure (retried)")
         self.done[n] += 1
-        self.completions.append(anyio.current_time())
+        now = anyio.current_time()
+        self.completions.append(now)
+        headers = ctx.message.properties.headers or {}
+        if "x-ojs-unsettled-deliveries" in headers:
+            kind = "moved"
+        elif n % SCHEDULE_EVERY == 1:
+            kind = "scheduled"
+        else:
+            kind = "retried" if ctx.attempt > 1 else "plain"
+        self.last_by_kind[kind] = max(self.last_by_kind.get(kind, 0.0), now)
         self._check()
         if len(self.done) == JOBS:
             self.all_done.set()
@@ -209,7 +220,8 @@ async def test_chaos_soak(cluster: Cluster) -> None:
         f"stop_app of the leader: longest stall {stall_stop:.2f}s, over {first_after_stop:.2f}s after; "
         f"SIGKILL of {f1}: longest stall {stall_kill:.2f}s, over {first_after_kill:.2f}s after; "
         f"run {soak.completions[-1] - soak.completions[0]:.0f}s, {before_rate:.0f} jobs/s before the first "
-        "failure"
+        "failure; last completion after the SIGKILL by kind: "
+        + ", ".join(f"{k} {t - events['kill']:+.0f}s" for k, t in sorted(soak.last_by_kind.items()))
     )
     assert not lost, f"{len(lost)} jobs lost, e.g. {lost[:10]}"
     # Every job had attempts left (at most one failure of five): a transient refusal of a
