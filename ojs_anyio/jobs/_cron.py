@@ -120,6 +120,7 @@ from ._client import Client
 from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp, new_job, parse_timestamp
 from ._exceptions import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
+from ._presence import PRESENCE_INTERVAL, SchedulerPresence, announce, scheduler_presence
 from ._retry import RetryPolicy
 from ._topology import Names, QueueOptions, quorum_queue_arguments
 
@@ -465,6 +466,9 @@ class Scheduler:
         """The last fired tick of ``schedule`` this instance knows of."""
         return self._fired.get(schedule)
 
+    def _presence(self, stopped: bool) -> SchedulerPresence:
+        return scheduler_presence(self, stopped=stopped)
+
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(
             leader=self._leading,
@@ -513,6 +517,7 @@ class Scheduler:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._serve_leadership, client, name="ojs-scheduler-leadership")
                         tg.start_soon(self._fire_loop, client, name="ojs-scheduler-fire")
+                        tg.start_soon(announce, client, self._presence, PRESENCE_INTERVAL)  # for observers
                 except BaseExceptionGroup as eg:
                     raise _single(eg) from None
         finally:
