@@ -54,7 +54,9 @@ __all__ = [
     "ScheduleState",
     "SchedulerPresence",
     "WorkerPresence",
+    "Wake",
     "announce",
+    "announce_scheduler",
     "decode_presence",
     "scheduler_presence",
     "worker_presence",
@@ -248,11 +250,46 @@ async def _publish(client: Client, presence: Presence) -> None:
 _SKIPPED = (amqp.PublishError, amqp.OperationTimeoutError, amqp.ChannelClosedError, amqp.ConnectionLostError)
 
 
+class Wake:
+    """Cuts :func:`announce`'s wait short: :meth:`set` (synchronous, from any task of the
+    loop) makes the next presence message go at once."""
+
+    def __init__(self) -> None:
+        self._event: anyio.Event | None = None
+
+    def set(self) -> None:
+        if self._event is not None:
+            self._event.set()
+
+    async def sleep(self, seconds: float) -> None:
+        event = self._event = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await event.wait()
+
+
+async def announce_scheduler(scheduler: Scheduler, client: Client) -> None:
+    """:func:`announce` for a scheduler: every :data:`PRESENCE_INTERVAL`, and at once
+    when it becomes leader or stops being leader (a failover shows without delay)."""
+    wake = Wake()
+    remove = scheduler.add_listener(lambda event: wake.set() if hasattr(event, "leader") else None)
+    try:
+        await announce(
+            client,
+            lambda stopped: scheduler_presence(scheduler, stopped=stopped),
+            PRESENCE_INTERVAL,
+            wake=wake,
+        )
+    finally:
+        remove()
+
+
 async def announce(
     client: Client,
     snapshot: Callable[[bool], Presence],
     interval: float,
     scope: anyio.CancelScope | None = None,
+    *,
+    wake: Wake | None = None,
 ) -> None:
     """Publish ``snapshot(False)`` now and every ``interval`` seconds until ``scope`` (or
     the caller's task) is cancelled, then ``snapshot(True)`` once (shielded, at most
@@ -276,7 +313,7 @@ async def announce(
                     await _publish(client, snapshot(False))
                 except _SKIPPED as exc:
                     log.debug("presence message skipped: %s", exc)
-                await anyio.sleep(interval)
+                await (wake or Wake()).sleep(interval)
     finally:
         if declared:
             with anyio.CancelScope(shield=True), anyio.move_on_after(GOODBYE_TIMEOUT):
