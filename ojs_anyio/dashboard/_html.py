@@ -339,13 +339,14 @@ def cron_fragment(groups: Sequence[SchedulerGroup], error: str | None) -> str:
         ]
         out.append(
             f'<section aria-labelledby="g{i}"><h2 id="g{i}">Group {h(g.group)}</h2>'
-            f'<p class="leader">{leader}</p>'
+            f'<p class="leader">{leader}</p><h3>Instances</h3>'
             + _table(
                 f"Instances of {g.group}",
                 ["Instance", "Host", "PID", "Role", "Status", "Fired"],
                 instances,
                 "",
             )
+            + "<h3>Schedules</h3>"
             + _table(
                 f"Schedules of {g.group}",
                 ["Schedule", "Cron", "Job type", "Queue", "Time zone", "Last fired", "Next tick"],

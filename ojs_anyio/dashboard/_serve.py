@@ -12,6 +12,7 @@ from starlette.types import ASGIApp
 
 __all__ = ["is_loopback", "listen", "serve"]
 
+BACKLOG = 128
 #: A request still running this long after the shutdown began is cut.
 GRACEFUL_TIMEOUT = 3.0
 
@@ -27,12 +28,14 @@ def is_loopback(host: str) -> bool:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (port 0: any free port); raises ``OSError``."""
+    """A socket listening on ``host:port`` (port 0: any free port); raises ``OSError``.
+    Connections made before the server runs wait in its backlog."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(BACKLOG)
     except BaseException:
         sock.close()
         raise
