@@ -28,6 +28,7 @@ import logging
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -221,7 +222,7 @@ def create_app(observer: Observer, settings: Settings, *, prefix: str = "") -> A
         job_id = (request.query_params.get("id") or "").strip()
         if not job_id:
             return RedirectResponse("/", status_code=303)
-        return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+        return RedirectResponse(f"/jobs/{quote(job_id, safe='')}", status_code=303)
 
     async def action(request: Request) -> Response:
         try:

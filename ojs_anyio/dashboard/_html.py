@@ -120,6 +120,10 @@ def page(frame: Frame, title: str, section: str, live: str, *, source: str, extr
 <p class="brand">ojs-anyio dashboard</p>
 <p class="broker">Broker <code>{h(frame.broker)}</code>{prefix}</p>
 <nav aria-label="Sections"><ul>{nav}</ul></nav>
+<form class="find" role="search" action="/jobs" method="get">
+<label for="find-job">Job id</label>
+<input id="find-job" name="id" type="search" spellcheck="false" autocomplete="off" size="38">
+<button type="submit">Show</button></form>
 {token}
 </header>
 <main id="main">

@@ -77,6 +77,11 @@ async def invoice(ctx: ojs.JobContext, number: int) -> dict:
     return {"invoice": number, "sent": True}
 
 
+@worker.handler("t.broken")
+async def broken(ctx: ojs.JobContext) -> None:
+    raise ojs.Discard("this job can never work")
+
+
 sched = ojs.Scheduler(name=os.environ["APP_GROUP"])
 sched.add("t.invoice", "0 3 * * *", args=[1], name="nightly-invoices", queue=QUEUE)
 """
@@ -288,10 +293,34 @@ def test_an_operator_watches_and_acts_in_chromium(
     dead_row.get_by_role("button", name=f"Requeue job {dead}").click()
     expect(page.locator("#status")).to_contain_text(f"requeued 1 dead job(s) to ojs.queue.{q}", timeout=SHOWN)
     expect(page.locator('strong[data-col="dead-total"]')).to_have_text("0", timeout=SHOWN)
-    page.goto(f"{base}/jobs/{dead}")
+    page.get_by_label("Job id").fill(dead)
+    page.get_by_role("button", name="Show").click()
+    expect(page).to_have_url(f"{base}/jobs/{dead}")
     expect(page.locator('dd[data-field="state"]')).to_have_text("completed", timeout=SHOWN)
     expect(page.locator('pre[data-field="result"]')).to_contain_text('"sent": true')
     shots.take(page, "job")
+
+    # Requeue all, then purge (each asks first): jobs that can never work die again, and go.
+    for _ in range(2):
+        push(q, "t.broken", [])
+    page.goto(f"{base}/dead/{q}")
+    total = page.locator('strong[data-col="dead-total"]')
+    expect(total).to_have_text("2", timeout=SHOWN)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name=f"Requeue every dead job of {q}").click()
+    expect(page.locator("#status")).to_contain_text("requeued 2 dead job(s)", timeout=SHOWN)
+    expect(total).to_have_text("2", timeout=SHOWN)  # the worker discarded them again
+    dismissed: list[str] = []
+    page.once("dialog", lambda dialog: (dismissed.append(dialog.message), dialog.dismiss()))
+    page.get_by_role("button", name=f"Delete every dead job of {q}").click()
+    expect(total).to_have_text("2")
+    assert dismissed == [f"Delete every dead job of {q}? This cannot be undone."]
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name=f"Delete every dead job of {q}").click()
+    expect(page.locator("#status")).to_contain_text(
+        f"purged 2 dead job(s) from ojs.queue.dlx.{q}", timeout=SHOWN
+    )
+    expect(total).to_have_text("0", timeout=SHOWN)
 
     # Cron: the scheduler's leader and its schedule.
     page.get_by_role("link", name="Cron").click()

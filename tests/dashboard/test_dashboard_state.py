@@ -322,3 +322,27 @@ async def _wait_dead(obs: Observer, queue: str, count: int) -> None:
     """The broker moves a rejected job into the DLQ after the nack (no event says when)."""
     await wait_message_count(obs.client.conn, obs.client.names.dlx_queue(queue), count, WAIT)
     await obs.poll()
+
+
+async def test_presence_never_reaches_a_worker() -> None:
+    """Interop: presence messages go to ojs.exchange.control under a key no OJS queue can
+    have, so the queue a worker binds there (key: its OJS queue) never gets one, and they
+    never pass through the durable control queue that a foreign consumer may read."""
+    q = qname()
+    worker = ojs.Worker(queues=[q], heartbeat_interval=0.05)
+    sched = ojs.Scheduler(name=f"g-{q}")
+    async with memory_client() as client, observe(client, refresh=MANUAL) as obs:
+        names = client.names
+        ch = await client.channel()
+        await ch.exchange_declare(names.control_exchange, "direct", durable=True)
+        spy = await ch.queue_declare("", exclusive=True)
+        await ch.queue_bind(spy.name, names.control_exchange, q)  # as a worker of q binds its own
+        async with running(worker, client), anyio.create_task_group() as tg:
+            tg.start_soon(sched.run, client)
+            with anyio.fail_after(WAIT):
+                for _ in range(6):
+                    await obs.wait_heard()
+            assert obs.workers() and obs.scheduler_groups()
+            sched.stop()
+        assert (await ch.queue_declare(spy.name, passive=True)).message_count == 0
+        assert (await ch.queue_declare(names.control_queue(q), passive=True)).message_count == 0
