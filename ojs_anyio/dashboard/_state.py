@@ -551,6 +551,9 @@ class Observer:
         """Move dead jobs (those of ``ids``, or all) back to their queue:
         ``DeadLetters.requeue`` (publish, confirm, then ack: never lost)."""
         wanted = None if ids is None else list(ids)
+        # The job queue as it is (QueueNotFoundError if missing): requeue would otherwise
+        # declare it with default options, which a queue declared with others refuses.
+        await self.client.use_existing_queue(queue)
         moved = await self.client.dead_letters(queue).requeue(ids=wanted, reset_attempts=reset_attempts)
         await self._poll_quietly()
         return moved

@@ -346,3 +346,26 @@ async def test_presence_never_reaches_a_worker() -> None:
             sched.stop()
         assert (await ch.queue_declare(spy.name, passive=True)).message_count == 0
         assert (await ch.queue_declare(names.control_queue(q), passive=True)).message_count == 0
+
+
+async def test_requeue_into_a_queue_declared_with_other_options() -> None:
+    """The dashboard knows no app's QueueOptions: it requeues into the job queue as it is,
+    never re-declaring it with default arguments (which the broker would refuse)."""
+    q = qname()
+    async with memory_client() as client, observe(client, queues=[q], refresh=MANUAL) as obs:
+        broker_url = client.conn.url
+        async with ojs.connect(
+            f"memory://{broker_url.host}/", queue_options=ojs.QueueOptions(max_length=100)
+        ) as app:
+            await app.declare_queue(q)
+            job = app.build("t.any", [], queue=q)
+            ch = await app.channel()
+            await ch.publish(
+                ojs.encode_job(job),
+                routing_key=app.names.dlx_queue(q),
+                properties=amqp.BasicProperties(message_id=job.id, type=job.type),
+            )
+        assert await obs.requeue(q, None, reset_attempts=True) == 1
+        assert (_row(obs, q).ready, _row(obs, q).dead) == (1, 0)
+        with pytest.raises(ojs.QueueNotFoundError):
+            await obs.requeue(qname(), None, reset_attempts=True)
