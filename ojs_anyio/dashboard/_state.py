@@ -343,11 +343,15 @@ class Observer:
 
     # -------------------------------------------------------------- polling
 
-    async def poll(self) -> None:
-        """Read every queue's depths now (also done every ``refresh`` seconds)."""
+    async def poll(self, *, sample: bool = True) -> None:
+        """Read every queue's depths now (also done every ``refresh`` seconds).
+
+        ``sample``: also add a point to the sparklines (the depths and the throughput).
+        A poll made right after an action does not, so the points stay evenly spaced
+        and a rate is never taken over a few milliseconds."""
         async with self._poll_lock:
             try:
-                await self._poll()
+                await self._poll(sample)
             except amqp.UsageError:
                 raise
             except amqp.AMQPError as exc:
@@ -355,7 +359,7 @@ class Observer:
                 raise
             self._poll_error = None
 
-    async def _poll(self) -> None:
+    async def _poll(self, sample: bool) -> None:
         names = self.client.names
         now = self._clock()
         rows: dict[str, QueueRow] = {}
@@ -377,7 +381,8 @@ class Observer:
                 retrying=retrying,
                 dead=None if dead is None else dead.message_count,
             )
-            self._depths.add(q, job.message_count)
+            if sample:
+                self._depths.add(q, job.message_count)
         scheduled = None
         for k in range(DELAY_LEVELS):
             info = await self._probe_cached(names.delay_queue(k), now)
@@ -385,7 +390,8 @@ class Observer:
                 scheduled = (scheduled or 0) + info.message_count
         self._rows = rows
         self._scheduled = scheduled
-        self._tick(now)
+        if sample:
+            self._tick(now)
         self._polled_at = now
         self._forget(now)
 
@@ -587,7 +593,7 @@ class Observer:
     async def _poll_quietly(self) -> None:
         """Poll after an action, so the page shows its effect; a failure shows on the page."""
         try:
-            await self.poll()
+            await self.poll(sample=False)
         except amqp.UsageError:
             raise
         except amqp.AMQPError:

@@ -36,7 +36,7 @@ from cli.cli_support import URL, cli_cmd, cli_env, delete_queues
 import ojs_anyio as ojs
 from ojs_anyio.jobs import RETRY_LADDER_MS
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.broker]
 
 CHROMIUM = os.environ.get("OJS_CHROMIUM", "/usr/bin/chromium")
 #: The flags /work/.library/env/machines/python-svc.md gives for Chromium on a closed network.
@@ -272,6 +272,9 @@ def test_an_operator_watches_and_acts_in_chromium(
     dead = push(q, "t.invoice", [7], retry=ojs.RetryPolicy(max_attempts=2, initial_interval=0.1))
     page.goto(base + "/")
     expect(cell("dead")).to_have_text("1", timeout=SHOWN)
+    # The throughput sparklines: the worker's counters, carried by its presence messages.
+    for series in ("retried", "dead_lettered"):
+        expect(page.locator(f"figure.{series} .muted")).not_to_have_text("peak 0.0/s", timeout=SHOWN)
     shots.take(page, "overview")
     cell("dead").get_by_role("link").click()
     dead_row = page.locator(f'tr[data-job="{dead}"]')
