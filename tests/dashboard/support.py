@@ -14,7 +14,7 @@ import ojs_anyio as ojs
 from ojs_anyio.dashboard import Observer
 from ojs_anyio.memory import get_broker
 
-__all__ = ["WAIT", "memory_client", "qname", "wait_for"]
+__all__ = ["WAIT", "holding_worker", "memory_client", "qname", "wait_for"]
 
 #: Bound on every wait of these tests (generous: a loaded machine is slow, never wrong).
 WAIT = 20.0
@@ -45,3 +45,17 @@ async def wait_for(obs: Observer, predicate: Callable[[], bool], what: str, time
                 await obs.wait_heard()
     except TimeoutError:
         raise AssertionError(f"waited {timeout}s for {what}") from None
+
+
+def holding_worker(queue: str, **options: Any) -> tuple[ojs.Worker, anyio.Event]:
+    """A worker of ``queue`` whose ``t.hold`` jobs run until cancelled, and the event the
+    first one sets when it starts."""
+    worker = ojs.Worker(queues=[queue], **options)
+    started = anyio.Event()
+
+    @worker.handler("t.hold")
+    async def hold(ctx: ojs.JobContext) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    return worker, started

@@ -24,7 +24,7 @@ from ojs_anyio.dashboard import Observer, Settings, create_app, observe
 from ojs_anyio.jobs import PRESENCE_KEY, WORKER_PRESENCE
 from ojs_anyio.memory import get_broker
 
-from .support import WAIT, memory_client, qname, wait_for
+from .support import WAIT, holding_worker, memory_client, qname, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -237,14 +237,7 @@ async def test_what_the_broker_says_is_escaped() -> None:
 
 async def test_the_job_page_shows_info_and_a_cancel_button_while_it_runs() -> None:
     q = qname()
-    worker = ojs.Worker(queues=[q], heartbeat_interval=0.05)
-    started = anyio.Event()
-
-    @worker.handler("t.hold")
-    async def hold(ctx: ojs.JobContext) -> None:
-        started.set()
-        await anyio.sleep_forever()
-
+    worker, started = holding_worker(q, heartbeat_interval=0.05)
     outcomes = Outcomes(worker)
     async with (
         memory_client() as client,
