@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -92,7 +93,10 @@ async def cmd_dashboard(args: Any) -> int:
     def ready() -> None:
         mode = settings.actions
         shown = ", ".join(queues) if queues else "those the workers announce"
-        print(f"dashboard at http://{address}/ (queues: {shown}; actions: {mode})", flush=True)
+        if args.json:  # one line, so that a script can read it while the server runs
+            print(json.dumps({"url": f"http://{address}/", "queues": queues, "actions": mode}), flush=True)
+        else:
+            print(f"dashboard at http://{address}/ (queues: {shown}; actions: {mode})", flush=True)
 
     async with anyio.create_task_group() as tg:
 

@@ -14,6 +14,7 @@ library imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Callable, Sequence
 
@@ -60,8 +61,6 @@ async def run(
         observe(client, queues=queues, refresh=refresh) as observer,
     ):
         if not settings.broker:
-            import dataclasses
-
             settings = dataclasses.replace(settings, broker=client.conn.url.redacted())
         app = create_app(observer, settings, prefix=prefix)
         if on_ready is not None:

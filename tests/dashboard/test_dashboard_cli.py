@@ -4,6 +4,7 @@ SIGTERM stops it cleanly."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -52,7 +53,15 @@ def test_serves_a_workers_queues_and_stops_on_sigterm(backend: str, tmp_path: Pa
     (tmp_path / "app.py").write_text(f"import ojs_anyio as ojs\nworker = ojs.Worker(queues=['{q}'])\n")
     proc = subprocess.Popen(
         cli_cmd(
-            "dashboard", "--app", "app:worker", "--bind", "127.0.0.1:0", "--read-only", "--backend", backend
+            "dashboard",
+            "--app",
+            "app:worker",
+            "--bind",
+            "127.0.0.1:0",
+            "--read-only",
+            "--backend",
+            backend,
+            *(["--json"] if backend == "trio" else []),
         ),
         cwd=tmp_path,
         env=cli_env(),
@@ -63,10 +72,15 @@ def test_serves_a_workers_queues_and_stops_on_sigterm(backend: str, tmp_path: Pa
     )
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("dashboard at http://127.0.0.1:"), line
-        assert line.endswith(f"/ (queues: {q}; actions: read-only)\n"), line
-        url = line.split()[2]
+        if backend == "trio":  # --json: the same facts, for scripts
+            said = json.loads(proc.stdout.readline())
+            assert said["queues"] == [q] and said["actions"] == "read-only", said
+            url = said["url"]
+        else:
+            line = proc.stdout.readline()
+            assert line.endswith(f"/ (queues: {q}; actions: read-only)\n"), line
+            url = line.split()[2]
+        assert url.startswith("http://127.0.0.1:"), url
         with urllib.request.urlopen(url, timeout=30) as response:
             page = response.read().decode()
         assert f'<tr data-queue="{q}">' in page and "no such queue yet" in page
