@@ -166,7 +166,7 @@ def _now() -> str:
     return format_timestamp(datetime.now(UTC))
 
 
-def worker_presence(worker: Worker, *, stopped: bool = False) -> WorkerPresence:
+def worker_presence(worker: Worker, stopped: bool = False) -> WorkerPresence:
     """``worker``'s presence now (``stopped``: the last one, with no running job)."""
     now = time.time()
     active = [] if stopped else list(worker.active.values())
@@ -196,7 +196,7 @@ def worker_presence(worker: Worker, *, stopped: bool = False) -> WorkerPresence:
     )
 
 
-def scheduler_presence(scheduler: Scheduler, *, stopped: bool = False) -> SchedulerPresence:
+def scheduler_presence(scheduler: Scheduler, stopped: bool = False) -> SchedulerPresence:
     """``scheduler``'s presence now: whether it leads, and its schedules."""
     now = datetime.now(UTC)
     since = scheduler.leader_since

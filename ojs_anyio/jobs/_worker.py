@@ -69,7 +69,7 @@ from ._failures import (
 from ._handlers import ArgumentsError, HandlerSpec, inspect_handler
 from ._job_metrics import JobMetrics
 from ._middleware import HandlerChain, Middleware, build_handler_chain, check_middleware, outcome_hooks
-from ._presence import WorkerPresence, announce, worker_presence
+from ._presence import announce, worker_presence
 from ._results import encode_reply
 from ._retry import (
     DEFAULT_RETRY_POLICY,
@@ -409,7 +409,8 @@ class Worker:
                 beat_scope = anyio.CancelScope()
                 tg.start_soon(self._beat_loop, client, beat_scope)
                 presence_scope = anyio.CancelScope()  # for observers: docs/jobs.md "Presence"
-                tg.start_soon(announce, client, self._presence, self.heartbeat_interval, presence_scope)
+                presence = functools.partial(worker_presence, self)
+                tg.start_soon(announce, client, presence, self.heartbeat_interval, presence_scope)
                 self._ready.set()
                 await self._wait_queues_done(started)
                 beat_scope.cancel()
@@ -626,9 +627,6 @@ class Worker:
                         )
                     except amqp.PublishError as exc:
                         log.warning("heartbeat for job %s not confirmed: %s", ctx.id, exc)
-
-    def _presence(self, stopped: bool) -> WorkerPresence:
-        return worker_presence(self, stopped=stopped)
 
     @property
     def stopping(self) -> bool:
