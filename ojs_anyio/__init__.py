@@ -21,7 +21,7 @@ The event bus (topic pub/sub with redelivery) is :mod:`ojs_anyio.events`.
 
 from . import amqp, events
 from .amqp import RepublishPolicy
-from .jobs._client import Client, DeadJob, DeadLetters, PushResult, connect
+from .jobs._client import Client, DeadJob, DeadLetters, JobInfo, PushResult, connect
 from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
 from .jobs._dedup import DuplicateJobError
 from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
@@ -68,6 +68,7 @@ __all__ = [
     "JobContext",
     "JobError",
     "JobHandle",
+    "JobInfo",
     "JobMetrics",
     "JobOutcome",
     "LeadershipChanged",

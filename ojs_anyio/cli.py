@@ -1,7 +1,7 @@
 """``ojs-anyio``: the command line for operators (see docs/cli.md).
 
 Commands: ``worker``, ``queues``, ``dlq peek|requeue|purge|prune``, ``push``, ``cancel``,
-``info``, ``cron``, ``topology declare|check``, ``demo``.  Expected failures print one line
+``info``, ``cron``, ``topology declare|check``, ``dashboard``, ``demo``.  Expected failures print one line
 on stderr and exit with a documented code (``ojs_anyio._cli._common``); ``--traceback``
 adds the traceback.
 """
@@ -203,6 +203,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tc.add_argument("queue", nargs="+")
 
+    db = add(
+        "dashboard",
+        "serve a web page of queues, workers, dead letters and cron (docs/dashboard.md)",
+        "Serve the operators' dashboard (needs the dashboard extra).  It binds to localhost; cancel, "
+        "requeue and purge need --token (or $OJS_DASHBOARD_TOKEN), and --read-only removes them.",
+    )
+    dq = db.add_mutually_exclusive_group()
+    dq.add_argument("--queues", default=None, metavar="A,B", help="comma-separated OJS queues to show")
+    dq.add_argument("--app", default=None, metavar="MODULE:WORKER", help="show this Worker's queues")
+    db.add_argument("--bind", default="127.0.0.1:8080", metavar="HOST:PORT", help="default 127.0.0.1:8080")
+    db.add_argument("--token", default=None, help="the token actions need (default: $OJS_DASHBOARD_TOKEN)")
+    db.add_argument("--read-only", action="store_true", help="no cancel, requeue or purge")
+    db.add_argument(
+        "--allow-host", action="append", metavar="NAME", help="also answer requests for this host name"
+    )
+    db.add_argument("--show-backtraces", action="store_true", help="show error backtraces on the page")
+    db.add_argument("--refresh", default="2", metavar="DURATION", help="how often the page updates (2s)")
+    db.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    db.add_argument("--log-level", default="INFO")
+    db.add_argument("--log-format", choices=["text", "json"], default="text")
+
     from .demo import add_arguments as demo_arguments
 
     dm = sub.add_parser(
@@ -226,7 +247,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]
     command = args.command
     if command == "worker":
         return _worker(args)
-    if command == "cron":
+    if command in ("cron", "dashboard"):
         setup_logging(args.log_level, args.log_format)
     else:
         # A one-shot command reports what went wrong in its one error line; the library's
@@ -244,6 +265,7 @@ def _dispatch(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]
         "dlq prune": _ops.cmd_dlq_prune,
         "topology declare": _ops.cmd_topology_declare,
         "topology check": _ops.cmd_topology_check,
+        "dashboard": _dashboard,
     }
     key = command
     if command == "dlq":
@@ -252,6 +274,12 @@ def _dispatch(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]
         key = f"topology {args.topology_command}"
     fn = table[key]
     return lambda: fn(args)
+
+
+async def _dashboard(args: argparse.Namespace) -> int:
+    from ._cli._dashboard import cmd_dashboard
+
+    return await cmd_dashboard(args)
 
 
 def _worker(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]]:

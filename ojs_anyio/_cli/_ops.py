@@ -19,6 +19,7 @@ from .. import Client, Scheduler, Worker, amqp
 from ..jobs import (
     DELAY_LEVELS,
     RETRY_LADDER_MS,
+    QueueProbe,
     RetryPolicy,
     control_queue_arguments,
     death_reason,
@@ -64,42 +65,6 @@ def _err(text: str) -> None:
 
 
 # ------------------------------------------------------------------ plumbing
-
-
-class Probe:
-    """Passive declares on a channel that is reopened after each 404 (which closes it)."""
-
-    def __init__(self, client: Client) -> None:
-        self.conn = client.conn
-        self._ch: amqp.Channel | None = None
-
-    async def _channel(self) -> amqp.Channel:
-        if self._ch is None or not self._ch.is_open:
-            self._ch = self.conn.channel(confirms=False)
-            await self._ch.open()
-        return self._ch
-
-    async def queue(self, name: str) -> amqp.QueueInfo | None:
-        ch = await self._channel()
-        try:
-            return await ch.queue_declare(name, passive=True)
-        except amqp.NotFound:
-            self._ch = None
-            return None
-
-    async def exchange(self, name: str) -> bool:
-        ch = await self._channel()
-        try:
-            await ch.exchange_declare(name, passive=True)
-        except amqp.NotFound:
-            self._ch = None
-            return False
-        return True
-
-    async def aclose(self) -> None:
-        if self._ch is not None and self._ch.is_open:
-            with anyio.CancelScope(shield=True):
-                await self._ch.aclose()
 
 
 @dataclass
@@ -148,7 +113,7 @@ def confirm(question: str, yes: bool) -> None:
         raise CLIError("cancelled: nothing changed", EXIT_USAGE)
 
 
-async def _need_queue(probe: Probe, name: str, what: str) -> amqp.QueueInfo:
+async def _need_queue(probe: QueueProbe, name: str, what: str) -> amqp.QueueInfo:
     info = await probe.queue(name)
     if info is None:
         raise CLIError(f"{what} {name!r} does not exist", EXIT_NOT_FOUND)
@@ -158,7 +123,7 @@ async def _need_queue(probe: Probe, name: str, what: str) -> amqp.QueueInfo:
 async def _dead_letter_total(client: Client, queue: str, *, need_job_queue: bool = False) -> int:
     """How many dead jobs ``queue``'s dead-letter queue holds; exit "not found" when it does
     not exist, nor (with ``need_job_queue``) when the job queue does not."""
-    probe = Probe(client)
+    probe = QueueProbe(client)
     try:
         info = await _need_queue(probe, client.names.dlx_queue(queue), "dead-letter queue")
         if need_job_queue:
@@ -187,7 +152,7 @@ async def cmd_queues(args: Any) -> int:
         names = client.names
         for q in queues:
             names.job_queue(q)  # validates the name before anything is sent
-        probe = Probe(client)
+        probe = QueueProbe(client)
         try:
             rows: list[dict[str, Any]] = []
             missing: list[str] = []
@@ -733,7 +698,7 @@ class _Check:
 
 
 async def _check_queue(
-    client: Client, probe: Probe, name: str, arguments: dict[str, Any], required: bool
+    client: Client, probe: QueueProbe, name: str, arguments: dict[str, Any], required: bool
 ) -> _Check:
     if await probe.queue(name) is None:
         return _absent(name, "queue", required)
@@ -757,7 +722,7 @@ def _absent(name: str, kind: str, required: bool) -> _Check:
     return _Check(name, kind, "absent", "not declared yet (declared on first use)")
 
 
-async def _check_exchange(client: Client, probe: Probe, name: str, kind: str, required: bool) -> _Check:
+async def _check_exchange(client: Client, probe: QueueProbe, name: str, kind: str, required: bool) -> _Check:
     if not await probe.exchange(name):
         return _absent(name, "exchange", required)
     try:
@@ -787,7 +752,7 @@ async def cmd_topology_check(args: Any) -> int:
         names = client.names
         for q in args.queue:
             names.job_queue(q)
-        probe = Probe(client)
+        probe = QueueProbe(client)
         try:
             specs = exchanges(names)
             for spec in specs[:3]:

@@ -1,10 +1,11 @@
-"""The pure OJS job layer: envelope, retry policy, topology names and arguments.
-
-Nothing here performs I/O; the AMQP producer and worker are built on these pieces.
+"""The OJS job layer's public names beyond the facade: envelope, retry policy, topology
+names and arguments (pure), and what observers read: presence messages, control message
+types, queue depths (:class:`QueueProbe`).
 """
 
 from __future__ import annotations
 
+from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO
 from ._envelope import (
     JOB_STATES,
     SPEC_VERSION,
@@ -29,6 +30,19 @@ from ._errors import (
     InvalidJobError,
     TopologyError,
 )
+from ._failures import error_from_headers
+from ._presence import (
+    PRESENCE_KEY,
+    SCHEDULER_PRESENCE,
+    WORKER_PRESENCE,
+    Presence,
+    RunningJob,
+    SchedulerPresence,
+    ScheduleState,
+    WorkerPresence,
+    decode_presence,
+)
+from ._probe import QueueProbe
 from ._retry import (
     DEFAULT_RETRY_POLICY,
     MAX_RETRY_QUEUES,
@@ -86,6 +100,20 @@ from ._topology import (
 
 __all__ = [
     "BackoffStrategy",
+    "CONTROL_CANCEL",
+    "CONTROL_HEARTBEAT",
+    "CONTROL_INFO",
+    "PRESENCE_KEY",
+    "Presence",
+    "QueueProbe",
+    "RunningJob",
+    "SCHEDULER_PRESENCE",
+    "ScheduleState",
+    "SchedulerPresence",
+    "WORKER_PRESENCE",
+    "WorkerPresence",
+    "decode_presence",
+    "error_from_headers",
     "Binding",
     "CONTROL_MAX_LENGTH",
     "CONTROL_MESSAGE_TTL_MS",
@@ -161,3 +189,4 @@ __all__ = [
 from ._dlq import death_reason, died_at, requeue_properties
 
 __all__ += ["death_reason", "died_at", "requeue_properties"]
+

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -136,6 +136,9 @@ class JobInfo:
     interruptible: bool | None = None
     #: The worker's remark on the job's state, e.g. :data:`SYNC_CANCEL_DETAIL`.
     detail: str | None = None
+    #: What the handler returned, for a completed job whose worker keeps it for INFO (a
+    #: JSON value of at most 4 KiB, and ``Worker(info_details=True)``); else None.
+    result: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -953,6 +956,7 @@ class Client:
                                 cancel_requested=data.get("cancel_requested") is True,
                                 interruptible=interruptible if isinstance(interruptible, bool) else None,
                                 detail=detail if isinstance(detail, str) else None,
+                                result=data.get("result"),
                             )
                 except amqp.AMQPError:
                     await self._close_reply_queue()  # declared afresh by the next request
@@ -1103,38 +1107,48 @@ class DeadLetters:
                 await return_to_queue(held)
         return out
 
-    async def requeue(self, limit: int | None = None) -> int:
-        """Move dead jobs back to ``ojs.queue.{q}`` with the attempt reset to 1 and the id kept.
+    async def requeue(
+        self, limit: int | None = None, *, ids: Collection[str] | None = None, reset_attempts: bool = True
+    ) -> int:
+        """Move dead jobs back to ``ojs.queue.{q}`` with the id kept and (``reset_attempts``)
+        the attempt reset to 1; only the jobs whose id is in ``ids``, when given.
 
         Each move publishes with a confirm, then acks the dead copy: a failure in between
         leaves a duplicate, never a loss.  A malformed message (``DeadJob.malformed``)
         cannot be published again as it is, and a worker would only dead-letter it
-        again: it is held while the queue is scanned and put back, and not counted.  At
-        most the messages present at the start are looked at.
+        again: it is held while the queue is scanned and put back, and not counted; so
+        are the jobs ``ids`` leaves out, in their order.  At most the messages present at
+        the start are looked at.
         """
+        if isinstance(ids, str):
+            raise ArgumentTypeError("ids must be a collection of job ids, not one str: write ids=[job_id]")
         client = self.client
         await client.declare_queue(self.queue)
+        wanted = None if ids is None else set(ids)
         moved = 0
         async with client.conn.channel(confirms=True) as ch:
             present = (await ch.queue_declare(self.name, passive=True)).message_count
             held: list[amqp.IncomingMessage] = []
             try:
                 for _ in range(present):
-                    if limit is not None and moved >= limit:
+                    if (limit is not None and moved >= limit) or wanted == set():
                         break
                     msg = await ch.get(self.name)
                     if msg is None:
                         break
-                    if msg.malformed is not None:
+                    job_id = amqp.property_text(msg.properties.message_id) or ""
+                    if msg.malformed is not None or (wanted is not None and job_id not in wanted):
                         held.append(msg)
                         continue
                     try:
-                        await self.republish(ch, msg)
+                        await self.republish(ch, msg, reset_attempts=reset_attempts)
                     except BaseException:
                         held.append(msg)
                         raise
                     await msg.ack()
                     moved += 1
+                    if wanted is not None:
+                        wanted.discard(job_id)
             finally:
                 await return_to_queue(held)
         return moved

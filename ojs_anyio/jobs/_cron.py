@@ -120,6 +120,7 @@ from ._client import Client
 from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp, new_job, parse_timestamp
 from ._exceptions import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
+from ._presence import announce_scheduler
 from ._retry import RetryPolicy
 from ._topology import Names, QueueOptions, quorum_queue_arguments
 
@@ -513,6 +514,7 @@ class Scheduler:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._serve_leadership, client, name="ojs-scheduler-leadership")
                         tg.start_soon(self._fire_loop, client, name="ojs-scheduler-fire")
+                        tg.start_soon(announce_scheduler, self, client)  # for observers: docs/jobs.md
                 except BaseExceptionGroup as eg:
                     raise _single(eg) from None
         finally:

@@ -69,6 +69,7 @@ from ._failures import (
 from ._handlers import ArgumentsError, HandlerSpec, inspect_handler
 from ._job_metrics import JobMetrics
 from ._middleware import HandlerChain, Middleware, build_handler_chain, check_middleware, outcome_hooks
+from ._presence import announce, worker_presence
 from ._results import encode_reply
 from ._retry import (
     DEFAULT_RETRY_POLICY,
@@ -407,9 +408,13 @@ class Worker:
                     await ev.wait()
                 beat_scope = anyio.CancelScope()
                 tg.start_soon(self._beat_loop, client, beat_scope)
+                presence_scope = anyio.CancelScope()  # for observers: docs/jobs.md "Presence"
+                presence = functools.partial(worker_presence, self)
+                tg.start_soon(announce, client, presence, self.heartbeat_interval, presence_scope)
                 self._ready.set()
                 await self._wait_queues_done(started)
                 beat_scope.cancel()
+                presence_scope.cancel()
                 self._control_scope.cancel()
         finally:
             # Also when run() fails: a later stop() must not start a task in a dead group.
