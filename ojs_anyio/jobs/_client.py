@@ -211,6 +211,8 @@ class Client:
         self._existing_queues: set[str] = set()
         self._declared_retry: set[tuple[str, int]] = set()
         self._declared_redelivered: set[str] = set()
+        #: Control queues this client sends to, checked (see _use_control_queue).
+        self._control_ready: set[str] = set()
         self._base_declared = False
         self._delay_declared = False
         self._declare_lock = anyio.Lock()
@@ -865,8 +867,28 @@ class Client:
         await self._declare_checked(self.names.control_queue(queue), arguments)
         await self._bind(control_queue_binding(self.names, queue))
 
+    async def _use_control_queue(self, queue: str) -> None:
+        """The control queue as it is, for a client that sends to it (CANCEL, BEAT, INFO):
+        its workers declared it with their own options (quorum, say), which this client
+        may not know, so an existing one is never declared again (that would be a 406 for a
+        quorum queue); only its binding is made sure of.  A missing one is declared as
+        :meth:`declare_control_queue` does.  Checked once per queue."""
+        if queue in self._control_ready:
+            return
+        await self._require_job_queue(queue)
+        name = self.names.control_queue(queue)
+        try:
+            async with self.conn.channel(confirms=False) as probe:
+                await probe.queue_declare(name, passive=True)
+        except amqp.NotFound:
+            await self.declare_control_queue(queue)
+        else:
+            await self._declare_base(await self.channel())
+            await self._bind(control_queue_binding(self.names, queue))
+        self._control_ready.add(queue)
+
     async def _control_publish(self, queue: str, kind: str, body: dict[str, Any], **props: Any) -> None:
-        await self.declare_control_queue(queue)
+        await self._use_control_queue(queue)
         ch = await self.channel()
         await ch.publish(
             _json.encode(body),
@@ -912,7 +934,7 @@ class Client:
         """
         check_job_id(job_id)
         timeout = duration_seconds(timeout, "timeout")
-        await self.declare_control_queue(queue)
+        await self._use_control_queue(queue)
         correlation_id = uuid.uuid4().hex
         async with self._info_lock:
             reply_queue, replies = await self._reply_queue()

@@ -198,3 +198,32 @@ async def test_dead_letters_with_an_unusable_death_time(
     # By count, the death time does not matter.
     assert await dead_letters.prune(None, max_jobs=1) == 2
     assert [d.job_id for d in await dead_letters.peek()] == [garbage]
+
+
+async def test_cancel_and_info_use_the_workers_quorum_control_queue_as_it_is(
+    broker_url: str, q: str
+) -> None:
+    """The workers declared the control queue as a quorum queue; a client that knows
+    nothing of their QueueOptions (the CLI, the dashboard) sends INFO and CANCEL to it as it
+    is, instead of declaring it again the classic way (a 406 for a quorum queue)."""
+    worker = ojs.Worker(queues=[q])
+    outcomes = Outcomes(worker)
+    started = anyio.Event()
+
+    @worker.handler("c.long")
+    async def long(ctx: ojs.JobContext) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    async with (
+        ojs.connect(broker_url, queue_options=ojs.QueueOptions.quorum()) as workers_client,
+        running(worker, workers_client),
+    ):
+        job = await workers_client.push("c.long", [], queue=q)
+        with anyio.fail_after(WAIT):
+            await started.wait()
+        async with ojs.connect(broker_url) as plain:
+            assert (await plain.info(job.id, queue=q)).state == "active"
+            await plain.cancel(job.id, queue=q)
+        final = await outcomes.wait_final(job.id)
+    assert final.outcome == "cancelled"
