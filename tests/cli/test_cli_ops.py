@@ -271,6 +271,20 @@ def test_demo_accepts_its_documented_flags() -> None:
     assert "demo OK" in r.stdout
 
 
+def test_the_demo_prints_a_summary_and_shows_the_logs_of_its_failures_only_with_v() -> None:
+    # one after the other: each run starts the demo's queues afresh
+    quiet = run_cli("demo", "--jobs", "20", "--url", URL, timeout=120)
+    verbose = run_cli("demo", "--jobs", "20", "--url", URL, "-v", timeout=120)
+    assert quiet.returncode == 0 and verbose.returncode == 0, quiet.stderr + verbose.stderr
+    output = quiet.stdout + quiet.stderr
+    assert "Traceback" not in output
+    assert "completed=20" in output and "dead-lettered=1" in output and "code=HANDLER_ERROR" in output
+    assert len(output.splitlines()) <= 8, output
+    # -v: each failed attempt of the job that always fails, with its traceback
+    assert verbose.stderr.count("Traceback") >= 3, verbose.stderr
+    assert "ValueError: this job always fails" in verbose.stderr
+
+
 def test_prefix_reaches_every_entity(q: str) -> None:
     prefix = f"p{q[-6:]}."
     names = [f"{prefix}ojs.queue.{q}", f"{prefix}ojs.queue.dlx.{q}", f"{prefix}ojs.queue.control.{q}"]
