@@ -20,12 +20,12 @@ The event bus (topic pub/sub with redelivery) is :mod:`ojs_anyio.events`.
 """
 
 from . import amqp, events
-from .amqp import RepublishPolicy
+from .amqp import RepublishPolicy, UsageError
 from .jobs._client import Client, DeadJob, DeadLetters, JobInfo, PushResult, connect
 from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
 from .jobs._dedup import DuplicateJobError
 from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
-from .jobs._errors import DelayOutOfRangeError, ErrorCode, InvalidJobError, TopologyError
+from .jobs._errors import ArgumentTypeError, DelayOutOfRangeError, ErrorCode, InvalidJobError, TopologyError
 from .jobs._exceptions import (
     DeadLetter,
     Discard,
@@ -42,8 +42,9 @@ from .jobs._exceptions import (
 )
 from .jobs._job_metrics import JobMetrics
 from .jobs._middleware import Middleware
+from .jobs._results import JobFailedError, PendingResult
 from .jobs._retry import RetryPolicy
-from .jobs._sync import SyncClient
+from .jobs._sync import SyncClient, SyncPendingResult
 from .jobs._topology import Names, QueueOptions
 from .jobs._tracing import Tracing
 from .jobs._typed import JobHandle
@@ -52,6 +53,7 @@ from .jobs._worker import JobContext, JobOutcome, Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentTypeError",
     "Client",
     "DeadJob",
     "DeadLetter",
@@ -67,6 +69,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "JobFailedError",
     "JobHandle",
     "JobInfo",
     "JobMetrics",
@@ -74,6 +77,7 @@ __all__ = [
     "LeadershipChanged",
     "Middleware",
     "Names",
+    "PendingResult",
     "PushError",
     "PushNotSentError",
     "PushOutcomeUnknownError",
@@ -90,11 +94,13 @@ __all__ = [
     "SchedulerStatistics",
     "SchedulerUnavailableError",
     "SyncClient",
+    "SyncPendingResult",
     "TopologyConflictError",
     "TopologyError",
     "Tracing",
     "UniquePolicy",
     "UnroutableJobError",
+    "UsageError",
     "Worker",
     "amqp",
     "connect",

@@ -24,17 +24,24 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 if TYPE_CHECKING:
     from ._client import Client, JobInfo, PushResult
+    from ._durations import DurationLike
     from ._envelope import Job
+    from ._results import PendingResult
 
-__all__ = ["SyncClient"]
+__all__ = ["SyncClient", "SyncPendingResult"]
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+#: How long :meth:`SyncPendingResult.result` waits by default: a blocking call never waits
+#: without bound unless asked to (``timeout=None``).
+DEFAULT_RESULT_TIMEOUT = 60.0
 
 
 class SyncClient:
@@ -121,6 +128,34 @@ class SyncClient:
 
         return self._call(run)
 
+    def push_for_result(self, type: str, args: Sequence[Any] = (), **options: Any) -> SyncPendingResult[Any]:
+        """:meth:`Client.push_for_result`, blocking until the broker confirmed the job; then
+        ``pending.result(timeout=…)`` blocks until the worker's reply arrives.
+
+        The reply comes to this client's own result queue, so it must stay open until then
+        (from another process, read it with :meth:`info`)."""
+        client = self._client
+
+        async def run() -> PendingResult[Any]:
+            return await client.push_for_result(type, args, **options)
+
+        return SyncPendingResult(self, self._call(run))
+
+    def push_job_for_result(
+        self,
+        job: Job,
+        *,
+        idempotency_key: str | None = None,
+        convert: Callable[[Any], R] | None = None,
+    ) -> SyncPendingResult[R]:
+        """:meth:`push_for_result` for a job built with :meth:`build`."""
+        client = self._client
+
+        async def run() -> PendingResult[R]:
+            return await client.push_job_for_result(job, idempotency_key=idempotency_key, convert=convert)
+
+        return SyncPendingResult(self, self._call(run))
+
     def build(self, type: str, args: Sequence[Any] = (), **options: Any) -> Job:
         """:meth:`Client.build`: a validated job, not pushed (no I/O)."""
         return self._client.build(type, args, **options)
@@ -140,3 +175,31 @@ class SyncClient:
             return await client.info(job_id, queue=queue, timeout=timeout)
 
         return self._call(run)
+
+
+class SyncPendingResult(Generic[R]):
+    """A job pushed with :meth:`SyncClient.push_for_result`: ``pending.result(timeout=30)``
+    blocks the calling thread until the worker's reply arrives."""
+
+    __slots__ = ("_owner", "_pending")
+
+    def __init__(self, owner: SyncClient, pending: PendingResult[R]) -> None:
+        self._owner = owner
+        self._pending = pending
+
+    @property
+    def job(self) -> Job:
+        return self._pending.job
+
+    @property
+    def id(self) -> str:
+        return self._pending.id
+
+    def done(self) -> bool:
+        return self._pending.done()
+
+    def result(self, timeout: DurationLike | None = DEFAULT_RESULT_TIMEOUT) -> R:
+        """The handler's return value: :meth:`PendingResult.result`, blocking.  Waits at most
+        ``timeout`` (60 s by default; ``None`` waits as long as it takes), then raises
+        :class:`TimeoutError`; it can be called again."""
+        return self._owner._call(self._pending.result, timeout)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._client import Client
     from ._envelope import Job
     from ._results import PendingResult
+    from ._sync import SyncClient, SyncPendingResult
     from ._worker import JobContext
 
 __all__ = ["JobDecorator", "JobHandle", "PushOptions"]
@@ -121,27 +122,48 @@ class JobHandle(Generic[P, R]):
         return JobHandle(self.type, self.fn, merged, _signature=self._signature)
 
     def args_for(self, *args: Any, **kwargs: Any) -> list[Any]:
-        """The OJS ``args`` array for a call: keywords bound to their positions."""
+        """The OJS ``args`` array for a call: keywords bound to their positions, each value
+        in the JSON form the worker turns back into the parameter's annotated type (see
+        :func:`json_form`)."""
         try:
             bound = self._signature.bind(None, *args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"job {self.type!r}: {exc}") from None
         bound.apply_defaults()
-        return list(bound.args[1:])
+        names = list(self._signature.parameters)[1:]
+        return [
+            json_form(value, f"{names[i]} of job {self.type!r}") for i, value in enumerate(bound.args[1:])
+        ]
 
-    async def push(self, client: Client, *args: P.args, **kwargs: P.kwargs) -> Job:
-        """PUSH this job with these arguments; returns the job once the broker confirmed it."""
-        return await client.push(self.type, self.args_for(*args, **kwargs), **self.push_options)
+    @overload
+    def push(self, client: SyncClient, *args: P.args, **kwargs: P.kwargs) -> Job: ...
+    @overload
+    def push(self, client: Client, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Job]: ...
+    def push(self, client: Client | SyncClient, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """PUSH this job with these arguments; returns the job once the broker confirmed it.
 
-    async def push_for_result(self, client: Client, *args: P.args, **kwargs: P.kwargs) -> PendingResult[R]:
-        """PUSH it asking for its result: ``await (await h.push_for_result(c, ...)).result()``.
+        ``await handle.push(client, ...)`` with a :class:`Client`; ``handle.push(sync_client,
+        ...)`` blocks with a :class:`SyncClient` (Django, scripts)."""
+        return client.push(self.type, self.args_for(*args, **kwargs), **self.push_options)
+
+    @overload
+    def push_for_result(
+        self, client: SyncClient, *args: P.args, **kwargs: P.kwargs
+    ) -> SyncPendingResult[R]: ...
+    @overload
+    def push_for_result(
+        self, client: Client, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, PendingResult[R]]: ...
+    def push_for_result(self, client: Client | SyncClient, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """PUSH it asking for its result: ``await (await h.push_for_result(c, ...)).result()``,
+        or ``h.push_for_result(sync_client, ...).result(timeout=30)`` with a :class:`SyncClient`.
 
         The result is converted to the handler's return annotation with msgspec (a
         ``datetime``, a Struct, a dataclass…), so it comes back typed as the handler said."""
         options = dict(self.push_options)
         key = options.pop("idempotency_key", None)
         job = client.build(self.type, self.args_for(*args, **kwargs), **options)
-        return await client.push_job_for_result(job, idempotency_key=key, convert=self._result_converter())
+        return client.push_job_for_result(job, idempotency_key=key, convert=self._result_converter())
 
     def _result_converter(self) -> Callable[[Any], R] | None:
         try:
@@ -155,6 +177,27 @@ class JobHandle(Generic[P, R]):
             return cast(R, msgspec.convert(value, wanted, strict=False))
 
         return convert
+
+
+def _model_json(value: Any) -> Any:
+    """msgspec's hook for what it does not know: pydantic models (``model_dump``, JSON mode)."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and hasattr(type(value), "model_fields"):
+        return dump(mode="json")
+    raise NotImplementedError(f"{type(value).__name__} has no JSON form")
+
+
+def json_form(value: Any, where: str) -> Any:
+    """``value`` as JSON values, the way the worker's conversion by annotation reads it back:
+    ``date``/``datetime``/``time`` as ISO 8601, ``UUID`` and ``Decimal`` as strings, msgspec
+    Structs, dataclasses and pydantic models as objects, enums as their values, tuples and
+    sets as arrays.  Plain JSON values pass unchanged."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    try:
+        return msgspec.to_builtins(value, enc_hook=_model_json)
+    except (NotImplementedError, TypeError) as exc:
+        raise TypeError(f"argument {where}: {exc}") from None
 
 
 def check_typed_signature(job_type: str, signature: inspect.Signature) -> None:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import threading
 import uuid
+from datetime import date
 
 import anyio
+import msgspec
 import pytest
+from anyio.from_thread import start_blocking_portal
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
 from .broker_support import URL, WAIT
+from .conftest import Cleanup
 
 BACKENDS = [pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")]
 
@@ -106,3 +110,57 @@ def test_sync_client_bad_url_fails_in_the_constructor() -> None:
     with pytest.raises(amqp.AMQPError):
         ojs.SyncClient("amqp://guest:guest@127.0.0.1:1/", connection_timeout=2)
 
+
+class Order(msgspec.Struct):
+    sku: str
+    qty: int
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sync_client_waits_for_results_and_pushes_typed_handles(backend: str) -> None:
+    """A Django view's view of the job layer: push_for_result blocks for the reply, typed
+    handles push through a SyncClient, and a result that is late raises TimeoutError."""
+    q = f"t{uuid.uuid4().hex[:10]}"
+    cleanup = Cleanup()
+    cleanup.ojs(q, url=URL)
+    worker = ojs.Worker(queues=[q])
+    release = threading.Event()
+
+    @worker.job("order.total")
+    async def total(ctx: ojs.JobContext, order: Order, day: date) -> dict[str, object]:
+        return {"sku": order.sku, "qty": order.qty, "day": day.isoformat()}
+
+    @worker.job("order.slow")
+    def slow(ctx: ojs.JobContext) -> str:  # a sync handler: runs in a worker thread
+        release.wait(WAIT)
+        return "late"
+
+    try:
+        with (
+            start_blocking_portal(backend) as portal,
+            portal.wrap_async_context_manager(ojs.connect(URL)) as worker_client,
+        ):
+            running = portal.start_task_soon(worker.run, worker_client)
+            portal.call(worker.wait_ready)
+            try:
+                with ojs.SyncClient(URL, backend=backend) as client:
+                    typed = total.push_for_result(client, Order("pen", 3), date(2026, 11, 25))
+                    plain = client.push_for_result(
+                        "order.total", [{"sku": "ink", "qty": 1}, "2026-01-01"], queue=q
+                    )
+                    job = total.push(client, Order("cap", 2), date(2026, 1, 2))
+                    assert typed.result(timeout=WAIT) == {"sku": "pen", "qty": 3, "day": "2026-11-25"}
+                    assert plain.result(timeout=WAIT) == {"sku": "ink", "qty": 1, "day": "2026-01-01"}
+                    assert job.args == [{"sku": "cap", "qty": 2}, "2026-01-02"]
+                    late = slow.push_for_result(client)
+                    with pytest.raises(TimeoutError):
+                        late.result(timeout=0.2)
+                    assert not late.done()
+                    release.set()
+                    assert late.result(timeout=WAIT) == "late" and late.done()
+            finally:
+                release.set()
+                portal.call(worker.stop)
+                running.result(timeout=WAIT)
+    finally:
+        anyio.run(cleanup.run)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
+from uuid import UUID
 
+import msgspec
 import pytest
 
 import ojs_anyio as ojs
@@ -92,8 +98,65 @@ def test_mypy_rejects_wrong_typed_calls() -> None:
     assert status == 1, out
     errors = [line for line in out.splitlines() if ": error:" in line]
     lines = {int(line.split(":")[1]) for line in errors}
-    assert lines == {16, 17, 18}, out
-    assert 'incompatible type "int"; expected "str"' in out
+    assert lines == {18, 19, 20, 24, 25}, out
+    # push() is overloaded (Client: a coroutine; SyncClient: blocking), so mypy names the
+    # arguments that match no variant and prints the handler's own parameter list
+    assert 'matches argument types "Client", "int"' in out
     assert 'Unexpected keyword argument "templat"' in out
-    assert "Missing positional argument" in out or 'Too few arguments' in out
+    assert 'matches argument type "Client"' in out
+    assert "def push(self, client: Client, to: str, template: str = ...) -> Coroutine[Any, Any, Job]" in out
+    assert 'matches argument types "SyncClient", "date"' in out
+    assert 'Incompatible types in assignment (expression has type "Coroutine[Any, Any, Job]"' in out
 
+
+@dataclasses.dataclass
+class Order:
+    sku: str
+    qty: int
+    price: Decimal
+
+
+class Summary(msgspec.Struct, frozen=True):
+    day: date
+    ref: UUID
+    total: Decimal
+
+
+@pytest.mark.anyio
+async def test_typed_push_carries_the_types_its_handler_declares(client: ojs.Client, q: str) -> None:
+    """date, UUID, Decimal, dataclasses and Structs travel as JSON and come back as the
+    handler's annotations say, arguments and result alike."""
+    worker = ojs.Worker(queues=[q])
+    seen: list[tuple[date, Order, UUID, datetime]] = []
+
+    @worker.job("report.build")
+    async def build(ctx: ojs.JobContext, day: date, order: Order, ref: UUID, at: datetime) -> Summary:
+        seen.append((day, order, ref, at))
+        return Summary(day=day + timedelta(days=1), ref=ref, total=order.price * order.qty)
+
+    ref = uuid.uuid4()
+    at = datetime(2026, 11, 25, 8, 30, tzinfo=UTC)
+    order = Order("pen", 3, Decimal("2.50"))
+    async with running(worker, client):
+        job = await build.push(client, date(2026, 11, 25), order, ref, at)
+        pending = await build.push_for_result(client, date(2026, 11, 25), order, ref, at)
+        summary = await pending.result(timeout=30)
+    assert job.args == [
+        "2026-11-25",
+        {"sku": "pen", "qty": 3, "price": "2.50"},
+        str(ref),
+        "2026-11-25T08:30:00Z",
+    ]
+    assert seen == [(date(2026, 11, 25), order, ref, at)] * 2
+    assert summary == Summary(day=date(2026, 11, 26), ref=ref, total=Decimal("7.50"))
+
+
+def test_typed_push_refuses_a_value_with_no_json_form() -> None:
+    worker = ojs.Worker(queues=["a"])
+
+    @worker.job("x")
+    async def handler(ctx: ojs.JobContext, value: object) -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"argument value of job 'x'.*"):
+        handler.args_for(object())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import ojs_anyio as ojs
 
 worker = ojs.Worker(queues=["email"])
@@ -16,3 +18,9 @@ async def main(client: ojs.Client) -> None:
     await send_email.push(client, 42)  # error: wrong type
     await send_email.push(client, "a@b.c", templat="x")  # error: unknown keyword
     await send_email.push(client)  # error: missing argument
+
+
+def sync(client: ojs.SyncClient) -> None:
+    send_email.push(client, date(2026, 11, 25))  # error: wrong type, blocking form
+    job: ojs.Job = send_email.push(ojs.Client.__new__(ojs.Client), "a@b.c")  # error: a coroutine, not a Job
+    print(job)

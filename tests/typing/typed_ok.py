@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import date
+from decimal import Decimal
+from uuid import UUID, uuid4
+
 import ojs_anyio as ojs
 
 worker = ojs.Worker(queues=["email"])
@@ -22,3 +26,29 @@ async def main(client: ojs.Client) -> None:
     await send_email.options(delay=30, priority=5).push(client, "a@b.c", "hello", 2)
     await build_report.push(client, "2026-11-23")
     print(job.id)
+
+
+@worker.job("report.day")
+async def report_day(ctx: ojs.JobContext, day: date, ref: UUID, amount: Decimal) -> date:
+    return day
+
+
+async def typed_values(client: ojs.Client) -> None:
+    await report_day.push(client, date(2026, 11, 25), uuid4(), Decimal("2.50"))
+    pending: ojs.PendingResult[date] = await report_day.push_for_result(
+        client, date.today(), uuid4(), Decimal(1)
+    )
+    day: date = await pending.result(timeout=30)
+    print(day)
+
+
+def blocking(client: ojs.SyncClient) -> None:
+    job: ojs.Job = send_email.push(client, "a@b.c", template="hello")
+    pending: ojs.SyncPendingResult[date] = report_day.push_for_result(
+        client, date.today(), uuid4(), Decimal(1)
+    )
+    day: date = pending.result(timeout=30)
+    untyped: ojs.SyncPendingResult[object] = client.push_for_result(
+        "report.day", ["2026-11-25"], queue="email"
+    )
+    print(job.id, day, untyped.id)
