@@ -161,10 +161,16 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 @asynccontextmanager
-async def open_client(url: str | None, prefix: str, *, recovery: bool = False) -> AsyncIterator[Client]:
-    """``ojs_anyio.connect`` for a command: no recovery (fail fast), 10 s to connect."""
+async def open_client(
+    url: str | None, prefix: str, *, recovery: bool = False, role: str = "cli"
+) -> AsyncIterator[Client]:
+    """``ojs_anyio.connect`` for a command: no recovery (fail fast), 10 s to connect; the
+    connection is named ``ojs-anyio {role} pid=N`` for ``rabbitmqctl list_connections``."""
     policy = amqp.RecoveryPolicy() if recovery else amqp.RecoveryPolicy(enabled=False)
-    async with connect(resolve_url(url), prefix=prefix, recovery=policy, connection_timeout=10.0) as client:
+    name = f"ojs-anyio {role} pid={os.getpid()}"
+    async with connect(
+        resolve_url(url), prefix=prefix, recovery=policy, connection_timeout=10.0, name=name
+    ) as client:
         yield client
 
 

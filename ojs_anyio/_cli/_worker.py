@@ -35,7 +35,10 @@ async def run_worker(worker: Worker, url: str | None, prefix: str) -> int:
     running ones get the grace period, then are cancelled and left unacked), a second
     cancels at once (running jobs left unacked for the broker to redeliver)."""
     stopping = False
-    async with open_client(url, prefix, recovery=True) as client, anyio.create_task_group() as tg:
+    async with (
+        open_client(url, prefix, recovery=True, role="worker") as client,
+        anyio.create_task_group() as tg,
+    ):
 
         async def watch_signals() -> None:
             nonlocal stopping

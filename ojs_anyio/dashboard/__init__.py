@@ -15,6 +15,7 @@ library imports it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from collections.abc import Callable, Sequence
 
@@ -57,7 +58,9 @@ async def run(
     called once the first poll is done, just before serving."""
     stop = stop or anyio.Event()
     async with (
-        connect(url, prefix=prefix, recovery=amqp.RecoveryPolicy()) as client,
+        connect(
+            url, prefix=prefix, recovery=amqp.RecoveryPolicy(), name=f"ojs-anyio dashboard pid={os.getpid()}"
+        ) as client,
         observe(client, queues=queues, refresh=refresh) as observer,
     ):
         if not settings.broker:

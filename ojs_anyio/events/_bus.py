@@ -13,6 +13,7 @@ URL picks the transport and the vhost, so ``memory://`` needs nothing special he
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -28,7 +29,27 @@ from ._wire import encode_payload, event_properties, new_message_id, producer_sp
 
 __all__ = ["DEFAULT_URL", "EventBus", "EventHandle", "EventWindow", "connect"]
 
+#: The job layer's default broker, kept for code that imported it from here; the bus itself
+#: does not use it (see :data:`DEVELOPMENT_URL`).
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+#: Where a bus goes with no URL and no ``$OJS_AMQP_URL``: the process's in-memory broker, as
+#: seed 004 says ("if mq-url is not set then the in-memory implementation is used").
+DEVELOPMENT_URL = "memory://"
+#: Name prefixes the bus refuses for its exchange and queues: ``amq.`` is RabbitMQ's own (a
+#: declare gets 403) and ``ojs.`` the job layer's (a clash gets 406, or mixes jobs with events).
+RESERVED_PREFIXES = ("amq.", "ojs.")
+
+log = logging.getLogger("ojs_anyio.events")
+
+
+def check_bus_name(what: str, name: str) -> None:
+    """Refuse a reserved exchange or queue name before the broker does, with the reason."""
+    for prefix in RESERVED_PREFIXES:
+        if name.startswith(prefix):
+            owner = "RabbitMQ's own names" if prefix == "amq." else "the job layer's names"
+            raise amqp.UsageError(
+                f"the event bus cannot use {what} {name!r}: the {prefix!r} prefix is reserved for {owner}"
+            )
 #: Recovery for every connection of the bus, unless ``recovery=`` says otherwise.
 DEFAULT_RECOVERY = amqp.RecoveryPolicy()
 
@@ -70,7 +91,8 @@ class EventBus:
             raise ValueError("max_subscriptions_per_connection must be >= 1")
         if not exchange:
             raise ValueError("the exchange needs a name (the default exchange is not a topic exchange)")
-        self.url = url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
+        check_bus_name("exchange", exchange)
+        self.url = url or os.environ.get("OJS_AMQP_URL") or DEVELOPMENT_URL
         self.exchange = exchange
         self.queue_tag = queue_tag
         self.mandatory = mandatory
@@ -312,6 +334,7 @@ class EventBus:
             raise ValueError(f"prefetch ({prefetch}) must be >= concurrency ({concurrency})")
         if isinstance(bindings, str):
             raise TypeError("bindings is a list of patterns, not one string")
+        check_bus_name("queue", self.queue_name(name))
         patterns = [name] if bindings is None else list(bindings)
         sub = Subscription(
             self,
@@ -512,7 +535,11 @@ def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException | None:
 
 @asynccontextmanager
 async def connect(url: str | None = None, **options: Any) -> AsyncIterator[EventBus]:
-    """Open an :class:`EventBus` for the block (``url``: ``$OJS_AMQP_URL`` or localhost).
+    """Open an :class:`EventBus` for the block.
+
+    ``url``: the broker; without one, ``$OJS_AMQP_URL``; without that, the in-process
+    ``memory://`` broker, with a WARNING that it is for development only (seed 004's rule;
+    the job layer's ``ojs_anyio.connect()`` defaults to RabbitMQ on localhost instead).
 
     Options: ``exchange`` (default ``"events"``), ``queue_tag`` (``""``), ``mandatory``
     (True), ``publisher_pool_size`` (4), ``max_subscriptions_per_connection`` (100),
@@ -522,6 +549,12 @@ async def connect(url: str | None = None, **options: Any) -> AsyncIterator[Event
     how long a publish waits for its confirm once sent); anything else goes to ``amqp.connect``.
     """
     bus = EventBus(url, **options)
+    if bus.url == DEVELOPMENT_URL and not url:
+        log.warning(
+            "events.connect(): no URL and no $OJS_AMQP_URL, so the bus uses the in-process "
+            "memory:// broker: events stay in this process and are lost when it exits "
+            "(for development and tests only; pass a URL or set OJS_AMQP_URL for RabbitMQ)"
+        )
     try:
         async with anyio.create_task_group() as tg:
             try:

@@ -1322,7 +1322,9 @@ async def connect(
 ) -> AsyncIterator[Client]:
     """``async with ojs_anyio.connect("amqp://guest:guest@localhost/") as client:``
 
-    ``url`` defaults to ``$OJS_AMQP_URL``, then ``amqp://guest:guest@localhost:5672/``.
+    ``url`` defaults to ``$OJS_AMQP_URL``, then ``amqp://guest:guest@localhost:5672/`` (the
+    event bus, by contrast, falls back to ``memory://``).  The connection is named
+    ``ojs-jobs pid=N`` unless ``name=`` says otherwise (RabbitMQ's ``connection_name``).
     Recovery (reconnect with backoff, topology re-declared, consumers re-registered) is on
     by default here; pass ``recovery=amqp.RecoveryPolicy(enabled=False)`` to turn it off.
 
@@ -1344,6 +1346,8 @@ async def connect(
     """
     url = url or os.environ.get("OJS_AMQP_URL") or DEFAULT_URL
     policy = recovery if recovery is not None else amqp.RecoveryPolicy()
+    # Named, so an operator tells the job layer's connections apart in list_connections.
+    amqp_options.setdefault("name", f"ojs-jobs pid={os.getpid()}")
     async with amqp.connect(url, recovery=policy, publish_timeout=publish_timeout, **amqp_options) as conn:
         client = Client(
             conn,
