@@ -20,7 +20,8 @@ publisher channel pool and a subscriber connection pool with a per-connection
 subscription limit, all recovering after a connection loss.  See ``docs/events.md``.
 """
 
-from ._bus import DEFAULT_URL, EventBus, EventHandle, EventWindow, connect
+from ._bus import DEFAULT_URL, DEVELOPMENT_URL, RESERVED_PREFIXES, EventBus, EventHandle, EventWindow, connect
+from ._dead_letters import DeadEvent, EventDeadLetters
 from ._redelivery import MAX_WAIT_QUEUES, WAIT_LADDER_MS, RedeliveryPolicy, ladder_ms
 from ._subscriber import DeadLetter, EventContext, Handler, Subscription
 from ._wire import (
@@ -39,9 +40,12 @@ __all__ = [
     "CONTENT_BYTES",
     "CONTENT_JSON",
     "DEFAULT_URL",
+    "DEVELOPMENT_URL",
+    "DeadEvent",
     "DeadLetter",
     "EventBus",
     "EventContext",
+    "EventDeadLetters",
     "EventHandle",
     "EventWindow",
     "H_ATTEMPT",
@@ -52,6 +56,7 @@ __all__ = [
     "H_ROUTING_KEY",
     "Handler",
     "MAX_WAIT_QUEUES",
+    "RESERVED_PREFIXES",
     "RedeliveryPolicy",
     "Subscription",
     "WAIT_LADDER_MS",

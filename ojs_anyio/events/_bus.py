@@ -23,6 +23,7 @@ import anyio
 import anyio.abc
 
 from .. import amqp
+from ._dead_letters import EventDeadLetters
 from ._redelivery import RedeliveryPolicy
 from ._subscriber import Handler, Subscription
 from ._wire import encode_payload, event_properties, new_message_id, producer_span, trace_headers
@@ -50,6 +51,8 @@ def check_bus_name(what: str, name: str) -> None:
             raise amqp.UsageError(
                 f"the event bus cannot use {what} {name!r}: the {prefix!r} prefix is reserved for {owner}"
             )
+
+
 #: Recovery for every connection of the bus, unless ``recovery=`` says otherwise.
 DEFAULT_RECOVERY = amqp.RecoveryPolicy()
 
@@ -129,6 +132,16 @@ class EventBus:
         if self._publisher is None:
             raise amqp.UsageError("the bus is not connected")
         return self._publisher.conn
+
+    @property
+    def admin_connection(self) -> amqp.Connection:
+        """The connection administration uses (dead letters): the publisher's."""
+        return self.publisher_connection
+
+    def dead_letters(self, name: str) -> EventDeadLetters:
+        """The dead-letter queue of subscription ``name``: peek, requeue, purge, prune."""
+        check_bus_name("queue", self.queue_name(name))
+        return EventDeadLetters(self, name)
 
     @property
     def subscriber_connections(self) -> list[amqp.Connection]:
