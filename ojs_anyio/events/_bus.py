@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, NoReturn
 
@@ -41,6 +41,10 @@ DEVELOPMENT_URL = "memory://"
 RESERVED_PREFIXES = ("amq.", "ojs.")
 
 log = logging.getLogger("ojs_anyio.events")
+
+#: ``callback(routing_key, message_id, body, content_type, headers)``: see
+#: :meth:`EventBus.add_publish_listener`.
+PublishListener = Callable[[str, str, bytes, str, "dict[str, Any] | None"], None]
 
 
 def check_bus_name(what: str, name: str) -> None:
@@ -119,9 +123,29 @@ class EventBus:
         self._subscriber_slots: list[_Slot] = []
         self._pool_lock = anyio.Lock()
         self._closed = False
+        self._publish_listeners: list[PublishListener] = []
 
     def __repr__(self) -> str:
         return f"<EventBus exchange={self.exchange!r} queue_tag={self.queue_tag!r}>"
+
+    def add_publish_listener(self, callback: PublishListener) -> Callable[[], None]:
+        """Call ``callback(routing_key, message_id, body, content_type, headers)`` for each
+        event this bus publishes: after its confirm for :meth:`publish`, when it is sent for
+        a window's.  For tests (``ojs_anyio.testing.bus_tester``); keep it short, and don't
+        raise.  Returns a remover."""
+        self._publish_listeners.append(callback)
+        return lambda: self._publish_listeners.remove(callback)
+
+    def _published(
+        self,
+        routing_key: str,
+        message_id: str,
+        body: bytes,
+        content_type: str,
+        headers: dict[str, Any] | None,
+    ) -> None:
+        for callback in self._publish_listeners:
+            callback(routing_key, message_id, body, content_type, headers)
 
     def queue_name(self, name: str) -> str:
         """The AMQP queue of a subscription: ``{queue_tag}{name}`` (``prod_rec.read``)."""
@@ -254,6 +278,8 @@ class EventBus:
                 timeout=timeout,
                 confirm_timeout=self.confirm_timeout,
             )
+        if self._publish_listeners:
+            self._published(routing_key, mid, body, content_type, headers)
         return mid
 
     def publish_window(self, max_in_flight: int = 1024) -> EventWindow:
@@ -480,6 +506,8 @@ class EventWindow:
             properties=event_properties(content_type, mid, bus._headers(headers)),
             mandatory=bus.mandatory if mandatory is None else mandatory,
         )
+        if bus._publish_listeners:
+            bus._published(routing_key, mid, body, content_type, headers)
         return EventHandle(handle, mid)
 
     @property

@@ -32,13 +32,19 @@ import anyio
 
 from .. import Client, Job, JobOutcome, Names, Worker, connect, decode_job
 from ..memory import MemoryBroker, VirtualClock
+from ._bus import BusTester, PublishedEvent, bus_tester
+from ._idle import QUIET, settle
+from ._idle import advance as _advance
 
 __all__ = [
+    "BusTester",
     "JobTester",
+    "PublishedEvent",
     "VirtualSchedulerClock",
     "advance",
     "assert_enqueued",
     "assert_performed",
+    "bus_tester",
     "drain",
     "enqueued",
     "job_tester",
@@ -48,10 +54,6 @@ __all__ = [
 _active: list[JobTester] = []
 #: A valid OJS queue name that stands for "any queue" when cutting entity names apart.
 _MARK = "q0placeholder0q"
-
-#: The client batches acks for up to 2 ms (docs/amqp.md): a settle waits this long (real
-#: time) for the broker to see no more traffic before it calls the system idle.
-_QUIET = 0.005
 
 
 class VirtualSchedulerClock:
@@ -202,25 +204,14 @@ class JobTester:
 
     async def settle(self) -> None:
         """Wait until the client, the worker and the broker have nothing left to do now."""
-        await _settle(self.broker)
+        await settle(self.broker)
 
     async def advance(self, seconds: float) -> None:
         """Move the virtual clock ``seconds`` ahead, step by step through every expiry on the
         way (each step lets the worker and clients react before time moves on)."""
         if not self.virtual:
             raise TypeError("advance() needs job_tester(virtual_time=True)")
-        clock = self.broker.clock
-        assert isinstance(clock, VirtualClock)
-        target = clock.now() + seconds
-        await self.settle()
-        while True:
-            due = [t for t in (self.broker.due(), clock.next_wakeup()) if t is not None and t <= target]
-            if not due:
-                break
-            self.broker.advance_to(max(min(due), clock.now()))
-            await self.settle()
-        self.broker.advance_to(target)
-        await self.settle()
+        await _advance(self.broker, seconds)
 
     async def drain(self, worker: Worker | None = None, *, timeout: float = 30.0) -> list[JobOutcome]:
         """Run ``worker`` (default: the tester's) until its queues are empty and nothing is
@@ -240,7 +231,7 @@ class JobTester:
                     while True:
                         await self.settle()
                         if not self._idle(worker):
-                            await anyio.sleep(_QUIET)  # a handler still runs (real time)
+                            await anyio.sleep(QUIET)  # a handler still runs (real time)
                             continue
                         due = self._next_waiting()
                         if due is None:
@@ -320,17 +311,6 @@ def _decode(body: bytes) -> Job | None:
         return decode_job(body)
     except Exception:  # not a job (a cron token, a control message)
         return None
-
-
-async def _settle(broker: MemoryBroker) -> None:
-    """Wait until no task can run and the broker saw no traffic for a short real-time window."""
-    while True:
-        before = broker.activity
-        await anyio.wait_all_tasks_blocked()
-        await anyio.sleep(_QUIET)
-        await anyio.wait_all_tasks_blocked()
-        if broker.activity == before:
-            return
 
 
 @asynccontextmanager

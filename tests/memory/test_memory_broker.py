@@ -235,19 +235,31 @@ async def test_difference_server_properties_name_rabbitmq_and_say_the_truth() ->
 # ---------------------------------------------------------------------- the example user suite
 
 
-def test_the_example_user_test_module_passes() -> None:
-    """docs/examples/test_user_app.py (the walkthrough of docs/testing.md) runs green."""
+def _run_example(module: str) -> subprocess.CompletedProcess[str]:
+    """pytest on one example test module of docs/examples, as a user would run it."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "codec")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "docs/examples/test_user_app.py"],
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"docs/examples/{module}"],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_the_example_user_test_module_passes() -> None:
+    """docs/examples/test_user_app.py (the walkthrough of docs/testing.md) runs green."""
+    result = _run_example("test_user_app.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "12 passed" in result.stdout
+
+
+def test_the_example_events_test_module_passes() -> None:
+    """docs/examples/test_events_app.py (bus_tester, docs/testing.md) runs green."""
+    result = _run_example("test_events_app.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "8 passed" in result.stdout  # 4 tests x (asyncio, trio)
 
 
 def _open_frames() -> list[bytes]:
