@@ -120,6 +120,7 @@ class EventBus:
         self._channels: list[amqp.Channel] = []
         self._next = 0
         self._reopen_lock = anyio.Lock()
+        self._publisher_lock = anyio.Lock()
         self._subscriber_slots: list[_Slot] = []
         self._pool_lock = anyio.Lock()
         self._closed = False
@@ -153,13 +154,17 @@ class EventBus:
 
     @property
     def publisher_connection(self) -> amqp.Connection:
+        """The publisher connection: it opens with the first publish (a subscriber-only bus
+        has none), so this raises ``amqp.UsageError`` before that."""
         if self._publisher is None:
-            raise amqp.UsageError("the bus is not connected")
+            raise amqp.UsageError("the bus has no publisher connection yet: it opens with the first publish")
         return self._publisher.conn
 
-    @property
-    def admin_connection(self) -> amqp.Connection:
-        """The connection administration uses (dead letters): the publisher's."""
+    async def admin_connection(self) -> amqp.Connection:
+        """The connection administration uses (dead letters): the publisher's, opened if
+        it is not yet."""
+        if not self._channels:
+            await self._open_publisher()
         return self.publisher_connection
 
     def dead_letters(self, name: str) -> EventDeadLetters:
@@ -175,17 +180,31 @@ class EventBus:
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
+        # Connections open on first use: the publisher's with the first publish (a
+        # subscriber-only bus never opens one), the subscribers' with the subscriptions.
         self._tg = tg
-        self._publisher = await self._open_slot(
-            f"{self.connection_name}-pub", publish_timeout=self.publish_timeout
-        )
-        conn = self._publisher.conn
-        for _ in range(self.publisher_pool_size):
-            ch = conn.channel(confirms=True)
-            await ch.open()
-            self._channels.append(ch)
-        # The exchange exists before anyone publishes (queues are the subscribers' business).
-        await self._channels[0].exchange_declare(self.exchange, "topic", durable=True)
+
+    async def _open_publisher(self) -> None:
+        """The publisher connection and its channel pool, once (concurrent first publishes
+        wait for the same opening); the exchange is declared before anything is published."""
+        async with self._publisher_lock:
+            if self._channels:
+                return
+            if self._closed:
+                raise amqp.UsageError("the event bus is closed")
+            slot = await self._open_slot(f"{self.connection_name}-pub", publish_timeout=self.publish_timeout)
+            channels: list[amqp.Channel] = []
+            try:
+                for _ in range(self.publisher_pool_size):
+                    ch = slot.conn.channel(confirms=True)
+                    await ch.open()
+                    channels.append(ch)
+                await channels[0].exchange_declare(self.exchange, "topic", durable=True)
+            except BaseException:
+                slot.stop.set()
+                raise
+            self._publisher = slot
+            self._channels = channels
 
     async def _open_slot(self, name: str, **options: Any) -> _Slot:
         assert self._tg is not None
@@ -216,6 +235,8 @@ class EventBus:
     # ------------------------------------------------------------------ publishing
 
     async def _channel(self) -> amqp.Channel:
+        if not self._channels:
+            await self._open_publisher()
         i = self._next = (self._next + 1) % len(self._channels)
         ch = self._channels[i]
         if ch.closed_error is not None:
@@ -283,11 +304,11 @@ class EventBus:
         return mid
 
     def publish_window(self, max_in_flight: int = 1024) -> EventWindow:
-        """The bulk path: many events in flight from one task, no task per event."""
-        if not self._channels:
+        """The bulk path: many events in flight from one task, no task per event.  The
+        window takes a pool channel with its first publish."""
+        if self._tg is None or self._closed:
             raise amqp.UsageError("the bus is not connected")
-        i = self._next = (self._next + 1) % len(self._channels)
-        return EventWindow(self, self._channels[i], max_in_flight)
+        return EventWindow(self, max_in_flight)
 
     async def publish_many(
         self, events: Iterable[tuple[str, object]], *, max_in_flight: int = 1024
@@ -480,12 +501,19 @@ class EventWindow:
     returns the handles that failed (unroutable, nacked, outcome unknown).
     """
 
-    __slots__ = ("_bus", "_window", "channel")
+    __slots__ = ("_bus", "_max_in_flight", "_window", "channel")
 
-    def __init__(self, bus: EventBus, channel: amqp.Channel, max_in_flight: int) -> None:
+    def __init__(self, bus: EventBus, max_in_flight: int) -> None:
         self._bus = bus
-        self.channel = channel
-        self._window = channel.publish_window(max_in_flight)
+        self._max_in_flight = max_in_flight
+        #: The pool channel the window publishes on (None until its first publish).
+        self.channel: amqp.Channel | None = None
+        self._window: amqp.PublishWindow | None = None
+
+    async def _open(self) -> amqp.PublishWindow:
+        self.channel = await self._bus._channel()
+        self._window = self.channel.publish_window(self._max_in_flight)
+        return self._window
 
     async def publish(
         self,
@@ -499,7 +527,8 @@ class EventWindow:
         bus = self._bus
         body, content_type = encode_payload(payload)
         mid = message_id or new_message_id()
-        handle = await self._window.publish(
+        window = self._window or await self._open()
+        handle = await window.publish(
             body,
             exchange=bus.exchange,
             routing_key=routing_key,
@@ -512,7 +541,7 @@ class EventWindow:
 
     @property
     def in_flight(self) -> int:
-        return self._window.in_flight
+        return 0 if self._window is None else self._window.in_flight
 
     async def wait_all(self, timeout: float | None = None) -> list[EventHandle]:
         """Flush, wait for every confirm; return the failed events (``[]``: all confirmed).
@@ -522,6 +551,8 @@ class EventWindow:
         (unroutable) event's ``message_id`` is known from the broker's return; for other
         failures it is ``""``: keep the handles ``publish`` gave if you need it.
         """
+        if self._window is None:
+            return []
         failed = await self._window.wait_all(self._bus.confirm_timeout if timeout is None else timeout)
         out = []
         for h in failed:

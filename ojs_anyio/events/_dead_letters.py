@@ -120,16 +120,16 @@ class EventDeadLetters:
         #: The dead-letter queue.
         self.name = f"{self.queue}.dlq"
 
-    def _dlq(self) -> DeadLetterQueue:
-        return DeadLetterQueue(self.bus.admin_connection, self.name)
+    async def _dlq(self) -> DeadLetterQueue:
+        return DeadLetterQueue(await self.bus.admin_connection(), self.name)
 
     async def count(self) -> int:
         """How many dead events wait (``amqp.ChannelClosedError`` 404 if the queue does not exist)."""
-        return await self._dlq().count()
+        return await (await self._dlq()).count()
 
     async def peek(self, limit: int = 100) -> list[DeadEvent]:
         """Up to ``limit`` dead events, oldest first, left in the queue."""
-        return await self._dlq().peek(limit, _dead_event)
+        return await (await self._dlq()).peek(limit, _dead_event)
 
     async def requeue(
         self,
@@ -147,7 +147,7 @@ class EventDeadLetters:
             raise amqp.UsageError(
                 "ids must be a collection of message ids, not one str: write ids=[message_id]"
             )
-        return await self._dlq().move(
+        return await (await self._dlq()).move(
             self._republish,
             key=lambda msg: amqp.property_text(msg.properties.message_id) or "",
             limit=limit,
@@ -172,7 +172,7 @@ class EventDeadLetters:
 
     async def purge(self) -> int:
         """Delete every dead event; returns how many."""
-        return await self._dlq().purge()
+        return await (await self._dlq()).purge()
 
     async def prune(
         self,
@@ -199,7 +199,7 @@ class EventDeadLetters:
                 cutoff = datetime.now(UTC) - age
             except OverflowError:  # before year 1: nothing is that old
                 cutoff = None
-        return await self._dlq().prune(
+        return await (await self._dlq()).prune(
             cutoff=cutoff,
             max_count=max_events,
             limit=limit,

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from .. import events
+from .. import amqp, events
 from ..memory import MemoryBroker, VirtualClock
 from ._idle import QUIET, settle
 from ._idle import advance as _advance
@@ -154,7 +154,7 @@ class BusTester:
 
     @property
     def _vhost(self) -> str:
-        return self.bus.publisher_connection.url.virtual_host
+        return amqp.parse_url(self.bus.url).virtual_host
 
     def _kind(self, name: str) -> str:
         if name.endswith(".dlq"):

@@ -200,9 +200,13 @@ async def test_subscription_limit_opens_more_connections(names: Names) -> None:
                     for item in row.get("client_properties", [])
                     if item[0] == "connection_name" and str(item[2]).startswith(conn_name)
                 }
-                assert ours == {f"{conn_name}-pub", *(f"{conn_name}-sub-{i}" for i in (1, 2, 3))}
+                # nothing published yet: a subscriber-only bus has no publisher connection
+                assert ours == {f"{conn_name}-sub-{i}" for i in (1, 2, 3)}
+                with pytest.raises(amqp.UsageError, match="opens with the first publish"):
+                    bus.publisher_connection  # noqa: B018
                 await bus.publish_many([("pool", {"q": "pool"})] * 60 + [("two", {"q": "two"})])
                 await seen.wait(61)
+                assert bus.publisher_connection is not None  # opened by the first publish
     channels = {ch for q, ch in seen.items if q == "pool"}
     assert len(channels) >= 2  # the pool's consumers shared the events
 

@@ -95,6 +95,7 @@ async def test_every_connection_of_both_layers_is_named() -> None:
         bus.subscribe(f"named.{os.getpid()}.q", on_event),
     ):
         del client
+        await bus.publish("named", {"n": 1}, mandatory=False)  # opens the publisher connection
         wanted = {f"ojs-jobs pid={os.getpid()}", "billing-events-pub", "billing-events-sub-1"}
         with anyio.fail_after(30):
             # the broker's connection list: state outside our control, nothing to wait on

@@ -90,10 +90,10 @@ async def test_publish_while_the_broker_stays_away_ends_within_publish_timeout(n
     bound, slack = amqp.DEFAULT_PUBLISH_TIMEOUT, 10.0
     async with FaultProxy() as proxy, events.connect(proxy.url(), **names.bus_options()) as bus:
         lost = anyio.Event()
+        await bus.publish("rec.read", {"i": 0}, mandatory=False)  # opens the publisher connection
         bus.publisher_connection.add_listener(
             lambda event: lost.set() if isinstance(event, amqp.ConnectionLost) else None
         )
-        await bus.publish("rec.read", {"i": 0}, mandatory=False)
         proxy.refuse_new()
         proxy.cut_all()
         await lost.wait()
