@@ -45,6 +45,27 @@ class DataEvent(msgspec.Struct):
     record: dict[str, str] = {}
 
 
+def catalog(tag: str = "prod_") -> events.Catalog:
+    """The environment's event API, for its AsyncAPI document
+    (``ojs-anyio events asyncapi docs.examples.events_beds:CATALOG``)."""
+    api = events.Catalog(
+        "BEDS data events",
+        version="1.0.0",
+        exchange=EXCHANGE,
+        queue_tag=tag,
+        description="Store operations, logs, admin and migration events of one BEDS environment.",
+    )
+    for key in ROUTING_KEYS:
+        api.publishes(key, DataEvent, summary=f"A {key} event")
+    for name, keys in SERVICES.items():
+        for key in keys:
+            api.subscribes(key, DataEvent, summary=f"{name} consumes {key}")
+    return api
+
+
+CATALOG = catalog()
+
+
 async def run_environment(url: str, tag: str) -> dict[str, list[DataEvent]]:
     """Start the services of one environment, publish one event per key, return who got what."""
     received: dict[str, list[DataEvent]] = defaultdict(list)

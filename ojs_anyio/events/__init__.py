@@ -21,6 +21,7 @@ subscription limit, all recovering after a connection loss.  See ``docs/events.m
 """
 
 from ._bus import DEFAULT_URL, DEVELOPMENT_URL, RESERVED_PREFIXES, EventBus, EventHandle, EventWindow, connect
+from ._catalog import ASYNCAPI_VERSION, Catalog
 from ._dead_letters import DeadEvent, EventDeadLetters
 from ._redelivery import MAX_WAIT_QUEUES, WAIT_LADDER_MS, RedeliveryPolicy, ladder_ms
 from ._subscriber import DeadLetter, EventContext, Handler, Subscription
@@ -37,8 +38,10 @@ from ._wire import (
 )
 
 __all__ = [
+    "ASYNCAPI_VERSION",
     "CONTENT_BYTES",
     "CONTENT_JSON",
+    "Catalog",
     "DEFAULT_URL",
     "DEVELOPMENT_URL",
     "DeadEvent",
