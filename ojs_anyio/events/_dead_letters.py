@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -24,8 +24,18 @@ from .. import amqp
 from .._dead_letter_queue import DeadLetterQueue, died_at, latest_death
 from ._wire import H_ATTEMPT, H_DEAD_LETTERED_AT, H_ERROR, H_QUEUE, H_REASON, H_ROUTING_KEY
 
-if TYPE_CHECKING:
-    from ._bus import EventBus
+
+class _Bus(Protocol):
+    """What the dead-letter tools need of an :class:`~ojs_anyio.events.EventBus` (a
+    protocol, so this module does not import the bus: the bus imports it)."""
+
+    @property
+    def republish(self) -> amqp.RepublishPolicy: ...
+
+    def queue_name(self, name: str) -> str: ...
+
+    async def admin_connection(self) -> amqp.Connection: ...
+
 
 __all__ = ["DeadEvent", "EventDeadLetters"]
 
@@ -113,7 +123,7 @@ def _dead_event(msg: amqp.IncomingMessage) -> DeadEvent:
 class EventDeadLetters:
     """The dead-letter queue of subscription ``name`` of ``bus``: :meth:`EventBus.dead_letters`."""
 
-    def __init__(self, bus: EventBus, name: str) -> None:
+    def __init__(self, bus: _Bus, name: str) -> None:
         self.bus = bus
         #: The subscription's queue, where a requeued event goes.
         self.queue = bus.queue_name(name)
