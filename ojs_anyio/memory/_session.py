@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from ojs_codec import (
+    BASIC_ACK,
+    BASIC_DELIVER,
+    BASIC_PUBLISH,
     FRAME_BODY,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
@@ -68,9 +71,7 @@ _U16 = struct.Struct(">H")
 _FRAME_HDR = struct.Struct(">BHI")
 _TAG = struct.Struct(">Q")
 _END = b"\xce"
-_PUBLISH = (60 << 16) | 40
-_ACK = (60 << 16) | 80
-_DELIVER_ID = _U32.pack((60 << 16) | 60)
+_DELIVER_ID = _U32.pack(BASIC_DELIVER)
 
 #: Deliveries pause while this many bytes wait for the client to read them (the emulation
 #: of TCP back-pressure); replies to the client's own methods are always queued.
@@ -512,10 +513,10 @@ class Session:
                 "expected content header for class 60, got non content header frame instead "
                 f"(channel {channel})",
             )
-        if index == _PUBLISH:
+        if index == BASIC_PUBLISH:
             self._publish_method(ch, payload)
             return
-        if index == _ACK and len(payload) == 13:
+        if index == BASIC_ACK and len(payload) == 13:
             tag = _TAG.unpack_from(payload, 4)[0]
             self._settle(ch, "ack", tag, bool(payload[12] & 1), False)
             return
