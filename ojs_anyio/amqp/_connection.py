@@ -47,6 +47,7 @@ from ojs_codec import (
     Returned,
 )
 
+from .._schemes import is_plugin_scheme, stream_factory
 from . import _metrics
 from ._channel import Channel
 from ._errors import (
@@ -565,12 +566,11 @@ class Connection:
 
 
 async def _open_byte_stream(url: AMQPURL, host: str, port: int) -> anyio.abc.ByteStream:
-    """The transport for one host of ``url``: TCP, or for ``memory://NAME`` an in-process
-    stream to the memory broker NAME (ojs_anyio.memory), which speaks the same frames."""
-    if url.memory:
-        from ojs_anyio.memory import open_stream
-
-        return await open_stream(host)
+    """The transport for one host of ``url``: TCP, or the stream of the plug-in that serves
+    the URL's scheme (``memory://NAME``: an in-process stream to the memory broker NAME,
+    which speaks the same frames; see ojs_anyio._schemes)."""
+    if is_plugin_scheme(url.scheme):
+        return await stream_factory(url.scheme)(host, port)
     return await anyio.connect_tcp(host, port)
 
 

@@ -32,11 +32,10 @@ from ojs_codec import (
     decode_content_header,
     decode_method,
     encode_ack,
-    encode_frame,
+    encode_method_frame_unvalidated,
     encode_nack,
     encode_properties,
 )
-from ojs_codec._frames import _encode_field, _spec
 
 from ._model import (
     ACCESS_REFUSED,
@@ -109,29 +108,7 @@ SERVER_PROPERTIES: dict[str, Any] = {
 def method_frame(channel: int, cls: Any, **fields: Any) -> bytes:
     """A method frame from a pamqp command class and field values (no pamqp validation:
     RabbitMQ's names are any UTF-8, pamqp's regexes are narrower)."""
-    out = bytearray(_U32.pack(cls.index))
-    bits = -1
-    bit_index = 0
-    for name, kind in _spec(cls):
-        value = fields.get(name)
-        if kind == "bit":
-            if bits < 0 or bit_index == 8:
-                if bits >= 0:
-                    out.append(bits)
-                bits, bit_index = 0, 0
-            if value:
-                bits |= 1 << bit_index
-            bit_index += 1
-            continue
-        if bits >= 0:
-            out.append(bits)
-            bits = -1
-        if value is None:
-            value = 0 if kind in ("octet", "short", "long", "longlong") else None
-        _encode_field(out, kind, value, name)
-    if bits >= 0:
-        out.append(bits)
-    return encode_frame(FRAME_METHOD, channel, bytes(out))
+    return encode_method_frame_unvalidated(channel, cls, fields)
 
 
 def _short(text: str) -> bytes:
