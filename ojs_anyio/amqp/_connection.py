@@ -17,8 +17,8 @@ import logging
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -35,7 +35,6 @@ from ojs_codec import (
     ConnectionBlocked,
     ConnectionClosed,
     ConnectionCloseOk,
-    ConnectionLevelError,
     ConnectionOpened,
     ConnectionParameters,
     ConnectionUnblocked,
@@ -186,9 +185,9 @@ class Connection:
         connection event.  Returns a function that removes the listener."""
         return self._events.add_listener(callback)
 
-    def subscribe(self, max_buffer: int = 256) -> AsyncIterator[RecoveryEvent]:
+    def subscribe(self, max_buffer: int = 256) -> AbstractAsyncContextManager[AsyncIterator[RecoveryEvent]]:
         """``async with conn.subscribe() as events: async for ev in events: …``"""
-        return self._events.subscribe(max_buffer)  # type: ignore[return-value]
+        return self._events.subscribe(max_buffer)
 
     async def wait_unblocked(self, timeout: float | None = None) -> None:
         """Wait until the broker is not blocking publishers (immediately if it isn't).
@@ -337,53 +336,69 @@ class Connection:
         await self._transport.handshake()
 
     def _dispatch(self, ev: object) -> None:
-        # Hottest first; every handler is synchronous.
-        tp = type(ev)
-        if tp is Delivery:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_delivery(ev)  # type: ignore[arg-type]
-        elif tp is Confirmed:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_confirmed(ev)  # type: ignore[arg-type]
-        elif tp is MethodReply or tp is GetOk or tp is ChannelOpened:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_reply(ev)
-        elif tp is ChannelClosed or tp is ChannelCloseOk:
-            ch = self._by_id.pop(ev.channel_id, None)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_closed(ev)  # type: ignore[arg-type]
-        elif tp is ConsumerCancelled:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_consumer_cancelled(ev.consumer_tag)  # type: ignore[attr-defined]
-        elif tp is Returned:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_returned(ev)  # type: ignore[arg-type]
-        elif tp is ChannelFlow:
-            pass  # RabbitMQ never sends Channel.Flow; the codec already answered Flow-Ok
-        elif tp is ConnectionOpened:
-            self._opened = ev  # type: ignore[assignment]
-            self._transport.handshake_done.set()
-        elif tp is ConnectionBlocked:
-            self.blocked_reason = ev.reason  # type: ignore[attr-defined]
-            if self._unblocked.is_set():
-                self._unblocked = anyio.Event()
-            log.warning("broker blocked publishing: %s", self.blocked_reason)
-            self._events.emit(ConnectionBlockedEvent(reason=self.blocked_reason or ""))
-        elif tp is ConnectionUnblocked:
-            self.blocked_reason = None
-            self._unblocked.set()
-            log.info("broker unblocked publishing")
-            self._events.emit(ConnectionUnblockedEvent())
-        elif tp is ConnectionClosed:
-            err: ConnectionLevelError = ev.error  # type: ignore[attr-defined]
-            self._transport.error = err
-        elif tp is ConnectionCloseOk:
-            self._transport.close_ok.set()
+        """Route one reader event through :data:`_EVENT_HANDLERS` (every handler is
+        synchronous); an event type with no entry is ignored."""
+        handler = _EVENT_HANDLERS.get(type(ev))
+        if handler is not None:
+            handler(self, ev)
+
+    # The reader's events, one handler per type (the table is after the class).
+
+    def _ev_delivery(self, ev: Delivery) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_delivery(ev)
+
+    def _ev_confirmed(self, ev: Confirmed) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_confirmed(ev)
+
+    def _ev_reply(self, ev: MethodReply | GetOk | ChannelOpened) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_reply(ev)
+
+    def _ev_channel_closed(self, ev: ChannelClosed | ChannelCloseOk) -> None:
+        ch = self._by_id.pop(ev.channel_id, None)
+        if ch is not None:
+            ch._on_closed(ev)
+
+    def _ev_consumer_cancelled(self, ev: ConsumerCancelled) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_consumer_cancelled(ev.consumer_tag)
+
+    def _ev_returned(self, ev: Returned) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_returned(ev)
+
+    def _ev_channel_flow(self, ev: ChannelFlow) -> None:
+        pass  # RabbitMQ never sends Channel.Flow; the codec already answered Flow-Ok
+
+    def _ev_opened(self, ev: ConnectionOpened) -> None:
+        self._opened = ev
+        self._transport.handshake_done.set()
+
+    def _ev_blocked(self, ev: ConnectionBlocked) -> None:
+        self.blocked_reason = ev.reason
+        if self._unblocked.is_set():
+            self._unblocked = anyio.Event()
+        log.warning("broker blocked publishing: %s", self.blocked_reason)
+        self._events.emit(ConnectionBlockedEvent(reason=self.blocked_reason or ""))
+
+    def _ev_unblocked(self, ev: ConnectionUnblocked) -> None:
+        self.blocked_reason = None
+        self._unblocked.set()
+        log.info("broker unblocked publishing")
+        self._events.emit(ConnectionUnblockedEvent())
+
+    def _ev_closed(self, ev: ConnectionClosed) -> None:
+        self._transport.error = ev.error
+
+    def _ev_close_ok(self, ev: ConnectionCloseOk) -> None:
+        self._transport.close_ok.set()
 
     @property
     def _proto(self) -> AMQPConnection:
@@ -563,6 +578,39 @@ class Connection:
     def _queue_consumed(self, queue: str) -> bool:
         """Whether any open channel of this connection has a consumer of ``queue``."""
         return any(ch._consumes(queue) for ch in self._channels)
+
+
+_Event = TypeVar("_Event")
+_EventHandler = Callable[[Connection, Any], None]
+
+
+def _route(
+    event_type: type[_Event], handler: Callable[[Connection, _Event], None]
+) -> tuple[type[Any], _EventHandler]:
+    """One entry of :data:`_EVENT_HANDLERS`; mypy checks the handler takes that event type."""
+    return event_type, handler
+
+
+#: The reader's event type -> the connection's handler.
+_EVENT_HANDLERS: dict[type[Any], _EventHandler] = dict(
+    (
+        _route(Delivery, Connection._ev_delivery),
+        _route(Confirmed, Connection._ev_confirmed),
+        _route(MethodReply, Connection._ev_reply),
+        _route(GetOk, Connection._ev_reply),
+        _route(ChannelOpened, Connection._ev_reply),
+        _route(ChannelClosed, Connection._ev_channel_closed),
+        _route(ChannelCloseOk, Connection._ev_channel_closed),
+        _route(ConsumerCancelled, Connection._ev_consumer_cancelled),
+        _route(Returned, Connection._ev_returned),
+        _route(ChannelFlow, Connection._ev_channel_flow),
+        _route(ConnectionOpened, Connection._ev_opened),
+        _route(ConnectionBlocked, Connection._ev_blocked),
+        _route(ConnectionUnblocked, Connection._ev_unblocked),
+        _route(ConnectionClosed, Connection._ev_closed),
+        _route(ConnectionCloseOk, Connection._ev_close_ok),
+    )
+)
 
 
 async def _open_byte_stream(url: AMQPURL, host: str, port: int) -> anyio.abc.ByteStream:
