@@ -29,6 +29,7 @@ from ojs_codec import (
     AMQPError,
     BasicProperties,
     FrameReader,
+    Int64,
     decode_content_header,
     decode_method,
     encode_ack,
@@ -209,7 +210,7 @@ class ChannelState:
 
 def _with_delivery_count(msg: Message) -> Message:
     headers = dict(msg.props.headers or {})
-    headers["x-delivery-count"] = msg.delivery_count
+    headers["x-delivery-count"] = Int64(msg.delivery_count)  # int64 ('l'), as RabbitMQ writes it
     import msgspec
 
     new = msg.with_props(msgspec.structs.replace(msg.props, headers=headers))
