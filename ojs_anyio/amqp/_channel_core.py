@@ -18,7 +18,7 @@ from ojs_codec import ChannelLevelError, ChannelOpened, GetOk, MethodReply
 from ._errors import ChannelClosedError
 
 if TYPE_CHECKING:
-    from ._interfaces import ChannelLink
+    from ._link import ChannelLink
 
 __all__ = ["ChannelCore"]
 
@@ -35,8 +35,8 @@ class _Waiter:
 class ChannelCore:
     """State shared by every layer of a channel, and the synchronous-method call."""
 
-    def __init__(self, conn: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        self._conn = conn
+    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        self._link = link
         self.confirms = confirms
         self.prefetch = prefetch
         #: Set by tx_select; recovery selects tx again on the new channel.
@@ -100,8 +100,8 @@ class ChannelCore:
             raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
         if self._close_waiter is not None:
             raise ChannelClosedError("channel is closing")
-        if self._cid == 0 or not self._conn._connected.is_set():
-            await self._conn.wait_connected(timeout if timeout is not None else self._conn.publish_timeout)
+        if self._cid == 0 or not self._link.is_connected:
+            await self._link.wait_ready(timeout if timeout is not None else self._link.publish_timeout)
             if self._closed:
                 raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
 
@@ -109,7 +109,7 @@ class ChannelCore:
         """Send a synchronous method and wait for its reply (``None``: Channel.Open)."""
         if not internal:
             await self._ready()
-        conn = self._conn
+        link = self._link
         while self._waiter is not None:
             # An earlier call (maybe cancelled) still waits for its reply; AMQP allows one.
             await self._waiter.event.wait()
@@ -121,12 +121,12 @@ class ChannelCore:
         self._waiter = waiter
         try:
             if method is not None:
-                expects = conn._transport.proto.send_method(self._cid, method)
+                expects = link.send_method(self._cid, method)
                 if not expects:
                     self._waiter = None
-                    await conn._transport.flush()
+                    await link.flush()
                     return None
-            await conn._transport.flush()
+            await link.flush()
         except BaseException:
             if self._waiter is waiter:
                 self._waiter = None

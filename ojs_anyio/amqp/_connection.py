@@ -66,6 +66,7 @@ from ._events import (
     RecoveryEvent,
 )
 from ._interfaces import ChannelEndpoint
+from ._link import ChannelLink
 from ._policy import NO_RECOVERY, RecoveryPolicy
 from ._recovery import replay_topology
 from ._topology import TopologyRecorder
@@ -118,40 +119,107 @@ class Connection:
         _metrics.register()
         #: The current connection generation (socket, codec, writer); a placeholder
         #: without a socket until the first connect.
-        self._transport = Transport(
-            AMQPConnection(self._parameters()),
-            None,
-            generation=0,
-            label=url.redacted(),
-            dispatch=self._dispatch,
-            on_lost=self._transport_failed,
+        #: What the channels share with the connection, and the verbs they use it by: the
+        #: current transport, the "usable" and "unblocked" events, the event hub, the task
+        #: group and the channel registry live there (see _link.py).
+        self._link = ChannelLink(
+            self,
+            Transport(
+                AMQPConnection(self._parameters()),
+                None,
+                generation=0,
+                label=url.redacted(),
+                dispatch=self._dispatch,
+                on_lost=self._transport_failed,
+            ),
         )
-        self._connected = anyio.Event()
+        #: The reader's event type -> its handler.
+        self._event_handlers: dict[type[Any], Callable[[Any], None]] = dict(
+            (
+                _route(Delivery, self._ev_delivery),
+                _route(Confirmed, self._ev_confirmed),
+                _route(MethodReply, self._ev_reply),
+                _route(GetOk, self._ev_reply),
+                _route(ChannelOpened, self._ev_reply),
+                _route(ChannelClosed, self._ev_channel_closed),
+                _route(ChannelCloseOk, self._ev_channel_closed),
+                _route(ConsumerCancelled, self._ev_consumer_cancelled),
+                _route(Returned, self._ev_returned),
+                _route(ChannelFlow, self._ev_channel_flow),
+                _route(ConnectionOpened, self._ev_opened),
+                _route(ConnectionBlocked, self._ev_blocked),
+                _route(ConnectionUnblocked, self._ev_unblocked),
+                _route(ConnectionClosed, self._ev_closed),
+                _route(ConnectionCloseOk, self._ev_close_ok),
+            )
+        )
         self._opened: ConnectionOpened | None = None
         self._host_index = 0
         #: When the connection last went from up to down (None: not since the supervisor looked).
         self._went_down_at: float | None = None
         # lifecycle
-        self._tg: anyio.abc.TaskGroup | None = None
         #: Shields the supervisor (reader, heartbeats, recovery) from the caller's cancellation,
         #: so close handshakes still get their replies; only aclose() cancels it.
         self._service_scope: anyio.CancelScope | None = None
         self._closing = False
         self._closed = False
         self._fatal: BaseException | None = None
-        self._unblocked = anyio.Event()
-        self._unblocked.set()
         self.blocked_reason: str | None = None
-        # channels by current wire id, and every logical channel
-        self._by_id: dict[int, ChannelEndpoint] = {}
-        self._channels: set[ChannelEndpoint] = set()
-        self._events = EventHub()
         self.reconnections = 0
         self.topology = TopologyRecorder()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._connected.is_set() else "connecting")
         return f"<Connection {self.url.redacted()} {state}>"
+
+    # ------------------------------------------------ state kept in the link
+
+    @property
+    def _transport(self) -> Transport:
+        """The current connection generation: codec, socket, writer (replaced on reconnect)."""
+        return self._link.transport
+
+    @_transport.setter
+    def _transport(self, transport: Transport) -> None:
+        self._link.transport = transport
+
+    @property
+    def _connected(self) -> anyio.Event:
+        """Set while the connection is usable (replaced by a fresh event when it goes down)."""
+        return self._link.connected
+
+    @_connected.setter
+    def _connected(self, event: anyio.Event) -> None:
+        self._link.connected = event
+
+    @property
+    def _unblocked(self) -> anyio.Event:
+        """Set unless the broker blocks publishers (connection.blocked)."""
+        return self._link.unblocked
+
+    @_unblocked.setter
+    def _unblocked(self, event: anyio.Event) -> None:
+        self._link.unblocked = event
+
+    @property
+    def _tg(self) -> anyio.abc.TaskGroup | None:
+        return self._link.tg
+
+    @_tg.setter
+    def _tg(self, tg: anyio.abc.TaskGroup | None) -> None:
+        self._link.tg = tg
+
+    @property
+    def _events(self) -> EventHub:
+        return self._link.events
+
+    @property
+    def _by_id(self) -> dict[int, ChannelEndpoint]:
+        return self._link.by_id
+
+    @property
+    def _channels(self) -> set[ChannelEndpoint]:
+        return self._link.channels
 
     # ------------------------------------------------------------------ public
 
@@ -178,7 +246,7 @@ class Connection:
         ``confirms`` puts it in publisher-confirm mode (``publish()`` then returns once
         the broker took responsibility for the message).
         """
-        return Channel(self, confirms=confirms, prefetch=prefetch)
+        return Channel(self._link, confirms=confirms, prefetch=prefetch)
 
     def add_listener(self, callback: Callable[[RecoveryEvent], None]) -> Callable[[], None]:
         """Call ``callback`` (synchronously, from the reader or supervisor task) on each
@@ -336,13 +404,13 @@ class Connection:
         await self._transport.handshake()
 
     def _dispatch(self, ev: object) -> None:
-        """Route one reader event through :data:`_EVENT_HANDLERS` (every handler is
+        """Route one reader event through ``_event_handlers`` (every handler is
         synchronous); an event type with no entry is ignored."""
-        handler = _EVENT_HANDLERS.get(type(ev))
+        handler = self._event_handlers.get(type(ev))
         if handler is not None:
-            handler(self, ev)
+            handler(ev)
 
-    # The reader's events, one handler per type (the table is after the class).
+    # The reader's events, one handler per type (the table is made in __init__).
 
     def _ev_delivery(self, ev: Delivery) -> None:
         ch = self._by_id.get(ev.channel_id)
@@ -509,7 +577,7 @@ class Connection:
         """
         t = self._transport
         try:
-            await replay_topology(self)
+            await replay_topology(self._link)
             for ch in list(self._channels):
                 await ch._recover()
         except AMQPError as exc:
@@ -559,58 +627,14 @@ class Connection:
         connected.set()
         self._events.close()
 
-    # ------------------------------------------- the ChannelLink a channel uses
-
-    def _register(self, channel: ChannelEndpoint) -> None:
-        self._channels.add(channel)
-
-    def _unregister(self, channel: ChannelEndpoint) -> None:
-        self._channels.discard(channel)
-
-    def _attach(self, channel_id: int, channel: ChannelEndpoint) -> None:
-        """Route the reader's events for ``channel_id`` to ``channel``."""
-        self._by_id[channel_id] = channel
-
-    def _detach(self, channel_id: int, channel: ChannelEndpoint) -> None:
-        if self._by_id.get(channel_id) is channel:
-            del self._by_id[channel_id]
-
-    def _queue_consumed(self, queue: str) -> bool:
-        """Whether any open channel of this connection has a consumer of ``queue``."""
-        return any(ch._consumes(queue) for ch in self._channels)
-
-
 _Event = TypeVar("_Event")
-_EventHandler = Callable[[Connection, Any], None]
 
 
 def _route(
-    event_type: type[_Event], handler: Callable[[Connection, _Event], None]
-) -> tuple[type[Any], _EventHandler]:
-    """One entry of :data:`_EVENT_HANDLERS`; mypy checks the handler takes that event type."""
+    event_type: type[_Event], handler: Callable[[_Event], None]
+) -> tuple[type[Any], Callable[[Any], None]]:
+    """One entry of a connection's event table; mypy checks the handler takes that event type."""
     return event_type, handler
-
-
-#: The reader's event type -> the connection's handler.
-_EVENT_HANDLERS: dict[type[Any], _EventHandler] = dict(
-    (
-        _route(Delivery, Connection._ev_delivery),
-        _route(Confirmed, Connection._ev_confirmed),
-        _route(MethodReply, Connection._ev_reply),
-        _route(GetOk, Connection._ev_reply),
-        _route(ChannelOpened, Connection._ev_reply),
-        _route(ChannelClosed, Connection._ev_channel_closed),
-        _route(ChannelCloseOk, Connection._ev_channel_closed),
-        _route(ConsumerCancelled, Connection._ev_consumer_cancelled),
-        _route(Returned, Connection._ev_returned),
-        _route(ChannelFlow, Connection._ev_channel_flow),
-        _route(ConnectionOpened, Connection._ev_opened),
-        _route(ConnectionBlocked, Connection._ev_blocked),
-        _route(ConnectionUnblocked, Connection._ev_unblocked),
-        _route(ConnectionClosed, Connection._ev_closed),
-        _route(ConnectionCloseOk, Connection._ev_close_ok),
-    )
-)
 
 
 async def _open_byte_stream(url: AMQPURL, host: str, port: int) -> anyio.abc.ByteStream:

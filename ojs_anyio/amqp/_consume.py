@@ -24,8 +24,7 @@ from ._publish import _FLUSH_THRESHOLD, PublishingChannel
 
 if TYPE_CHECKING:
     from ._channel import Channel
-    from ._interfaces import ChannelLink
-    from ._transport import Transport
+    from ._link import ChannelLink
 
 __all__ = ["Consumer", "ConsumingChannel", "IncomingMessage", "property_text"]
 
@@ -162,38 +161,37 @@ class IncomingMessage:
 
     async def ack(self, multiple: bool = False) -> None:
         ch = self._begin_settle(multiple)
-        t = ch._conn._transport
-        t.proto.ack(ch._cid, self.delivery_tag, multiple)
+        link = ch._link
+        link.ack(ch._cid, self.delivery_tag, multiple)
         q = self._label
         _ACKED[q] = _ACKED.get(q, 0) + 1
-        await self._send_settle(t)
+        await self._send_settle(link)
 
     async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
         ch = self._begin_settle(multiple)
-        t = ch._conn._transport
-        t.proto.nack(ch._cid, self.delivery_tag, multiple, requeue)
+        link = ch._link
+        link.nack(ch._cid, self.delivery_tag, multiple, requeue)
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        await self._send_settle(t)
+        await self._send_settle(link)
 
     async def reject(self, requeue: bool = True) -> None:
         ch = self._begin_settle()
-        t = ch._conn._transport
-        t.proto.reject(ch._cid, self.delivery_tag, requeue)
+        link = ch._link
+        link.reject(ch._cid, self.delivery_tag, requeue)
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        await self._send_settle(t)
+        await self._send_settle(link)
 
-    async def _send_settle(self, t: Transport) -> None:
+    async def _send_settle(self, link: ChannelLink) -> None:
         """Write the ack/nack/reject just queued.  While the consumer still has deliveries
         buffered, the write is batched instead: the consumer sends it before it waits for
         the broker again, and the connection's flusher within ~2 ms at the latest."""
         consumer = self._consumer
-        if consumer is not None and consumer._buffered > 0 and len(t.proto.outbound) < _FLUSH_THRESHOLD:
-            t.defer_flush()
+        if consumer is not None and consumer._buffered > 0 and link.outbound_size < _FLUSH_THRESHOLD:
+            link.defer_flush()
             return
-        if not t.writing:
-            await t.flush()
+        await link.flush_settled()
 
     def __repr__(self) -> str:
         return (
@@ -264,10 +262,8 @@ class Consumer:
         else:
             self._since_yield = 0
             if not buffer:
-                conn = self.channel._conn
-                if conn._transport.deferred_flush:
-                    # About to wait for the broker: send the acks batched meanwhile first.
-                    await conn._transport.flush_quietly()
+                # About to wait for the broker: send the acks batched meanwhile first.
+                await self.channel._link.flush_deferred()
             if buffer:
                 await anyio.lowlevel.checkpoint()
             while not buffer:
@@ -347,8 +343,8 @@ class Consumer:
 class ConsumingChannel(PublishingChannel):
     """The consuming half of a channel."""
 
-    def __init__(self, conn: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        super().__init__(conn, confirms=confirms, prefetch=prefetch)
+    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        super().__init__(link, confirms=confirms, prefetch=prefetch)
         #: Highest delivery tag settled with multiple=True in this generation.
         self._settled_upto = 0
         self._consumers: dict[str, Consumer] = {}
@@ -372,7 +368,7 @@ class ConsumingChannel(PublishingChannel):
         if consumer is None or not consumer._active:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
-                self._conn._transport.proto.reject(self._cid, ev.delivery_tag, True)
+                self._link.reject(self._cid, ev.delivery_tag, True)
             return
         q = consumer._label
         msg = IncomingMessage(self, consumer, ev, consumer.no_ack, consumer.queue, q)
@@ -390,13 +386,13 @@ class ConsumingChannel(PublishingChannel):
                     queue=consumer.queue,
                 )
             )
-            proto = self._conn._transport.proto
+            link = self._link
             if not consumer.no_ack:
-                proto.reject(self._cid, ev.delivery_tag, True)
+                link.reject(self._cid, ev.delivery_tag, True)
             # Nothing takes deliveries any more: stop the broker sending them (else they
             # would bounce between it and us until the consume block is left).
             cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag, nowait=True)
-            proto.send_method(self._cid, cancel)
+            link.send_method(self._cid, cancel)
 
     # ---------------------------------------------------------------- basic
 
@@ -474,7 +470,7 @@ class ConsumingChannel(PublishingChannel):
         try:
             yield consumer
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._conn.close_timeout):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._link.close_timeout):
                 await self._cancel_consumer(consumer)
 
     async def _basic_consume(self, consumer: Consumer, *, internal: bool = False) -> bool:
@@ -510,14 +506,14 @@ class ConsumingChannel(PublishingChannel):
         was_active = consumer._active
         consumer._active = False
         try:
-            if was_active and self._cid and not self._closed and self._conn._connected.is_set():
+            if was_active and self._cid and not self._closed and self._link.is_connected:
                 await self._call(commands.Basic.Cancel(consumer_tag=consumer.consumer_tag))
         except AMQPError:
             pass  # channel or connection already gone: the broker requeues by itself
         finally:
             self._consumers.pop(consumer.consumer_tag, None)
             # auto-delete queues
-            self._conn.topology.consumer_gone(consumer.queue, self._conn._queue_consumed)
+            self._link.topology.consumer_gone(consumer.queue, self._link.queue_consumed)
             consumer._end(None)
             buffered = consumer._drop_buffered()
             consumer._close()  # iteration ends
@@ -526,12 +522,12 @@ class ConsumingChannel(PublishingChannel):
                 returned = 0
                 for msg in buffered:
                     if not msg._settled and msg._generation == self._generation:
-                        self._conn._transport.proto.reject(self._cid, msg.delivery_tag, True)
+                        self._link.reject(self._cid, msg.delivery_tag, True)
                         returned += 1
                 if returned:
                     _metrics.bump(_metrics.stats.nacked, consumer._label, returned)
                     try:
-                        await self._conn._transport.flush()
+                        await self._link.flush()
                     except AMQPError:
                         pass  # connection gone: unacked messages return to the queue anyway
 

@@ -25,7 +25,7 @@ from ._errors import (
 
 if TYPE_CHECKING:
     from ._channel import Channel
-    from ._interfaces import ChannelLink
+    from ._link import ChannelLink
 
 __all__ = ["PublishHandle", "PublishWindow", "PublishingChannel"]
 
@@ -137,7 +137,7 @@ class PublishWindow:
         handle = await ch._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
         if handle._result is None:
             self.in_flight += 1
-        if len(ch._conn._transport.proto.outbound) >= _FLUSH_THRESHOLD:
+        if ch._link.outbound_size >= _FLUSH_THRESHOLD:
             await ch._flush_publish()
         return handle
 
@@ -185,8 +185,8 @@ class PublishWindow:
 class PublishingChannel(ChannelCore):
     """The publishing half of a channel."""
 
-    def __init__(self, conn: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        super().__init__(conn, confirms=confirms, prefetch=prefetch)
+    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        super().__init__(link, confirms=confirms, prefetch=prefetch)
         self._pending: dict[int, PublishHandle] = {}
         self._returns_without_confirm: list[Returned] = []
         #: Time publishes for the confirm-latency histogram (an SDK is installed).
@@ -281,9 +281,9 @@ class PublishingChannel(ChannelCore):
     # ----------------------------------------------------------- publishing
 
     async def _flush_publish(self) -> None:
-        conn = self._conn
+        link = self._link
         try:
-            await conn._transport.flush()
+            await link.flush()
         except ConnectionLostError:
             pass  # pending handles are failed with "outcome unknown" by the supervisor
 
@@ -297,14 +297,14 @@ class PublishingChannel(ChannelCore):
         timeout: float | None,
         window: PublishWindow | None,
     ) -> PublishHandle:
-        conn = self._conn
-        limit = timeout if timeout is not None else conn.publish_timeout
-        if self._cid == 0 or self._closed or self._close_waiter is not None or not conn._connected.is_set():
+        link = self._link
+        limit = timeout if timeout is not None else link.publish_timeout
+        if self._cid == 0 or self._closed or self._close_waiter is not None or not link.is_connected:
             await self._ready_to_publish(limit)  # recovering: wait for it, up to the caller's timeout
-        if not conn._unblocked.is_set():
-            await conn.wait_unblocked(limit)
+        if not link.is_unblocked:
+            await link.wait_unblocked(limit)
             await self._ready_to_publish(limit)
-        tag = conn._transport.proto.publish(
+        tag = link.publish(
             self._cid, exchange, routing_key, body, properties, mandatory=mandatory
         )
         handle = PublishHandle(tag, exchange, routing_key, window)
@@ -351,7 +351,7 @@ class PublishingChannel(ChannelCore):
         """
         handle = await self._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, None)
         try:
-            await self._conn._transport.flush()
+            await self._link.flush()
         except ConnectionLostError as exc:
             if handle.tag:
                 self._pending.pop(handle.tag, None)

@@ -26,7 +26,7 @@ from ._errors import ChannelClosedError, ConnectionLostError, ConsumerCancelledE
 from ._events import ConsumerRecovered, TopologyRecoveryFailed
 
 if TYPE_CHECKING:
-    from ._interfaces import ChannelLink
+    from ._link import ChannelLink
 
 __all__ = ["RecoveringChannel", "queue_exists", "replay_topology", "scratch_channel"]
 
@@ -47,32 +47,32 @@ class RecoveringChannel(ConsumingChannel):
         if self._opened_once:
             raise UsageError("a Channel object is opened once; ask the connection for a new one")
         self._opened_once = True
-        await self._conn.wait_connected(self._conn.publish_timeout)
-        self._conn._register(self)
+        await self._link.wait_ready(self._link.publish_timeout)
+        self._link.register(self)
         _metrics.stats.channels_active += 1
         try:
             await self._open_on_wire(internal=False)
         except BaseException:
             self._closed = True
-            self._conn._unregister(self)
+            self._link.unregister(self)
             _metrics.stats.channels_active -= 1
             if self._cid:
                 # Cancelled (or failed) after Channel.Open went out: close it at the broker
                 # rather than leak its id.  The Close-Ok still finds it attached.
-                self._conn._transport.proto.close_channel(self._cid)
+                self._link.close_channel(self._cid)
                 with anyio.CancelScope(shield=True):
-                    await self._conn._transport.flush_quietly()
+                    await self._link.flush_quietly()
             raise
 
     async def _open_on_wire(self, *, internal: bool) -> None:
-        conn = self._conn
-        cid = conn._transport.proto.open_channel()
+        link = self._link
+        cid = link.open_channel()
         self._cid = cid
         self._generation += 1
         self._openings += 1
         self._settled_upto = 0
         self._timing = _metrics.timing_enabled()
-        conn._attach(cid, self)
+        link.attach(cid, self)
         await self._call(None, internal=True)
         if self.confirms:
             await self._call(commands.Confirm.Select(), internal=True)
@@ -85,16 +85,16 @@ class RecoveringChannel(ConsumingChannel):
         """Close the channel (idempotent).  Pending confirms fail with "outcome unknown"."""
         if self._closed:
             return
-        conn = self._conn
+        link = self._link
         with anyio.CancelScope(shield=True):
             try:
-                with anyio.move_on_after(conn.close_timeout):
+                with anyio.move_on_after(link.close_timeout):
                     for consumer in list(self._consumers.values()):
                         await self._cancel_consumer(consumer)
                     if self._close_waiter is not None:
                         await self._close_waiter.event.wait()  # another task is closing it
-                    elif self._cid and conn._connected.is_set() and not self._closed:
-                        conn._transport.proto.close_channel(self._cid)
+                    elif self._cid and link.is_connected and not self._closed:
+                        link.close_channel(self._cid)
                         # The codec drops replies once Close is out: fail the call waiting
                         # for one (calls queued behind it see _close_waiter and fail too).
                         waiter = self._close_waiter = _Waiter()
@@ -102,7 +102,7 @@ class RecoveringChannel(ConsumingChannel):
                         if interrupted is not None:
                             interrupted.error = ChannelClosedError("channel closed before the broker replied")
                             interrupted.event.set()
-                        await conn._transport.flush()
+                        await link.flush()
                         await waiter.event.wait()
             except AMQPError:
                 pass  # the connection failed meanwhile; the channel is gone with it
@@ -115,14 +115,14 @@ class RecoveringChannel(ConsumingChannel):
         self._closed = True
         if self._closed_error is None:
             self._closed_error = error
-        conn = self._conn
+        link = self._link
         if self._cid:
-            conn._detach(self._cid, self)
+            link.detach(self._cid, self)
         self._cid = 0
         self._generation += 1
         self._settled_upto = 0
         self._get_unacked = {}
-        conn._unregister(self)
+        link.unregister(self)
         _metrics.stats.channels_active -= 1
         self._fail_pending(error, outcome_unknown=True)
         for consumer in list(self._consumers.values()):
@@ -158,13 +158,13 @@ class RecoveringChannel(ConsumingChannel):
         if consumer is None:
             return
         log.warning("broker cancelled consumer %s on queue %r", consumer_tag, consumer.queue)
-        conn = self._conn
-        if conn.recovery.enabled and conn._tg is not None:
-            consumer._active = False
+        link = self._link
+        if link.recovery.enabled:
             scope = anyio.CancelScope()
-            consumer._resubscribe_scope = scope
-            conn._tg.start_soon(self._resubscribe, consumer, scope)
-            return
+            if link.spawn(self._resubscribe, consumer, scope):
+                consumer._active = False
+                consumer._resubscribe_scope = scope
+                return
         self._consumers.pop(consumer_tag, None)
         consumer._end(
             ConsumerCancelledError(
@@ -184,19 +184,19 @@ class RecoveringChannel(ConsumingChannel):
         alone), then Basic.Consume with the consumer's own prefetch, tag and arguments.
         A reconnect meanwhile leaves this consumer to this task (see _recover).
         """
-        conn = self._conn
-        delay = conn.recovery.consumer_resubscribe_delay
+        link = self._link
+        delay = link.recovery.consumer_resubscribe_delay
         with scope:
             while not self._closed and consumer.consumer_tag in self._consumers:
                 await anyio.sleep(delay)
                 try:
                     await self._ready()
-                    consumer.queue = conn.topology.current_name(consumer.queue)
-                    if not await queue_exists(conn, consumer.queue):
+                    consumer.queue = link.topology.current_name(consumer.queue)
+                    if not await queue_exists(link, consumer.queue):
                         continue
                     if consumer.prefetch is not None and not consumer.no_ack:
                         await self._call(commands.Basic.Qos(prefetch_count=consumer.prefetch))
-                    if self._cid == 0 or not conn._connected.is_set():
+                    if self._cid == 0 or not link.is_connected:
                         continue  # lost again meanwhile
                     await self._basic_consume(consumer, internal=True)
                 except ChannelClosedError:
@@ -205,7 +205,7 @@ class RecoveringChannel(ConsumingChannel):
                     log.info("re-registering consumer on %r failed (%s); retrying", consumer.queue, exc)
                     continue
                 consumer._resubscribe_scope = None
-                conn._events.emit(
+                link.emit(
                     ConsumerRecovered(
                         queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="broker-cancel"
                     )
@@ -254,8 +254,8 @@ class RecoveringChannel(ConsumingChannel):
         if waiter is not None:
             waiter.error = ConnectionLostError("the connection was lost before the reply")
             waiter.event.set()
-        conn = self._conn
-        topo = conn.topology
+        link = self._link
+        topo = link.topology
         self._recovering = True
         try:
             while True:
@@ -283,7 +283,7 @@ class RecoveringChannel(ConsumingChannel):
                     # The broker closed the channel (_on_closed reset it): go again without
                     # the consumer it refused.
                     if current is None:
-                        conn._events.emit(TopologyRecoveryFailed(what="re-opening a channel", error=exc))
+                        link.emit(TopologyRecoveryFailed(what="re-opening a channel", error=exc))
                         closed = ChannelClosedError(f"channel could not be recovered: {exc}")
                         closed.__cause__ = exc
                         self._mark_closed(closed)
@@ -303,7 +303,7 @@ class RecoveringChannel(ConsumingChannel):
         finally:
             self._recovering = False
         for consumer in recovered:
-            conn._events.emit(
+            link.emit(
                 ConsumerRecovered(
                     queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="reconnect"
                 )
@@ -316,17 +316,17 @@ class RecoveringChannel(ConsumingChannel):
         self._consumers.pop(consumer.consumer_tag, None)
         consumer._active = False
         consumer._end(error)
-        self._conn._events.emit(TopologyRecoveryFailed(what=what, error=error))
+        self._link.emit(TopologyRecoveryFailed(what=what, error=error))
 
 
 @asynccontextmanager
-async def scratch_channel(conn: ChannelLink) -> AsyncIterator[RecoveringChannel]:
+async def scratch_channel(link: ChannelLink) -> AsyncIterator[RecoveringChannel]:
     """A private channel for recovery's own declarations and checks.
 
     If the broker closes it (404, 406…) its id drops to 0 instead of it being closed for
     good: re-open it with ``_open_on_wire``.  Closed (without waiting for Close-Ok) on exit.
     """
-    ch = RecoveringChannel(conn, confirms=False)
+    ch = RecoveringChannel(link, confirms=False)
     ch._internal = True
     ch._recovering = True
     await ch._open_on_wire(internal=True)
@@ -335,15 +335,15 @@ async def scratch_channel(conn: ChannelLink) -> AsyncIterator[RecoveringChannel]
     finally:
         if ch._cid:
             try:
-                conn._transport.proto.close_channel(ch._cid)
-                await conn._transport.flush()
+                link.close_channel(ch._cid)
+                await link.flush()
             except AMQPError:
                 pass  # the transport died meanwhile; the supervisor deals with it
 
 
-async def queue_exists(conn: ChannelLink, queue: str) -> bool:
+async def queue_exists(link: ChannelLink, queue: str) -> bool:
     """Passive Queue.Declare on a scratch channel, so a 404 closes only that channel."""
-    async with scratch_channel(conn) as ch:
+    async with scratch_channel(link) as ch:
         try:
             await ch._call(commands.Queue.Declare(queue=queue, passive=True), internal=True)
         except NotFound:
@@ -351,7 +351,7 @@ async def queue_exists(conn: ChannelLink, queue: str) -> bool:
     return True
 
 
-async def replay_topology(conn: ChannelLink) -> None:
+async def replay_topology(link: ChannelLink) -> None:
     """Re-declare the recorded topology on a scratch channel (opened only if there is
     something to declare, and re-opened after each declaration the broker refused)."""
     async with AsyncExitStack() as stack:
@@ -360,9 +360,9 @@ async def replay_topology(conn: ChannelLink) -> None:
         async def call(method: Any) -> Any:
             nonlocal scratch
             if scratch is None:
-                scratch = await stack.enter_async_context(scratch_channel(conn))
+                scratch = await stack.enter_async_context(scratch_channel(link))
             elif scratch._cid == 0:  # the broker closed it after the previous failure
                 await scratch._open_on_wire(internal=True)
             return await scratch._call(method, internal=True)
 
-        await conn.topology.replay(call, conn._events.emit)
+        await link.topology.replay(call, link.emit)
