@@ -149,7 +149,7 @@ class Channel(RecoveringChannel):
         """Make the channel transactional (recovery restores this on the new channel)."""
         await self._call(commands.Tx.Select())
         self.transactional = True
-        self._tx_opening = self._openings
+        self._tx_opening = self._state.openings
 
     async def tx_commit(self) -> None:
         """Commit; raises :class:`TransactionLostError` if a reconnect rolled the
@@ -169,8 +169,8 @@ class Channel(RecoveringChannel):
     def _transaction_lost(self) -> bool:
         """Whether a reconnect rolled the current transaction back; the next one starts
         on the channel as it is now."""
-        lost = self.transactional and self._tx_opening != self._openings
-        self._tx_opening = self._openings
+        lost = self.transactional and self._tx_opening != self._state.openings
+        self._tx_opening = self._state.openings
         return lost
 
 

@@ -19,6 +19,7 @@ from pamqp import commands
 from ojs_codec import AMQPError, Delivery, GetOk, UsageError
 
 from . import _metrics, _park
+from ._channel_state import ChannelState, Settle
 from ._errors import ConsumerCancelledError, DeliveryAlreadySettledError, StaleDeliveryError
 from ._publish import _FLUSH_THRESHOLD, PublishingChannel
 
@@ -76,7 +77,9 @@ class IncomingMessage:
         "_consumer",
         "_generation",
         "_label",
+        "_link",
         "_settled",
+        "_state",
         "body",
         "consumer_tag",
         "delivery_tag",
@@ -97,14 +100,21 @@ class IncomingMessage:
         settled: bool,
         queue: str = "",
         label: str = _metrics.OTHER,
+        *,
+        state: ChannelState,
+        link: ChannelLink,
     ) -> None:
         self._channel = channel
+        #: The connection's verbs, to settle it.
+        self._link = link
+        #: The channel's state: its generation tells whether this delivery is stale.
+        self._state = state
         self._consumer = consumer
         #: The queue it came from (the consumer's, or the one given to ``get``).
         self.queue = queue
         #: Its metric label (the queue if it is a known one, see _metrics).
         self._label = label
-        self._generation = channel._generation
+        self._generation = state.generation
         self._settled = settled
         self.body = ev.body
         self.properties = ev.properties
@@ -132,53 +142,53 @@ class IncomingMessage:
     def is_stale(self) -> bool:
         """True when the channel it came on has closed or been recovered since: settling it
         would raise :class:`StaleDeliveryError` (the broker redelivers it)."""
-        ch = self._channel
-        return self._generation != ch._generation or ch._cid == 0
+        return self._state.is_stale(self._generation)
 
-    def _begin_settle(self, multiple: bool = False) -> ConsumingChannel:
-        ch = self._channel
-        if not self._settled and self.delivery_tag <= ch._settled_upto and self._generation == ch._generation:
-            self._settled = True  # covered by an earlier multiple=True ack/nack on this channel
+    def _begin_settle(self, multiple: bool = False) -> int:
+        """Check and record settling this delivery; its channel's wire id."""
+        state = self._state
+        verdict = Settle.OK
+        if not self._settled:
+            verdict = state.settle(self.delivery_tag, self._generation, multiple)
+            if verdict == Settle.ALREADY:
+                self._settled = True  # covered by an earlier multiple=True ack/nack on this channel
         if self._settled:
             raise DeliveryAlreadySettledError(
                 f"delivery {self.delivery_tag} was already acked, nacked or rejected "
                 "(or consumed with no_ack)"
             )
-        if self._generation != ch._generation or ch._cid == 0:
+        if verdict == Settle.STALE:
             raise StaleDeliveryError(
                 f"delivery {self.delivery_tag} belongs to a channel that closed or was recovered since; "
                 "the broker will redeliver it"
             )
         self._settled = True
-        if multiple and self.delivery_tag > ch._settled_upto:
-            # Delivery tags grow per channel: this settles every earlier delivery too.
-            ch._settled_upto = self.delivery_tag
         if self._consumer is not None:
             self._consumer._unacked -= 1
-        elif ch._get_unacked:
-            ch._get_unacked[self._label] = ch._get_unacked.get(self._label, 1) - 1
-        return ch
+        elif state.get_unacked:
+            state.get_unacked[self._label] = state.get_unacked.get(self._label, 1) - 1
+        return state.cid
 
     async def ack(self, multiple: bool = False) -> None:
-        ch = self._begin_settle(multiple)
-        link = ch._link
-        link.ack(ch._cid, self.delivery_tag, multiple)
+        cid = self._begin_settle(multiple)
+        link = self._link
+        link.ack(cid, self.delivery_tag, multiple)
         q = self._label
         _ACKED[q] = _ACKED.get(q, 0) + 1
         await self._send_settle(link)
 
     async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
-        ch = self._begin_settle(multiple)
-        link = ch._link
-        link.nack(ch._cid, self.delivery_tag, multiple, requeue)
+        cid = self._begin_settle(multiple)
+        link = self._link
+        link.nack(cid, self.delivery_tag, multiple, requeue)
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
         await self._send_settle(link)
 
     async def reject(self, requeue: bool = True) -> None:
-        ch = self._begin_settle()
-        link = ch._link
-        link.reject(ch._cid, self.delivery_tag, requeue)
+        cid = self._begin_settle()
+        link = self._link
+        link.reject(cid, self.delivery_tag, requeue)
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
         await self._send_settle(link)
@@ -303,7 +313,7 @@ class Consumer:
 
     def _metrics_unacked(self) -> list[tuple[str, int, int]]:
         """``[(queue, unsettled deliveries, prefetch window or 0)]`` for the gauges."""
-        if self.channel._closed:
+        if self.channel.is_closed:
             return []
         window = 0
         if self._active and not self.no_ack:
@@ -345,17 +355,13 @@ class ConsumingChannel(PublishingChannel):
 
     def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
         super().__init__(link, confirms=confirms, prefetch=prefetch)
-        #: Highest delivery tag settled with multiple=True in this generation.
-        self._settled_upto = 0
         self._consumers: dict[str, Consumer] = {}
-        #: Unsettled Basic.Get deliveries of this transport, by queue (for the unacked gauge).
-        self._get_unacked: dict[str, int] = {}
 
     def _metrics_unacked(self) -> list[tuple[str, int, int]]:
         """Unsettled Basic.Get deliveries by queue, for the unacked gauge (no prefetch)."""
-        if self._closed:
+        if self._state.closed:
             return []
-        return [(queue, n, 0) for queue, n in self._get_unacked.items()]
+        return [(queue, n, 0) for queue, n in self._state.get_unacked.items()]
 
     def _consumes(self, queue: str) -> bool:
         """Whether a consumer of ``queue`` is registered on this channel."""
@@ -368,10 +374,12 @@ class ConsumingChannel(PublishingChannel):
         if consumer is None or not consumer._active:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
-                self._link.reject(self._cid, ev.delivery_tag, True)
+                self._link.reject(self._state.cid, ev.delivery_tag, True)
             return
         q = consumer._label
-        msg = IncomingMessage(self, consumer, ev, consumer.no_ack, consumer.queue, q)
+        msg = IncomingMessage(
+            self, consumer, ev, consumer.no_ack, consumer.queue, q, state=self._state, link=self._link
+        )
         if consumer._push(msg):
             _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
         else:
@@ -388,11 +396,11 @@ class ConsumingChannel(PublishingChannel):
             )
             link = self._link
             if not consumer.no_ack:
-                link.reject(self._cid, ev.delivery_tag, True)
+                link.reject(self._state.cid, ev.delivery_tag, True)
             # Nothing takes deliveries any more: stop the broker sending them (else they
             # would bounce between it and us until the consume block is left).
             cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag, nowait=True)
-            link.send_method(self._cid, cancel)
+            link.send_method(self._state.cid, cancel)
 
     # ---------------------------------------------------------------- basic
 
@@ -410,9 +418,11 @@ class ConsumingChannel(PublishingChannel):
             label = _metrics.label(queue)
             _metrics.bump(_metrics.stats.consumed, label)
             if not no_ack:
-                self._get_unacked[label] = self._get_unacked.get(label, 0) + 1
+                self._state.get_unacked[label] = self._state.get_unacked.get(label, 0) + 1
                 _metrics.consumers.add(self)
-            return IncomingMessage(self, None, reply, no_ack, queue, label)
+            return IncomingMessage(
+                self, None, reply, no_ack, queue, label, state=self._state, link=self._link
+            )
         return None
 
     async def recover(self, requeue: bool = True) -> None:
@@ -422,8 +432,7 @@ class ConsumingChannel(PublishingChannel):
         settling one raises :class:`StaleDeliveryError`.
         """
         await self._call(commands.Basic.Recover(requeue=requeue))
-        self._generation += 1
-        self._settled_upto = 0
+        self._state.recovered()
 
     @asynccontextmanager
     async def consume(
@@ -506,7 +515,7 @@ class ConsumingChannel(PublishingChannel):
         was_active = consumer._active
         consumer._active = False
         try:
-            if was_active and self._cid and not self._closed and self._link.is_connected:
+            if was_active and self._state.cid and not self._state.closed and self._link.is_connected:
                 await self._call(commands.Basic.Cancel(consumer_tag=consumer.consumer_tag))
         except AMQPError:
             pass  # channel or connection already gone: the broker requeues by itself
@@ -518,11 +527,11 @@ class ConsumingChannel(PublishingChannel):
             buffered = consumer._drop_buffered()
             consumer._close()  # iteration ends
             # Give back what was buffered but never handed to the user.
-            if not consumer.no_ack and self._cid and not self._closed:
+            if not consumer.no_ack and self._state.cid and not self._state.closed:
                 returned = 0
                 for msg in buffered:
-                    if not msg._settled and msg._generation == self._generation:
-                        self._link.reject(self._cid, msg.delivery_tag, True)
+                    if not msg._settled and msg._generation == self._state.generation:
+                        self._link.reject(self._state.cid, msg.delivery_tag, True)
                         returned += 1
                 if returned:
                     _metrics.bump(_metrics.stats.nacked, consumer._label, returned)

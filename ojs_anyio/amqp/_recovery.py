@@ -20,7 +20,7 @@ from pamqp import commands
 from ojs_codec import AMQPError, ChannelClosed, ChannelLevelError, NotFound, UsageError
 
 from . import _metrics
-from ._channel_core import _Waiter
+from ._channel_state import Waiter
 from ._consume import Consumer, ConsumingChannel
 from ._errors import ChannelClosedError, ConnectionLostError, ConsumerCancelledError
 from ._events import ConsumerRecovered, TopologyRecoveryFailed
@@ -44,22 +44,22 @@ class RecoveringChannel(ConsumingChannel):
         await self.aclose()
 
     async def open(self) -> None:
-        if self._opened_once:
+        if self._state.opened_once:
             raise UsageError("a Channel object is opened once; ask the connection for a new one")
-        self._opened_once = True
+        self._state.opened_once = True
         await self._link.wait_ready(self._link.publish_timeout)
         self._link.register(self)
         _metrics.stats.channels_active += 1
         try:
             await self._open_on_wire(internal=False)
         except BaseException:
-            self._closed = True
+            self._state.closed = True
             self._link.unregister(self)
             _metrics.stats.channels_active -= 1
-            if self._cid:
+            if self._state.cid:
                 # Cancelled (or failed) after Channel.Open went out: close it at the broker
                 # rather than leak its id.  The Close-Ok still finds it attached.
-                self._link.close_channel(self._cid)
+                self._link.close_channel(self._state.cid)
                 with anyio.CancelScope(shield=True):
                     await self._link.flush_quietly()
             raise
@@ -67,10 +67,7 @@ class RecoveringChannel(ConsumingChannel):
     async def _open_on_wire(self, *, internal: bool) -> None:
         link = self._link
         cid = link.open_channel()
-        self._cid = cid
-        self._generation += 1
-        self._openings += 1
-        self._settled_upto = 0
+        self._state.opened(cid)
         self._timing = _metrics.timing_enabled()
         link.attach(cid, self)
         await self._call(None, internal=True)
@@ -83,7 +80,7 @@ class RecoveringChannel(ConsumingChannel):
 
     async def aclose(self) -> None:
         """Close the channel (idempotent).  Pending confirms fail with "outcome unknown"."""
-        if self._closed:
+        if self._state.closed:
             return
         link = self._link
         with anyio.CancelScope(shield=True):
@@ -91,17 +88,15 @@ class RecoveringChannel(ConsumingChannel):
                 with anyio.move_on_after(link.close_timeout):
                     for consumer in list(self._consumers.values()):
                         await self._cancel_consumer(consumer)
-                    if self._close_waiter is not None:
-                        await self._close_waiter.event.wait()  # another task is closing it
-                    elif self._cid and link.is_connected and not self._closed:
-                        link.close_channel(self._cid)
+                    if self._state.close_waiter is not None:
+                        await self._state.close_waiter.event.wait()  # another task is closing it
+                    elif self._state.cid and link.is_connected and not self._state.closed:
+                        link.close_channel(self._state.cid)
                         # The codec drops replies once Close is out: fail the call waiting
                         # for one (calls queued behind it see _close_waiter and fail too).
-                        waiter = self._close_waiter = _Waiter()
-                        interrupted, self._waiter = self._waiter, waiter
-                        if interrupted is not None:
-                            interrupted.error = ChannelClosedError("channel closed before the broker replied")
-                            interrupted.event.set()
+                        interrupted = ChannelClosedError("channel closed before the broker replied")
+                        self._state.fail_waiter(interrupted)
+                        waiter = self._state.close_waiter = self._state.waiter = Waiter()
                         await link.flush()
                         await waiter.event.wait()
             except AMQPError:
@@ -110,18 +105,12 @@ class RecoveringChannel(ConsumingChannel):
                 self._mark_closed(ChannelClosedError("channel closed"))
 
     def _mark_closed(self, error: BaseException) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._closed_error is None:
-            self._closed_error = error
+        cid = self._state.closed_for_good(error)
+        if cid < 0:
+            return  # closed already
         link = self._link
-        if self._cid:
-            link.detach(self._cid, self)
-        self._cid = 0
-        self._generation += 1
-        self._settled_upto = 0
-        self._get_unacked = {}
+        if cid:
+            link.detach(cid, self)
         link.unregister(self)
         _metrics.stats.channels_active -= 1
         self._fail_pending(error, outcome_unknown=True)
@@ -133,25 +122,22 @@ class RecoveringChannel(ConsumingChannel):
     # -------------------------------------------------- events from the reader
 
     def _on_closed(self, ev: object) -> None:
-        if self._recovering and isinstance(ev, ChannelClosed):
+        if self._state.recovering and isinstance(ev, ChannelClosed):
             # Recovery re-opens the channel without what the broker refused (see _recover).
             self._on_connection_gone(ev.error, final=False)
             return
         if isinstance(ev, ChannelClosed):
             err: BaseException = ev.error
             log.info("broker closed channel %d: %s", ev.channel_id, err)
-            waiter, self._waiter = self._waiter, None
-            if waiter is not None:
-                waiter.error = err  # the RPC that caused it gets the typed error itself
-                waiter.event.set()
+            self._state.fail_waiter(err)  # the RPC that caused it gets the typed error itself
             closed = ChannelClosedError(f"channel closed by broker: {err}")
             closed.__cause__ = err
-            self._closed_error = err
+            self._state.closed_error = err
             self._mark_closed(closed)
         else:  # our Close-Ok
-            waiter, self._waiter = self._waiter, None
+            waiter = self._state.take_waiter()
             if waiter is not None:
-                waiter.event.set()
+                waiter.complete(None)
 
     def _on_consumer_cancelled(self, consumer_tag: str) -> None:
         consumer = self._consumers.get(consumer_tag)
@@ -187,7 +173,7 @@ class RecoveringChannel(ConsumingChannel):
         link = self._link
         delay = link.recovery.consumer_resubscribe_delay
         with scope:
-            while not self._closed and consumer.consumer_tag in self._consumers:
+            while not self._state.closed and consumer.consumer_tag in self._consumers:
                 await anyio.sleep(delay)
                 try:
                     await self._ready()
@@ -196,7 +182,7 @@ class RecoveringChannel(ConsumingChannel):
                         continue
                     if consumer.prefetch is not None and not consumer.no_ack:
                         await self._call(commands.Basic.Qos(prefetch_count=consumer.prefetch))
-                    if self._cid == 0 or not link.is_connected:
+                    if self._state.cid == 0 or not link.is_connected:
                         continue  # lost again meanwhile
                     await self._basic_consume(consumer, internal=True)
                 except ChannelClosedError:
@@ -214,7 +200,7 @@ class RecoveringChannel(ConsumingChannel):
 
     def _on_connection_gone(self, err: BaseException, *, final: bool) -> None:
         """The transport died.  Fail what can't survive; keep what recovery restores."""
-        if self._closed:
+        if self._state.closed:
             return
         lost = err if isinstance(err, AMQPError) else ConnectionLostError(str(err))
         if final:
@@ -226,10 +212,7 @@ class RecoveringChannel(ConsumingChannel):
             closed.__cause__ = err
             self._mark_closed(closed)
             return
-        self._cid = 0
-        self._generation += 1  # deliveries handed out so far are stale (StaleDeliveryError)
-        self._settled_upto = 0
-        self._get_unacked = {}
+        self._state.lost()  # deliveries handed out so far are stale (StaleDeliveryError)
         self._fail_pending(lost, outcome_unknown=True)
         for consumer in self._consumers.values():
             # The broker requeues every unacked delivery of the dead channel; those still
@@ -246,17 +229,14 @@ class RecoveringChannel(ConsumingChannel):
         :class:`TopologyRecoveryFailed`, and the channel is recovered without it.  If the
         channel itself can't be re-opened, it is closed with the error.
         """
-        if self._closed or self._internal:
+        if self._state.closed or self._state.internal:
             return
         # A call cancelled while it waited for its reply on an earlier transport (recovery
         # itself is cancelled when a transport dies) leaves its waiter; no reply will come.
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            waiter.error = ConnectionLostError("the connection was lost before the reply")
-            waiter.event.set()
+        self._state.fail_waiter(ConnectionLostError("the connection was lost before the reply"))
         link = self._link
         topo = link.topology
-        self._recovering = True
+        self._state.recovering = True
         try:
             while True:
                 current: Consumer | None = None
@@ -301,7 +281,7 @@ class RecoveringChannel(ConsumingChannel):
                 recovered = [c for c in recovered if self._consumers.get(c.consumer_tag) is c]
                 break
         finally:
-            self._recovering = False
+            self._state.recovering = False
         for consumer in recovered:
             link.emit(
                 ConsumerRecovered(
@@ -327,15 +307,15 @@ async def scratch_channel(link: ChannelLink) -> AsyncIterator[RecoveringChannel]
     good: re-open it with ``_open_on_wire``.  Closed (without waiting for Close-Ok) on exit.
     """
     ch = RecoveringChannel(link, confirms=False)
-    ch._internal = True
-    ch._recovering = True
+    ch._state.internal = True
+    ch._state.recovering = True
     await ch._open_on_wire(internal=True)
     try:
         yield ch
     finally:
-        if ch._cid:
+        if ch._state.cid:
             try:
-                link.close_channel(ch._cid)
+                link.close_channel(ch._state.cid)
                 await link.flush()
             except AMQPError:
                 pass  # the transport died meanwhile; the supervisor deals with it
@@ -361,7 +341,7 @@ async def replay_topology(link: ChannelLink) -> None:
             nonlocal scratch
             if scratch is None:
                 scratch = await stack.enter_async_context(scratch_channel(link))
-            elif scratch._cid == 0:  # the broker closed it after the previous failure
+            elif scratch._state.cid == 0:  # the broker closed it after the previous failure
                 await scratch._open_on_wire(internal=True)
             return await scratch._call(method, internal=True)
 
