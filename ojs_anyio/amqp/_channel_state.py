@@ -54,6 +54,7 @@ class ChannelState:
     """The state of one logical channel (it outlives its wire ids across recoveries)."""
 
     __slots__ = (
+        "__weakref__",
         "cid",
         "close_waiter",
         "closed",
@@ -136,6 +137,12 @@ class ChannelState:
             waiter.fail(error)
 
     # -------------------------------------------------------------- queries
+
+    def metrics_unacked(self) -> list[tuple[str, int, int]]:
+        """Unsettled Basic.Get deliveries by queue, for the unacked gauge (no prefetch)."""
+        if self.closed:
+            return []
+        return [(queue, n, 0) for queue, n in self.get_unacked.items()]
 
     @property
     def usable(self) -> bool:

@@ -21,7 +21,8 @@ from ojs_codec import AMQPError, ChannelClosed, ChannelLevelError, NotFound, Usa
 
 from . import _metrics
 from ._channel_state import Waiter
-from ._consume import Consumer, ConsumingChannel
+from ._consume import ConsumingChannel
+from ._consumers import ConsumerFeed
 from ._errors import ChannelClosedError, ConnectionLostError, ConsumerCancelledError
 from ._events import ConsumerRecovered, TopologyRecoveryFailed
 
@@ -86,7 +87,7 @@ class RecoveringChannel(ConsumingChannel):
         with anyio.CancelScope(shield=True):
             try:
                 with anyio.move_on_after(link.close_timeout):
-                    for consumer in list(self._consumers.values()):
+                    for consumer in list(self._consumers):
                         await self._cancel_consumer(consumer)
                     if self._state.close_waiter is not None:
                         await self._state.close_waiter.event.wait()  # another task is closing it
@@ -114,9 +115,9 @@ class RecoveringChannel(ConsumingChannel):
         link.unregister(self)
         _metrics.stats.channels_active -= 1
         self._fail_pending(error, outcome_unknown=True)
-        for consumer in list(self._consumers.values()):
-            self._stop_resubscribe(consumer)
-            consumer._end(error if not isinstance(error, ChannelClosedError) or error.__cause__ else None)
+        for consumer in list(self._consumers):
+            consumer.stop_resubscribe()
+            consumer.end(error if not isinstance(error, ChannelClosedError) or error.__cause__ else None)
         self._consumers.clear()
 
     # -------------------------------------------------- events from the reader
@@ -148,11 +149,11 @@ class RecoveringChannel(ConsumingChannel):
         if link.recovery.enabled:
             scope = anyio.CancelScope()
             if link.spawn(self._resubscribe, consumer, scope):
-                consumer._active = False
-                consumer._resubscribe_scope = scope
+                consumer.active = False
+                consumer.resubscribe_scope = scope
                 return
-        self._consumers.pop(consumer_tag, None)
-        consumer._end(
+        self._consumers.remove(consumer_tag)
+        consumer.end(
             ConsumerCancelledError(
                 f"broker cancelled the consumer on queue {consumer.queue!r} (queue deleted or failed over)",
                 consumer_tag=consumer_tag,
@@ -162,7 +163,7 @@ class RecoveringChannel(ConsumingChannel):
 
     # ------------------------------------------------------------- recovery
 
-    async def _resubscribe(self, consumer: Consumer, scope: anyio.CancelScope) -> None:
+    async def _resubscribe(self, consumer: ConsumerFeed, scope: anyio.CancelScope) -> None:
         """Re-register a consumer the broker cancelled, once its queue exists again.
 
         Every ``consumer_resubscribe_delay`` seconds: wait for the connection, check the
@@ -190,7 +191,7 @@ class RecoveringChannel(ConsumingChannel):
                 except AMQPError as exc:
                     log.info("re-registering consumer on %r failed (%s); retrying", consumer.queue, exc)
                     continue
-                consumer._resubscribe_scope = None
+                consumer.resubscribe_scope = None
                 link.emit(
                     ConsumerRecovered(
                         queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="broker-cancel"
@@ -206,19 +207,19 @@ class RecoveringChannel(ConsumingChannel):
         if final:
             # Consumers end with the connection's own error (RecoveryFailedError when
             # recovery gave up), before closing the channel ends them more vaguely.
-            for consumer in list(self._consumers.values()):
-                consumer._end(lost)
+            for consumer in list(self._consumers):
+                consumer.end(lost)
             closed = ChannelClosedError(f"connection lost: {err}")
             closed.__cause__ = err
             self._mark_closed(closed)
             return
         self._state.lost()  # deliveries handed out so far are stale (StaleDeliveryError)
         self._fail_pending(lost, outcome_unknown=True)
-        for consumer in self._consumers.values():
+        for consumer in self._consumers:
             # The broker requeues every unacked delivery of the dead channel; those still
             # buffered will come again (redelivered=True), those handed out are stale.
-            consumer._drop_buffered()
-            consumer._unacked = 0
+            consumer.drop_buffered()
+            consumer.unacked = 0
 
     async def _recover(self) -> None:
         """Re-open this channel on a new transport with its confirms, QoS and consumers
@@ -239,14 +240,14 @@ class RecoveringChannel(ConsumingChannel):
         self._state.recovering = True
         try:
             while True:
-                current: Consumer | None = None
-                recovered: list[Consumer] = []
+                current: ConsumerFeed | None = None
+                recovered: list[ConsumerFeed] = []
                 try:
                     await self._open_on_wire(internal=True)
-                    for consumer in list(self._consumers.values()):
-                        if consumer._resubscribe_scope is not None:
+                    for consumer in list(self._consumers):
+                        if consumer.resubscribe_scope is not None:
                             continue  # cancelled by the broker earlier: _resubscribe owns it
-                        if self._consumers.get(consumer.consumer_tag) is not consumer:
+                        if not self._consumers.holds(consumer):
                             continue  # its consume() block ended while we were recovering
                         current = consumer
                         consumer.queue = topo.current_name(consumer.queue)
@@ -275,10 +276,10 @@ class RecoveringChannel(ConsumingChannel):
                 # would keep delivering to a consumer nobody reads.
                 current = None
                 for consumer in recovered:
-                    if self._consumers.get(consumer.consumer_tag) is not consumer:
+                    if not self._consumers.holds(consumer):
                         cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag)
                         await self._call(cancel, internal=True)
-                recovered = [c for c in recovered if self._consumers.get(c.consumer_tag) is c]
+                recovered = [c for c in recovered if self._consumers.holds(c)]
                 break
         finally:
             self._state.recovering = False
@@ -289,13 +290,13 @@ class RecoveringChannel(ConsumingChannel):
                 )
             )
 
-    def _drop_consumer(self, consumer: Consumer, error: BaseException, why: str) -> None:
+    def _drop_consumer(self, consumer: ConsumerFeed, error: BaseException, why: str) -> None:
         """Recovery could not restore ``consumer``: end its iteration with ``error``."""
         what = f"consumer {consumer.consumer_tag} on queue {consumer.queue!r}"
         log.error("recovery: %s: %s (%s)", what, why, error)
-        self._consumers.pop(consumer.consumer_tag, None)
-        consumer._active = False
-        consumer._end(error)
+        self._consumers.remove(consumer.consumer_tag)
+        consumer.active = False
+        consumer.end(error)
         self._link.emit(TopologyRecoveryFailed(what=what, error=error))
 
 
