@@ -13,6 +13,8 @@ from ._fast import *  # noqa: F403
 from ._fast import __all__ as _fast_all
 from ._frames import *  # noqa: F403
 from ._frames import __all__ as _frames_all
+from ._methods import *  # noqa: F403
+from ._methods import __all__ as _methods_all
 from ._properties import *  # noqa: F403
 from ._properties import __all__ as _properties_all
 from ._protocol import *  # noqa: F403
@@ -32,6 +34,7 @@ __all__ = [
     *_table_all,
     *_properties_all,
     *_frames_all,
+    *_methods_all,
     *_fast_all,
     *_events_all,
     *_protocol_all,

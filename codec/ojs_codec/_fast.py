@@ -5,7 +5,7 @@ bytes for the same method (``longlong`` delivery tags are unsigned, as the spec 
 
 Dispatch on :func:`method_key`: the class id and method id of a method frame payload
 as one int, ``(class_id << 16) | method_id`` (the same number as pamqp's
-``Method.index``), compared against the ``BASIC_*`` constants.
+``Method.index``), compared against the ids of :mod:`ojs_codec._methods`.
 
 Decoders take the method frame payload (starting at the class id) and return a tuple.
 A payload that is truncated, has trailing bytes, carries a short string that is not
@@ -17,10 +17,18 @@ range, or a delivery tag that is not an unsigned 64-bit integer.
 from __future__ import annotations
 
 import struct
-from typing import Final
 
 from ._errors import ProtocolSyntaxError, UsageError
 from ._frames import FRAME_MAX_DEFAULT, FRAME_MIN_SIZE
+from ._methods import (
+    BASIC_ACK,
+    BASIC_DELIVER,
+    BASIC_GET_OK,
+    BASIC_NACK,
+    BASIC_PUBLISH,
+    BASIC_REJECT,
+    BASIC_RETURN,
+)
 from ._properties import (
     EMPTY_PROPERTIES,
     BasicProperties,
@@ -33,18 +41,6 @@ from ._properties import (
 from ._table import malformed_reason
 
 __all__ = [
-    "BASIC_ACK",
-    "BASIC_CANCEL",
-    "BASIC_CANCEL_OK",
-    "BASIC_DELIVER",
-    "BASIC_GET_EMPTY",
-    "BASIC_GET_OK",
-    "BASIC_NACK",
-    "BASIC_PUBLISH",
-    "BASIC_REJECT",
-    "BASIC_RETURN",
-    "CHANNEL_CLOSE",
-    "CONNECTION_CLOSE",
     "decode_ack",
     "decode_content_header",
     "decode_content_header_lenient",
@@ -60,18 +56,6 @@ __all__ = [
     "method_key",
 ]
 
-BASIC_PUBLISH: Final = (60 << 16) | 40
-BASIC_RETURN: Final = (60 << 16) | 50
-BASIC_DELIVER: Final = (60 << 16) | 60
-BASIC_GET_OK: Final = (60 << 16) | 71
-BASIC_GET_EMPTY: Final = (60 << 16) | 72
-BASIC_ACK: Final = (60 << 16) | 80
-BASIC_REJECT: Final = (60 << 16) | 90
-BASIC_NACK: Final = (60 << 16) | 120
-BASIC_CANCEL: Final = (60 << 16) | 30
-BASIC_CANCEL_OK: Final = (60 << 16) | 31
-CHANNEL_CLOSE: Final = (20 << 16) | 40
-CONNECTION_CLOSE: Final = (10 << 16) | 50
 
 _U32 = struct.Struct(">I")
 # frame header + class/method + ticket, for Basic.Publish

@@ -17,7 +17,7 @@ strings and trailing bytes, which pamqp lets through.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, NoReturn
 
 from ._accel import SPEEDUPS
@@ -47,6 +47,7 @@ __all__ = [
     "encode_content",
     "encode_frame",
     "encode_method_frame",
+    "encode_method_frame_unvalidated",
 ]
 
 FRAME_METHOD: Final = 1
@@ -428,11 +429,28 @@ def encode_method_frame(channel: int, method: Any) -> bytes:
         method.validate()
     except ValueError as exc:
         raise UsageError(f"invalid {getattr(method, 'name', type(method).__name__)}: {exc}") from None
-    out = bytearray(_U32.pack(method.index))
+    return _encode_method(channel, type(method), lambda name: getattr(method, name, None))
+
+
+def encode_method_frame_unvalidated(
+    channel: int, method_class: type[Any], fields: Mapping[str, Any]
+) -> bytes:
+    """A method frame from a pamqp method *class* and its field values, without pamqp's
+    validation: for a peer that writes what RabbitMQ writes (names are any UTF-8 there;
+    pamqp's patterns are narrower), such as the ``memory://`` broker.  A missing integer
+    field is 0, a missing string or table empty; a value of the wrong type still raises
+    :class:`UsageError`."""
+    return _encode_method(channel, method_class, fields.get, missing_int=0)
+
+
+def _encode_method(
+    channel: int, method_class: type[Any], value_of: Callable[[str], Any], missing_int: int | None = None
+) -> bytes:
+    out = bytearray(_U32.pack(method_class.index))
     bits = -1  # the bit octet being built, or -1
     bit_index = 0
-    for name, kind in _spec(type(method)):
-        value = getattr(method, name, None)
+    for name, kind in _spec(method_class):
+        value = value_of(name)
         if kind == "bit":
             if bits < 0 or bit_index == 8:
                 if bits >= 0:
@@ -445,10 +463,12 @@ def encode_method_frame(channel: int, method: Any) -> bytes:
         if bits >= 0:
             out.append(bits)
             bits = -1
+        if value is None and kind in _INT_STRUCTS:
+            value = missing_int
         try:
             _encode_field(out, kind, value, name)
         except (struct.error, OverflowError) as exc:
-            raise UsageError(f"{method.name}.{name}: {value!r} does not fit a {kind}: {exc}") from None
+            raise UsageError(f"{method_class.name}.{name}: {value!r} does not fit a {kind}: {exc}") from None
     if bits >= 0:
         out.append(bits)
     return encode_frame(FRAME_METHOD, channel, bytes(out))

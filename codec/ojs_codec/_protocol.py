@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,66 @@ from ._frames import (
     decode_method,
     encode_method_frame,
 )
+from ._methods import (
+    BASIC_ACK,
+    BASIC_CANCEL,
+    BASIC_CANCEL_OK,
+    BASIC_CONSUME,
+    BASIC_CONSUME_OK,
+    BASIC_DELIVER,
+    BASIC_GET,
+    BASIC_GET_EMPTY,
+    BASIC_GET_OK,
+    BASIC_NACK,
+    BASIC_PUBLISH,
+    BASIC_QOS,
+    BASIC_QOS_OK,
+    BASIC_RECOVER,
+    BASIC_RECOVER_ASYNC,
+    BASIC_RECOVER_OK,
+    BASIC_REJECT,
+    BASIC_RETURN,
+    CHANNEL_CLOSE,
+    CHANNEL_CLOSE_OK,
+    CHANNEL_FLOW,
+    CHANNEL_FLOW_OK,
+    CHANNEL_OPEN_OK,
+    CONFIRM_SELECT,
+    CONFIRM_SELECT_OK,
+    CONNECTION_BLOCKED,
+    CONNECTION_CLOSE,
+    CONNECTION_CLOSE_OK,
+    CONNECTION_OPEN_OK,
+    CONNECTION_SECURE,
+    CONNECTION_START,
+    CONNECTION_TUNE,
+    CONNECTION_UNBLOCKED,
+    EXCHANGE_BIND,
+    EXCHANGE_BIND_OK,
+    EXCHANGE_DECLARE,
+    EXCHANGE_DECLARE_OK,
+    EXCHANGE_DELETE,
+    EXCHANGE_DELETE_OK,
+    EXCHANGE_UNBIND,
+    EXCHANGE_UNBIND_OK,
+    QUEUE_BIND,
+    QUEUE_BIND_OK,
+    QUEUE_DECLARE,
+    QUEUE_DECLARE_OK,
+    QUEUE_DELETE,
+    QUEUE_DELETE_OK,
+    QUEUE_PURGE,
+    QUEUE_PURGE_OK,
+    QUEUE_UNBIND,
+    QUEUE_UNBIND_OK,
+    TX_COMMIT,
+    TX_COMMIT_OK,
+    TX_ROLLBACK,
+    TX_ROLLBACK_OK,
+    TX_SELECT,
+    TX_SELECT_OK,
+    method_name,
+)
 from ._properties import EMPTY_PROPERTIES, BasicProperties
 from ._table import encode_table
 
@@ -82,62 +142,34 @@ __all__ = [
     "negotiate",
 ]
 
-# ---------------------------------------------------------------------------
-# Method ids: class_id << 16 | method_id, as read from the first 4 payload bytes.
-
-
-def _mid(class_id: int, method_id: int) -> int:
-    return (class_id << 16) | method_id
-
-
-CONNECTION_START = _mid(10, 10)
-CONNECTION_SECURE = _mid(10, 20)
-CONNECTION_TUNE = _mid(10, 30)
-CONNECTION_OPEN_OK = _mid(10, 41)
-CONNECTION_CLOSE = _mid(10, 50)
-CONNECTION_CLOSE_OK = _mid(10, 51)
-CONNECTION_BLOCKED = _mid(10, 60)
-CONNECTION_UNBLOCKED = _mid(10, 61)
-CHANNEL_OPEN_OK = _mid(20, 11)
-CHANNEL_FLOW = _mid(20, 20)
-CHANNEL_CLOSE = _mid(20, 40)
-CHANNEL_CLOSE_OK = _mid(20, 41)
-BASIC_CANCEL = _mid(60, 30)
-BASIC_RETURN = _mid(60, 50)
-BASIC_DELIVER = _mid(60, 60)
-BASIC_GET_OK = _mid(60, 71)
-BASIC_ACK = _mid(60, 80)
-BASIC_NACK = _mid(60, 120)
-
 _U32 = struct.Struct(">I")
-_DELIVER_ID = _U32.pack(BASIC_DELIVER)
 
 #: Synchronous requests and the replies that complete them.
 _SYNC_REPLIES: dict[int, frozenset[int]] = {
-    _mid(20, 20): frozenset({_mid(20, 21)}),
-    _mid(40, 10): frozenset({_mid(40, 11)}),
-    _mid(40, 20): frozenset({_mid(40, 21)}),
-    _mid(40, 30): frozenset({_mid(40, 31)}),
-    _mid(40, 40): frozenset({_mid(40, 51)}),
-    _mid(50, 10): frozenset({_mid(50, 11)}),
-    _mid(50, 20): frozenset({_mid(50, 21)}),
-    _mid(50, 30): frozenset({_mid(50, 31)}),
-    _mid(50, 40): frozenset({_mid(50, 41)}),
-    _mid(50, 50): frozenset({_mid(50, 51)}),
-    _mid(60, 10): frozenset({_mid(60, 11)}),
-    _mid(60, 20): frozenset({_mid(60, 21)}),
-    _mid(60, 30): frozenset({_mid(60, 31)}),
-    _mid(60, 70): frozenset({_mid(60, 71), _mid(60, 72)}),
-    _mid(60, 110): frozenset({_mid(60, 111)}),
-    _mid(85, 10): frozenset({_mid(85, 11)}),
-    _mid(90, 10): frozenset({_mid(90, 11)}),
-    _mid(90, 20): frozenset({_mid(90, 21)}),
-    _mid(90, 30): frozenset({_mid(90, 31)}),
+    CHANNEL_FLOW: frozenset({CHANNEL_FLOW_OK}),
+    EXCHANGE_DECLARE: frozenset({EXCHANGE_DECLARE_OK}),
+    EXCHANGE_DELETE: frozenset({EXCHANGE_DELETE_OK}),
+    EXCHANGE_BIND: frozenset({EXCHANGE_BIND_OK}),
+    EXCHANGE_UNBIND: frozenset({EXCHANGE_UNBIND_OK}),
+    QUEUE_DECLARE: frozenset({QUEUE_DECLARE_OK}),
+    QUEUE_BIND: frozenset({QUEUE_BIND_OK}),
+    QUEUE_PURGE: frozenset({QUEUE_PURGE_OK}),
+    QUEUE_DELETE: frozenset({QUEUE_DELETE_OK}),
+    QUEUE_UNBIND: frozenset({QUEUE_UNBIND_OK}),
+    BASIC_QOS: frozenset({BASIC_QOS_OK}),
+    BASIC_CONSUME: frozenset({BASIC_CONSUME_OK}),
+    BASIC_CANCEL: frozenset({BASIC_CANCEL_OK}),
+    BASIC_GET: frozenset({BASIC_GET_OK, BASIC_GET_EMPTY}),
+    BASIC_RECOVER: frozenset({BASIC_RECOVER_OK}),
+    CONFIRM_SELECT: frozenset({CONFIRM_SELECT_OK}),
+    TX_SELECT: frozenset({TX_SELECT_OK}),
+    TX_COMMIT: frozenset({TX_COMMIT_OK}),
+    TX_ROLLBACK: frozenset({TX_ROLLBACK_OK}),
 }
 _ALL_SYNC_REPLIES = frozenset().union(*_SYNC_REPLIES.values())
 
 #: Methods the client may send on an open channel without waiting for a reply.
-_ASYNC_CLIENT_METHODS = frozenset({_mid(60, 40), _mid(60, 80), _mid(60, 90), _mid(60, 100), _mid(60, 120)})
+_ASYNC_CLIENT_METHODS = frozenset({BASIC_PUBLISH, BASIC_ACK, BASIC_REJECT, BASIC_RECOVER_ASYNC, BASIC_NACK})
 
 CAPABILITIES: dict[str, Any] = {
     "publisher_confirms": True,
@@ -229,39 +261,6 @@ class ChannelState(enum.Enum):
     CLOSING = "closing"
     CLOSED = "closed"
 
-
-_CS = ConnectionState
-#: (state, incoming channel-0 method) -> handler name.  Anything else is COMMAND_INVALID.
-_CONNECTION_TRANSITIONS: dict[tuple[ConnectionState, int], str] = {
-    (_CS.AWAIT_START, CONNECTION_START): "_on_start",
-    (_CS.AWAIT_START, CONNECTION_CLOSE): "_on_close",
-    (_CS.AWAIT_TUNE, CONNECTION_SECURE): "_on_secure",
-    (_CS.AWAIT_TUNE, CONNECTION_TUNE): "_on_tune",
-    (_CS.AWAIT_TUNE, CONNECTION_CLOSE): "_on_close",
-    (_CS.AWAIT_OPEN_OK, CONNECTION_OPEN_OK): "_on_open_ok",
-    (_CS.AWAIT_OPEN_OK, CONNECTION_CLOSE): "_on_close",
-    (_CS.OPEN, CONNECTION_CLOSE): "_on_close",
-    (_CS.OPEN, CONNECTION_BLOCKED): "_on_blocked",
-    (_CS.OPEN, CONNECTION_UNBLOCKED): "_on_unblocked",
-    (_CS.CLOSING, CONNECTION_CLOSE): "_on_close_while_closing",
-    (_CS.CLOSING, CONNECTION_CLOSE_OK): "_on_close_ok",
-    # While closing, the broker may still be sending; those frames are dropped.
-    (_CS.CLOSING, CONNECTION_BLOCKED): "_ignore",
-    (_CS.CLOSING, CONNECTION_UNBLOCKED): "_ignore",
-}
-
-_CH = ChannelState
-#: (channel state, incoming method) -> handler name, for the methods with special
-#: meaning.  Sync replies and content methods are routed by ``_on_channel_method``.
-_CHANNEL_TRANSITIONS: dict[tuple[ChannelState, int], str] = {
-    (_CH.OPENING, CHANNEL_OPEN_OK): "_ch_open_ok",
-    (_CH.OPENING, CHANNEL_CLOSE): "_ch_close",
-    (_CH.OPEN, CHANNEL_CLOSE): "_ch_close",
-    (_CH.OPEN, CHANNEL_FLOW): "_ch_flow",
-    (_CH.OPEN, BASIC_CANCEL): "_ch_server_cancel",
-    (_CH.CLOSING, CHANNEL_CLOSE_OK): "_ch_close_ok",
-    (_CH.CLOSING, CHANNEL_CLOSE): "_ch_close_while_closing",
-}
 
 # Content assembly kinds
 _NO_CONTENT, _DELIVER, _RETURN, _GET_OK = 0, 1, 2, 3
@@ -380,82 +379,78 @@ class AMQPConnection:
             return []
         events: list[Event] = []
         reader = self._reader
+        frames: list[tuple[int, int, bytes]] = []
+        tail: bytes | None = None  # the bytes after ``frames``, fed to the reader once they are handled
+        i = count = 0
         try:
-            if self.state is ConnectionState.OPEN and type(data) is bytes and not reader.drained:
-                # A frame left incomplete by the previous read: finish it on its own, then
-                # take everything after it in one split below.
-                reader.feed(data)
-                frame = reader.next_frame()
-                if frame is None:
-                    return events
-                self._frames_in += 1
-                ftype, channel_id, payload = frame
-                if channel_id == 0:
-                    self._on_channel0_frame(ftype, payload, events)
-                    if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
+            if self.state is ConnectionState.OPEN and type(data) is bytes:
+                # The common case: the whole frames of ``data`` sliced out in one call (the C
+                # split when ojs_codec._speedups is loaded); a frame left incomplete by the
+                # previous read is finished first.  Before the connection is open, frames
+                # are read one at a time: Tune changes the reader's frame_max.
+                if not reader.drained:
+                    reader.feed(data)
+                    first = reader.next_frame()
+                    if first is None:
                         return events
-                else:
-                    self._on_channel_frame(ftype, channel_id, payload, events)
-                data = reader.detach()
-            if self.state is ConnectionState.OPEN and type(data) is bytes and reader.drained:
-                # The common case: whole frames sliced out of ``data`` in one call (the C
-                # split when ojs_codec._speedups is loaded), then handled in order exactly
-                # like the frame-by-frame loop below, which takes whatever is left over.
-                frames: list[tuple[int, int, bytes]] = []
-                end = reader.split(frames, data)
-                done = 0
-                try:
-                    i = 0
-                    count = len(frames)
-                    while i < count:
-                        ftype, channel_id, payload = frames[i]
-                        if ftype == FRAME_METHOD and i + 2 < count and payload[:4] == _DELIVER_ID:
-                            # A whole delivery in this read (Deliver, header, one body frame):
-                            # one event at once instead of three frames through the channel's
-                            # state machine, when that machine would do exactly the same.
-                            delivery = self._whole_delivery(channel_id, payload, frames[i + 1], frames[i + 2])
-                            if delivery is not None:
-                                done += len(payload) + len(frames[i + 1][2]) + len(frames[i + 2][2]) + 24
-                                self._frames_in += 3
-                                events.append(delivery)
-                                i += 3
-                                continue
-                        i += 1
-                        done += len(payload) + 8
-                        self._frames_in += 1
-                        if channel_id == 0:
-                            self._on_channel0_frame(ftype, payload, events)
-                            if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
-                                end = done  # the rest stays unread, as below
-                                break
-                        else:
-                            self._on_channel_frame(ftype, channel_id, payload, events)
-                except BaseException:
-                    reader.feed(data[done:])  # frames not handled stay unread, as below
-                    raise
-                if end == len(data) or self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
-                    if end < len(data):
-                        reader.feed(data[end:])
-                    return events
-                data = data[end:]
-            reader.feed(data)
+                    frames.append(first)
+                    data = reader.detach()
+                tail = data[reader.split(frames, data) :]
+                count = len(frames)
+            else:
+                reader.feed(data)
+            channels = self._channels
             while True:
-                frame = reader.next_frame()
-                if frame is None:
-                    break
+                if i < count:
+                    ftype, channel_id, payload = frames[i]
+                    i += 1
+                else:
+                    if tail is not None:
+                        rest, tail = tail, None
+                        reader.feed(rest)
+                    frame = reader.next_frame()
+                    if frame is None:
+                        break
+                    ftype, channel_id, payload = frame
                 self._frames_in += 1
-                ftype, channel_id, payload = frame
                 if channel_id == 0:
                     self._on_channel0_frame(ftype, payload, events)
                     if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
-                        break
-                else:
-                    self._on_channel_frame(ftype, channel_id, payload, events)
-        except ConnectionLevelError as exc:
-            # ProtocolError and the other locally detected connection-level faults
-            # (e.g. no acceptable auth mechanism): close with the error's reply code.
-            self._fail(exc)
+                        break  # the rest stays unread
+                    continue
+                self._on_channel_frame(ftype, channel_id, payload, events)
+                # A content method (Deliver, Return, Get-Ok) whose header and body frame
+                # came in the same read: the channel's content state machine takes them
+                # at once, through the same rules as frame by frame.
+                if i + 1 < count:
+                    ch = channels.get(channel_id)
+                    if ch is not None and ch.content_kind != _NO_CONTENT and ch.properties is None:
+                        head = frames[i]
+                        body = frames[i + 1]
+                        if (
+                            head[0] == FRAME_HEADER
+                            and head[1] == channel_id
+                            and body[0] == FRAME_BODY
+                            and body[1] == channel_id
+                        ):
+                            i += 2
+                            self._frames_in += 2
+                            self._on_content(ch, head[2], body[2], events)
+        except BaseException as exc:
+            if i < count:
+                # Frames not handled stay unread, in front of the tail.
+                assert tail is not None
+                unread = sum(len(f[2]) + FRAME_OVERHEAD for f in frames[i:])
+                reader.feed(data[len(data) - len(tail) - unread :])
+            elif tail is not None:
+                reader.feed(tail)
+            if isinstance(exc, ConnectionLevelError):
+                # ProtocolError and the other locally detected connection-level faults
+                # (e.g. no acceptable auth mechanism): close with the error's reply code.
+                self._fail(exc)
             raise
+        if tail:
+            reader.feed(tail)
         return events
 
     def heartbeat_tick(self, now: float) -> float | None:
@@ -559,7 +554,7 @@ class AMQPConnection:
             raise UsageError(
                 f"channel {channel_id} already waits for a reply; one synchronous method at a time"
             )
-        if mid == _mid(85, 10):  # Confirm.Select
+        if mid == CONFIRM_SELECT:
             if ch.confirm_mode or ch.confirm_select_pending:
                 return expects_reply
             ch.confirm_select_pending = True
@@ -674,12 +669,12 @@ class AMQPConnection:
             if self.state is ConnectionState.CLOSING:
                 return  # anything but Close/Close-Ok is dropped while closing
             raise CommandInvalid(
-                f"unexpected method {mid >> 16}.{mid & 0xFFFF} on channel 0 in state {self.state.value}",
+                f"unexpected method {method_name(mid)} on channel 0 in state {self.state.value}",
                 class_id=mid >> 16,
                 method_id=mid & 0xFFFF,
                 remote=False,
             )
-        getattr(self, handler)(decode_method(payload), events)
+        handler(self, decode_method(payload), events)
 
     def _ignore(self, method: Any, events: list[Event]) -> None:
         pass
@@ -798,39 +793,6 @@ class AMQPConnection:
         else:
             raise UnexpectedFrame(f"frame type {ftype} on channel {channel_id}", remote=False)
 
-    def _whole_delivery(
-        self,
-        channel_id: int,
-        payload: bytes,
-        head: tuple[int, int, bytes],
-        content: tuple[int, int, bytes],
-    ) -> Delivery | None:
-        """The Delivery that a Basic.Deliver ``payload`` and the two frames after it make,
-        or ``None`` when anything is other than the plain case (channel not open or
-        mid-content, frames of another type or channel, a body that is empty, longer
-        than ``max_message_size`` or split over several frames): the frame-by-frame path
-        then handles the three frames and raises whatever they deserve."""
-        ch = self._channels.get(channel_id)
-        if (
-            ch is None
-            or self.state is not ConnectionState.OPEN
-            or ch.state is not ChannelState.OPEN
-            or ch.content_kind != _NO_CONTENT
-            or head[0] != FRAME_HEADER
-            or head[1] != channel_id
-            or content[0] != FRAME_BODY
-            or content[1] != channel_id
-        ):
-            return None
-        body = content[2]
-        fields = _hot.decode_deliver(payload)
-        body_size, props, malformed = self._content_header(head[2])
-        if body_size != len(body) or body_size == 0 or body_size > self._max_message:
-            return None
-        return Delivery(
-            channel_id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body, malformed
-        )
-
     def _content_header(self, payload: bytes) -> tuple[int, BasicProperties, str | None]:
         """``(body_size, properties, malformed)`` of a content header from the broker.
 
@@ -881,17 +843,17 @@ class AMQPConnection:
             return
         handler = _CHANNEL_TRANSITIONS.get((state, mid))
         if handler is not None:
-            getattr(self, handler)(ch, decode_method(payload), events)
+            handler(self, ch, decode_method(payload), events)
             return
         if state is ChannelState.OPEN and mid in _ALL_SYNC_REPLIES:
             self._complete_sync(ch, mid)
             method = decode_method(payload)
-            if mid == _mid(85, 11):
+            if mid == CONFIRM_SELECT_OK:
                 ch.confirm_mode = True
             events.append(MethodReply(channel_id=ch.id, method=method))
             return
         raise CommandInvalid(
-            f"unexpected method {mid >> 16}.{mid & 0xFFFF} on channel {ch.id} in state {state.value}",
+            f"unexpected method {method_name(mid)} on channel {ch.id} in state {state.value}",
             class_id=mid >> 16,
             method_id=mid & 0xFFFF,
             remote=False,
@@ -900,7 +862,7 @@ class AMQPConnection:
     def _complete_sync(self, ch: _Channel, mid: int) -> None:
         if ch.awaiting is None or mid not in ch.awaiting:
             raise CommandInvalid(
-                f"reply {mid >> 16}.{mid & 0xFFFF} on channel {ch.id}, which awaits no such reply",
+                f"reply {method_name(mid)} on channel {ch.id}, which awaits no such reply",
                 class_id=mid >> 16,
                 method_id=mid & 0xFFFF,
                 remote=False,
@@ -922,6 +884,11 @@ class AMQPConnection:
         ch.body_received = 0
         if body_size == 0:
             self._complete_content(ch, b"", events)
+
+    def _on_content(self, ch: _Channel, head: bytes, body: bytes, events: list[Event]) -> None:
+        """A content header and a body frame that arrived together after their method."""
+        self._on_content_header(ch, head, events)
+        self._on_content_body(ch, body, events)
 
     def _on_content_body(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
         if ch.properties is None:
@@ -1085,6 +1052,47 @@ class AMQPConnection:
     def _release(self, ch: _Channel) -> None:
         ch.state = ChannelState.CLOSED
         self._channels.pop(ch.id, None)
+
+
+# ---------------------------------------------------------------------------
+# The state tables: (state, incoming method id) -> the handler itself (a typo is a mypy
+# error, not a run-time one).
+
+_ConnectionHandler = Callable[["AMQPConnection", Any, list[Event]], None]
+_ChannelHandler = Callable[["AMQPConnection", "_Channel", Any, list[Event]], None]
+
+_CS = ConnectionState
+#: (state, incoming channel-0 method) -> handler.  Anything else is COMMAND_INVALID.
+_CONNECTION_TRANSITIONS: dict[tuple[ConnectionState, int], _ConnectionHandler] = {
+    (_CS.AWAIT_START, CONNECTION_START): AMQPConnection._on_start,
+    (_CS.AWAIT_START, CONNECTION_CLOSE): AMQPConnection._on_close,
+    (_CS.AWAIT_TUNE, CONNECTION_SECURE): AMQPConnection._on_secure,
+    (_CS.AWAIT_TUNE, CONNECTION_TUNE): AMQPConnection._on_tune,
+    (_CS.AWAIT_TUNE, CONNECTION_CLOSE): AMQPConnection._on_close,
+    (_CS.AWAIT_OPEN_OK, CONNECTION_OPEN_OK): AMQPConnection._on_open_ok,
+    (_CS.AWAIT_OPEN_OK, CONNECTION_CLOSE): AMQPConnection._on_close,
+    (_CS.OPEN, CONNECTION_CLOSE): AMQPConnection._on_close,
+    (_CS.OPEN, CONNECTION_BLOCKED): AMQPConnection._on_blocked,
+    (_CS.OPEN, CONNECTION_UNBLOCKED): AMQPConnection._on_unblocked,
+    (_CS.CLOSING, CONNECTION_CLOSE): AMQPConnection._on_close_while_closing,
+    (_CS.CLOSING, CONNECTION_CLOSE_OK): AMQPConnection._on_close_ok,
+    # While closing, the broker may still be sending; those frames are dropped.
+    (_CS.CLOSING, CONNECTION_BLOCKED): AMQPConnection._ignore,
+    (_CS.CLOSING, CONNECTION_UNBLOCKED): AMQPConnection._ignore,
+}
+
+_CH = ChannelState
+#: (channel state, incoming method) -> handler, for the methods with special
+#: meaning.  Sync replies and content methods are routed by ``_on_channel_method``.
+_CHANNEL_TRANSITIONS: dict[tuple[ChannelState, int], _ChannelHandler] = {
+    (_CH.OPENING, CHANNEL_OPEN_OK): AMQPConnection._ch_open_ok,
+    (_CH.OPENING, CHANNEL_CLOSE): AMQPConnection._ch_close,
+    (_CH.OPEN, CHANNEL_CLOSE): AMQPConnection._ch_close,
+    (_CH.OPEN, CHANNEL_FLOW): AMQPConnection._ch_flow,
+    (_CH.OPEN, BASIC_CANCEL): AMQPConnection._ch_server_cancel,
+    (_CH.CLOSING, CHANNEL_CLOSE_OK): AMQPConnection._ch_close_ok,
+    (_CH.CLOSING, CHANNEL_CLOSE): AMQPConnection._ch_close_while_closing,
+}
 
 
 def _as_text(value: str | bytes) -> str:

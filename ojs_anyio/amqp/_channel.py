@@ -1,4 +1,4 @@
-"""Channels: ``async with conn.channel() as ch:`` scopes a channel to its block.
+"""Channels: ``async with link.channel() as ch:`` scopes a channel to its block.
 
 A channel the broker closes (403/404/405/406…) fails only its own operations, with the
 typed error from :mod:`ojs_codec`; the connection and other channels carry on.
@@ -34,7 +34,7 @@ __all__ = [
 
 
 class Channel(RecoveringChannel):
-    """An AMQP channel.  Use ``async with conn.channel() as ch:``."""
+    """An AMQP channel.  Use ``async with link.channel() as ch:``."""
 
     # ------------------------------------------------------------ exchanges
 
@@ -60,11 +60,11 @@ class Channel(RecoveringChannel):
         )
         await self._call(method)
         if not passive:
-            self._conn.topology.record(("exchange", exchange), method)
+            self._link.topology.record(("exchange", exchange), method)
 
     async def exchange_delete(self, exchange: str, *, if_unused: bool = False) -> None:
         await self._call(commands.Exchange.Delete(exchange=exchange, if_unused=if_unused))
-        self._conn.topology.forget_exchange(exchange)
+        self._link.topology.forget_exchange(exchange)
 
     async def exchange_bind(
         self, destination: str, source: str, routing_key: str = "", arguments: dict[str, Any] | None = None
@@ -73,7 +73,7 @@ class Channel(RecoveringChannel):
             destination=destination, source=source, routing_key=routing_key, arguments=arguments
         )
         await self._call(method)
-        self._conn.topology.record(("e2e", destination, source, routing_key, _key(arguments)), method)
+        self._link.topology.record(("e2e", destination, source, routing_key, _key(arguments)), method)
 
     async def exchange_unbind(
         self, destination: str, source: str, routing_key: str = "", arguments: dict[str, Any] | None = None
@@ -83,7 +83,7 @@ class Channel(RecoveringChannel):
                 destination=destination, source=source, routing_key=routing_key, arguments=arguments
             )
         )
-        self._conn.topology.forget(("e2e", destination, source, routing_key, _key(arguments)))
+        self._link.topology.forget(("e2e", destination, source, routing_key, _key(arguments)))
 
     # --------------------------------------------------------------- queues
 
@@ -110,7 +110,7 @@ class Channel(RecoveringChannel):
         info = QueueInfo(reply.queue, reply.message_count, reply.consumer_count)
         _metrics.track_queue(info.name)  # a metric label from now on (bounded, see _metrics)
         if not passive:
-            self._conn.topology.record_queue(info, method)
+            self._link.topology.record_queue(info, method)
         return info
 
     async def queue_bind(
@@ -120,7 +120,7 @@ class Channel(RecoveringChannel):
             queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
         )
         await self._call(method)
-        self._conn.topology.record(("bind", queue, exchange, routing_key, _key(arguments)), method)
+        self._link.topology.record(("bind", queue, exchange, routing_key, _key(arguments)), method)
         if queue in _metrics.queues and "*" not in routing_key and "#" not in routing_key:
             _metrics.track_queue(routing_key)  # publishes with this key label as this name
 
@@ -132,7 +132,7 @@ class Channel(RecoveringChannel):
                 queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
             )
         )
-        self._conn.topology.forget(("bind", queue, exchange, routing_key, _key(arguments)))
+        self._link.topology.forget(("bind", queue, exchange, routing_key, _key(arguments)))
 
     async def queue_purge(self, queue: str) -> int:
         reply = await self._call(commands.Queue.Purge(queue=queue))
@@ -140,7 +140,7 @@ class Channel(RecoveringChannel):
 
     async def queue_delete(self, queue: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
         reply = await self._call(commands.Queue.Delete(queue=queue, if_unused=if_unused, if_empty=if_empty))
-        self._conn.topology.forget_queue(queue)
+        self._link.topology.forget_queue(queue)
         return int(reply.message_count)
 
     # ------------------------------------------------------------------- tx
@@ -149,7 +149,7 @@ class Channel(RecoveringChannel):
         """Make the channel transactional (recovery restores this on the new channel)."""
         await self._call(commands.Tx.Select())
         self.transactional = True
-        self._tx_opening = self._openings
+        self._tx_opening = self._state.openings
 
     async def tx_commit(self) -> None:
         """Commit; raises :class:`TransactionLostError` if a reconnect rolled the
@@ -169,8 +169,8 @@ class Channel(RecoveringChannel):
     def _transaction_lost(self) -> bool:
         """Whether a reconnect rolled the current transaction back; the next one starts
         on the channel as it is now."""
-        lost = self.transactional and self._tx_opening != self._openings
-        self._tx_opening = self._openings
+        lost = self.transactional and self._tx_opening != self._state.openings
+        self._tx_opening = self._state.openings
         return lost
 
 

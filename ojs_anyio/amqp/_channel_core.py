@@ -11,125 +11,115 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import anyio
+from ojs_codec import ChannelLevelError, MethodReply
 
-from ojs_codec import ChannelLevelError, ChannelOpened, GetOk, MethodReply
-
+from ._channel_state import ChannelState, Waiter
 from ._errors import ChannelClosedError
 
 if TYPE_CHECKING:
-    from ._interfaces import ChannelLink
+    from ._link import ChannelLink
 
 __all__ = ["ChannelCore"]
-
-
-class _Waiter:
-    __slots__ = ("error", "event", "result")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
 
 
 class ChannelCore:
     """State shared by every layer of a channel, and the synchronous-method call."""
 
-    def __init__(self, conn: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        self._conn = conn
+    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        self._link = link
         self.confirms = confirms
         self.prefetch = prefetch
         #: Set by tx_select; recovery selects tx again on the new channel.
         self.transactional = False
-        #: Times the channel was opened on a transport; a transaction belongs to one.
-        self._openings = 0
+        #: The opening a transaction belongs to (ChannelState.openings when tx_select ran).
         self._tx_opening = 0
-        self._cid = 0
-        self._generation = 0
-        self._opened_once = False
-        self._closed = False
-        self._closed_error: BaseException | None = None
-        self._waiter: _Waiter | None = None
-        self._internal = False
-        #: While recovery re-opens it, a broker close only resets it (see _on_closed).
-        self._recovering = False
-        #: Set while aclose() waits for Close-Ok (and the waiter it waits on).
-        self._close_waiter: _Waiter | None = None
+        #: Wire id, generation, waiters, closed: changed only through its transitions.
+        self._state = ChannelState()
 
     def __repr__(self) -> str:
-        return f"<Channel id={self._cid} {'closed' if self._closed else 'open'}>"
+        return f"<Channel id={self._state.cid} {'closed' if self._state.closed else 'open'}>"
 
     @property
     def channel_id(self) -> int:
-        return self._cid
+        return self._state.cid
 
     @property
     def is_open(self) -> bool:
-        return not self._closed and self._cid != 0
+        return not self._state.closed and self._state.cid != 0
 
     @property
     def is_closed(self) -> bool:
         """Closed for good (``aclose()``, the broker closed it, or the connection is gone
         for good).  A channel that waits for recovery is not closed, just not open."""
-        return self._closed
+        return self._state.closed
 
     @property
     def closed_error(self) -> BaseException | None:
-        return self._closed_error
+        return self._state.closed_error
+
+    @property
+    def _waiter(self) -> Waiter | None:
+        """The synchronous call in flight (for tests and debugging)."""
+        return self._state.waiter
+
+    @property
+    def _close_waiter(self) -> Waiter | None:
+        """Set while aclose() waits for Close-Ok (for tests and debugging)."""
+        return self._state.close_waiter
 
     # -------------------------------------------------- events from the reader
 
     def _on_reply(self, ev: object) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is None:
-            return
-        if type(ev) is GetOk:
-            waiter.result = ev
-        elif type(ev) is MethodReply:
-            waiter.result = ev.method
-        elif type(ev) is ChannelOpened:
-            waiter.result = ev
-        waiter.event.set()
+        waiter = self._state.take_waiter()
+        if waiter is not None:
+            waiter.complete(ev.method if type(ev) is MethodReply else ev)
 
     # ----------------------------------------------------------- plumbing
+
+    def _closed_exc(self) -> ChannelClosedError:
+        error = self._state.closed_error
+        exc = ChannelClosedError(f"channel is closed: {error}")
+        exc.__cause__ = error
+        exc.__suppress_context__ = True
+        return exc
 
     async def _ready(self, timeout: float | None = None) -> None:
         """Wait while the connection recovers, up to ``timeout`` (default: the connection's
         ``publish_timeout``), then raise :class:`OperationTimeoutError`."""
-        if self._closed:
-            raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
-        if self._close_waiter is not None:
+        if self._state.closed:
+            raise self._closed_exc()
+        if self._state.close_waiter is not None:
             raise ChannelClosedError("channel is closing")
-        if self._cid == 0 or not self._conn._connected.is_set():
-            await self._conn.wait_connected(timeout if timeout is not None else self._conn.publish_timeout)
-            if self._closed:
-                raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
+        if self._state.cid == 0 or not self._link.is_connected:
+            await self._link.wait_ready(timeout if timeout is not None else self._link.publish_timeout)
+            if self._state.closed:
+                raise self._closed_exc()
 
     async def _call(self, method: Any, *, internal: bool = False) -> Any:
         """Send a synchronous method and wait for its reply (``None``: Channel.Open)."""
         if not internal:
             await self._ready()
-        conn = self._conn
-        while self._waiter is not None:
+        link = self._link
+        while self._state.waiter is not None:
             # An earlier call (maybe cancelled) still waits for its reply; AMQP allows one.
-            await self._waiter.event.wait()
-            if self._closed:
-                raise ChannelClosedError(f"channel is closed: {self._closed_error}") from self._closed_error
-        if self._close_waiter is not None:
+            await self._state.waiter.event.wait()
+            if self._state.closed:
+                raise self._closed_exc()
+        if self._state.close_waiter is not None:
             raise ChannelClosedError("channel is closing")
-        waiter = _Waiter()
-        self._waiter = waiter
+        waiter = Waiter()
+        self._state.waiter = waiter
         try:
             if method is not None:
-                expects = conn._transport.proto.send_method(self._cid, method)
+                expects = link.send_method(self._state.cid, method)
                 if not expects:
-                    self._waiter = None
-                    await conn._transport.flush()
+                    self._state.waiter = None
+                    await link.flush()
                     return None
-            await conn._transport.flush()
+            await link.flush()
         except BaseException:
-            if self._waiter is waiter:
-                self._waiter = None
+            if self._state.waiter is waiter:
+                self._state.waiter = None
             raise
         await waiter.event.wait()
         if waiter.error is not None:

@@ -17,8 +17,8 @@ import logging
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -35,7 +35,6 @@ from ojs_codec import (
     ConnectionBlocked,
     ConnectionClosed,
     ConnectionCloseOk,
-    ConnectionLevelError,
     ConnectionOpened,
     ConnectionParameters,
     ConnectionUnblocked,
@@ -47,6 +46,7 @@ from ojs_codec import (
     Returned,
 )
 
+from .._schemes import is_plugin_scheme, stream_factory
 from . import _metrics
 from ._channel import Channel
 from ._errors import (
@@ -66,6 +66,7 @@ from ._events import (
     RecoveryEvent,
 )
 from ._interfaces import ChannelEndpoint
+from ._link import ChannelLink
 from ._policy import NO_RECOVERY, RecoveryPolicy
 from ._recovery import replay_topology
 from ._topology import TopologyRecorder
@@ -118,40 +119,107 @@ class Connection:
         _metrics.register()
         #: The current connection generation (socket, codec, writer); a placeholder
         #: without a socket until the first connect.
-        self._transport = Transport(
-            AMQPConnection(self._parameters()),
-            None,
-            generation=0,
-            label=url.redacted(),
-            dispatch=self._dispatch,
-            on_lost=self._transport_failed,
+        #: What the channels share with the connection, and the verbs they use it by: the
+        #: current transport, the "usable" and "unblocked" events, the event hub, the task
+        #: group and the channel registry live there (see _link.py).
+        self._link = ChannelLink(
+            self,
+            Transport(
+                AMQPConnection(self._parameters()),
+                None,
+                generation=0,
+                label=url.redacted(),
+                dispatch=self._dispatch,
+                on_lost=self._transport_failed,
+            ),
         )
-        self._connected = anyio.Event()
+        #: The reader's event type -> its handler.
+        self._event_handlers: dict[type[Any], Callable[[Any], None]] = dict(
+            (
+                _route(Delivery, self._ev_delivery),
+                _route(Confirmed, self._ev_confirmed),
+                _route(MethodReply, self._ev_reply),
+                _route(GetOk, self._ev_reply),
+                _route(ChannelOpened, self._ev_reply),
+                _route(ChannelClosed, self._ev_channel_closed),
+                _route(ChannelCloseOk, self._ev_channel_closed),
+                _route(ConsumerCancelled, self._ev_consumer_cancelled),
+                _route(Returned, self._ev_returned),
+                _route(ChannelFlow, self._ev_channel_flow),
+                _route(ConnectionOpened, self._ev_opened),
+                _route(ConnectionBlocked, self._ev_blocked),
+                _route(ConnectionUnblocked, self._ev_unblocked),
+                _route(ConnectionClosed, self._ev_closed),
+                _route(ConnectionCloseOk, self._ev_close_ok),
+            )
+        )
         self._opened: ConnectionOpened | None = None
         self._host_index = 0
         #: When the connection last went from up to down (None: not since the supervisor looked).
         self._went_down_at: float | None = None
         # lifecycle
-        self._tg: anyio.abc.TaskGroup | None = None
         #: Shields the supervisor (reader, heartbeats, recovery) from the caller's cancellation,
         #: so close handshakes still get their replies; only aclose() cancels it.
         self._service_scope: anyio.CancelScope | None = None
         self._closing = False
         self._closed = False
         self._fatal: BaseException | None = None
-        self._unblocked = anyio.Event()
-        self._unblocked.set()
         self.blocked_reason: str | None = None
-        # channels by current wire id, and every logical channel
-        self._by_id: dict[int, ChannelEndpoint] = {}
-        self._channels: set[ChannelEndpoint] = set()
-        self._events = EventHub()
         self.reconnections = 0
         self.topology = TopologyRecorder()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._connected.is_set() else "connecting")
         return f"<Connection {self.url.redacted()} {state}>"
+
+    # ------------------------------------------------ state kept in the link
+
+    @property
+    def _transport(self) -> Transport:
+        """The current connection generation: codec, socket, writer (replaced on reconnect)."""
+        return self._link.transport
+
+    @_transport.setter
+    def _transport(self, transport: Transport) -> None:
+        self._link.transport = transport
+
+    @property
+    def _connected(self) -> anyio.Event:
+        """Set while the connection is usable (replaced by a fresh event when it goes down)."""
+        return self._link.connected
+
+    @_connected.setter
+    def _connected(self, event: anyio.Event) -> None:
+        self._link.connected = event
+
+    @property
+    def _unblocked(self) -> anyio.Event:
+        """Set unless the broker blocks publishers (connection.blocked)."""
+        return self._link.unblocked
+
+    @_unblocked.setter
+    def _unblocked(self, event: anyio.Event) -> None:
+        self._link.unblocked = event
+
+    @property
+    def _tg(self) -> anyio.abc.TaskGroup | None:
+        return self._link.tg
+
+    @_tg.setter
+    def _tg(self, tg: anyio.abc.TaskGroup | None) -> None:
+        self._link.tg = tg
+
+    @property
+    def _events(self) -> EventHub:
+        return self._link.events
+
+    @property
+    def _by_id(self) -> dict[int, ChannelEndpoint]:
+        return self._link.by_id
+
+    @property
+    def _channels(self) -> set[ChannelEndpoint]:
+        return self._link.channels
 
     # ------------------------------------------------------------------ public
 
@@ -178,16 +246,16 @@ class Connection:
         ``confirms`` puts it in publisher-confirm mode (``publish()`` then returns once
         the broker took responsibility for the message).
         """
-        return Channel(self, confirms=confirms, prefetch=prefetch)
+        return Channel(self._link, confirms=confirms, prefetch=prefetch)
 
     def add_listener(self, callback: Callable[[RecoveryEvent], None]) -> Callable[[], None]:
         """Call ``callback`` (synchronously, from the reader or supervisor task) on each
         connection event.  Returns a function that removes the listener."""
         return self._events.add_listener(callback)
 
-    def subscribe(self, max_buffer: int = 256) -> AsyncIterator[RecoveryEvent]:
+    def subscribe(self, max_buffer: int = 256) -> AbstractAsyncContextManager[AsyncIterator[RecoveryEvent]]:
         """``async with conn.subscribe() as events: async for ev in events: …``"""
-        return self._events.subscribe(max_buffer)  # type: ignore[return-value]
+        return self._events.subscribe(max_buffer)
 
     async def wait_unblocked(self, timeout: float | None = None) -> None:
         """Wait until the broker is not blocking publishers (immediately if it isn't).
@@ -336,53 +404,69 @@ class Connection:
         await self._transport.handshake()
 
     def _dispatch(self, ev: object) -> None:
-        # Hottest first; every handler is synchronous.
-        tp = type(ev)
-        if tp is Delivery:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_delivery(ev)  # type: ignore[arg-type]
-        elif tp is Confirmed:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_confirmed(ev)  # type: ignore[arg-type]
-        elif tp is MethodReply or tp is GetOk or tp is ChannelOpened:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_reply(ev)
-        elif tp is ChannelClosed or tp is ChannelCloseOk:
-            ch = self._by_id.pop(ev.channel_id, None)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_closed(ev)  # type: ignore[arg-type]
-        elif tp is ConsumerCancelled:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_consumer_cancelled(ev.consumer_tag)  # type: ignore[attr-defined]
-        elif tp is Returned:
-            ch = self._by_id.get(ev.channel_id)  # type: ignore[attr-defined]
-            if ch is not None:
-                ch._on_returned(ev)  # type: ignore[arg-type]
-        elif tp is ChannelFlow:
-            pass  # RabbitMQ never sends Channel.Flow; the codec already answered Flow-Ok
-        elif tp is ConnectionOpened:
-            self._opened = ev  # type: ignore[assignment]
-            self._transport.handshake_done.set()
-        elif tp is ConnectionBlocked:
-            self.blocked_reason = ev.reason  # type: ignore[attr-defined]
-            if self._unblocked.is_set():
-                self._unblocked = anyio.Event()
-            log.warning("broker blocked publishing: %s", self.blocked_reason)
-            self._events.emit(ConnectionBlockedEvent(reason=self.blocked_reason or ""))
-        elif tp is ConnectionUnblocked:
-            self.blocked_reason = None
-            self._unblocked.set()
-            log.info("broker unblocked publishing")
-            self._events.emit(ConnectionUnblockedEvent())
-        elif tp is ConnectionClosed:
-            err: ConnectionLevelError = ev.error  # type: ignore[attr-defined]
-            self._transport.error = err
-        elif tp is ConnectionCloseOk:
-            self._transport.close_ok.set()
+        """Route one reader event through ``_event_handlers`` (every handler is
+        synchronous); an event type with no entry is ignored."""
+        handler = self._event_handlers.get(type(ev))
+        if handler is not None:
+            handler(ev)
+
+    # The reader's events, one handler per type (the table is made in __init__).
+
+    def _ev_delivery(self, ev: Delivery) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_delivery(ev)
+
+    def _ev_confirmed(self, ev: Confirmed) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_confirmed(ev)
+
+    def _ev_reply(self, ev: MethodReply | GetOk | ChannelOpened) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_reply(ev)
+
+    def _ev_channel_closed(self, ev: ChannelClosed | ChannelCloseOk) -> None:
+        ch = self._by_id.pop(ev.channel_id, None)
+        if ch is not None:
+            ch._on_closed(ev)
+
+    def _ev_consumer_cancelled(self, ev: ConsumerCancelled) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_consumer_cancelled(ev.consumer_tag)
+
+    def _ev_returned(self, ev: Returned) -> None:
+        ch = self._by_id.get(ev.channel_id)
+        if ch is not None:
+            ch._on_returned(ev)
+
+    def _ev_channel_flow(self, ev: ChannelFlow) -> None:
+        pass  # RabbitMQ never sends Channel.Flow; the codec already answered Flow-Ok
+
+    def _ev_opened(self, ev: ConnectionOpened) -> None:
+        self._opened = ev
+        self._transport.handshake_done.set()
+
+    def _ev_blocked(self, ev: ConnectionBlocked) -> None:
+        self.blocked_reason = ev.reason
+        if self._unblocked.is_set():
+            self._unblocked = anyio.Event()
+        log.warning("broker blocked publishing: %s", self.blocked_reason)
+        self._events.emit(ConnectionBlockedEvent(reason=self.blocked_reason or ""))
+
+    def _ev_unblocked(self, ev: ConnectionUnblocked) -> None:
+        self.blocked_reason = None
+        self._unblocked.set()
+        log.info("broker unblocked publishing")
+        self._events.emit(ConnectionUnblockedEvent())
+
+    def _ev_closed(self, ev: ConnectionClosed) -> None:
+        self._transport.error = ev.error
+
+    def _ev_close_ok(self, ev: ConnectionCloseOk) -> None:
+        self._transport.close_ok.set()
 
     @property
     def _proto(self) -> AMQPConnection:
@@ -493,7 +577,7 @@ class Connection:
         """
         t = self._transport
         try:
-            await replay_topology(self)
+            await replay_topology(self._link)
             for ch in list(self._channels):
                 await ch._recover()
         except AMQPError as exc:
@@ -543,34 +627,22 @@ class Connection:
         connected.set()
         self._events.close()
 
-    # ------------------------------------------- the ChannelLink a channel uses
+_Event = TypeVar("_Event")
 
-    def _register(self, channel: ChannelEndpoint) -> None:
-        self._channels.add(channel)
 
-    def _unregister(self, channel: ChannelEndpoint) -> None:
-        self._channels.discard(channel)
-
-    def _attach(self, channel_id: int, channel: ChannelEndpoint) -> None:
-        """Route the reader's events for ``channel_id`` to ``channel``."""
-        self._by_id[channel_id] = channel
-
-    def _detach(self, channel_id: int, channel: ChannelEndpoint) -> None:
-        if self._by_id.get(channel_id) is channel:
-            del self._by_id[channel_id]
-
-    def _queue_consumed(self, queue: str) -> bool:
-        """Whether any open channel of this connection has a consumer of ``queue``."""
-        return any(ch._consumes(queue) for ch in self._channels)
+def _route(
+    event_type: type[_Event], handler: Callable[[_Event], None]
+) -> tuple[type[Any], Callable[[Any], None]]:
+    """One entry of a connection's event table; mypy checks the handler takes that event type."""
+    return event_type, handler
 
 
 async def _open_byte_stream(url: AMQPURL, host: str, port: int) -> anyio.abc.ByteStream:
-    """The transport for one host of ``url``: TCP, or for ``memory://NAME`` an in-process
-    stream to the memory broker NAME (ojs_anyio.memory), which speaks the same frames."""
-    if url.memory:
-        from ojs_anyio.memory import open_stream
-
-        return await open_stream(host)
+    """The transport for one host of ``url``: TCP, or the stream of the plug-in that serves
+    the URL's scheme (``memory://NAME``: an in-process stream to the memory broker NAME,
+    which speaks the same frames; see ojs_anyio._schemes)."""
+    if is_plugin_scheme(url.scheme):
+        return await stream_factory(url.scheme)(host, port)
     return await anyio.connect_tcp(host, port)
 
 

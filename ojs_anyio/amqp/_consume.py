@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, cast
@@ -19,13 +18,14 @@ from pamqp import commands
 from ojs_codec import AMQPError, Delivery, GetOk, UsageError
 
 from . import _metrics, _park
+from ._channel_state import ChannelState, Settle
+from ._consumers import ConsumerFeed, ConsumerRegistry
 from ._errors import ConsumerCancelledError, DeliveryAlreadySettledError, StaleDeliveryError
 from ._publish import _FLUSH_THRESHOLD, PublishingChannel
 
 if TYPE_CHECKING:
     from ._channel import Channel
-    from ._interfaces import ChannelLink
-    from ._transport import Transport
+    from ._link import ChannelLink
 
 __all__ = ["Consumer", "ConsumingChannel", "IncomingMessage", "property_text"]
 
@@ -77,7 +77,9 @@ class IncomingMessage:
         "_consumer",
         "_generation",
         "_label",
+        "_link",
         "_settled",
+        "_state",
         "body",
         "consumer_tag",
         "delivery_tag",
@@ -93,19 +95,26 @@ class IncomingMessage:
     def __init__(
         self,
         channel: ConsumingChannel,
-        consumer: Consumer | None,
+        consumer: ConsumerFeed | None,
         ev: Delivery | GetOk,
         settled: bool,
         queue: str = "",
         label: str = _metrics.OTHER,
+        *,
+        state: ChannelState,
+        link: ChannelLink,
     ) -> None:
         self._channel = channel
+        #: The connection's verbs, to settle it.
+        self._link = link
+        #: The channel's state: its generation tells whether this delivery is stale.
+        self._state = state
         self._consumer = consumer
         #: The queue it came from (the consumer's, or the one given to ``get``).
         self.queue = queue
         #: Its metric label (the queue if it is a known one, see _metrics).
         self._label = label
-        self._generation = channel._generation
+        self._generation = state.generation
         self._settled = settled
         self.body = ev.body
         self.properties = ev.properties
@@ -133,67 +142,66 @@ class IncomingMessage:
     def is_stale(self) -> bool:
         """True when the channel it came on has closed or been recovered since: settling it
         would raise :class:`StaleDeliveryError` (the broker redelivers it)."""
-        ch = self._channel
-        return self._generation != ch._generation or ch._cid == 0
+        return self._state.is_stale(self._generation)
 
-    def _begin_settle(self, multiple: bool = False) -> ConsumingChannel:
-        ch = self._channel
-        if not self._settled and self.delivery_tag <= ch._settled_upto and self._generation == ch._generation:
-            self._settled = True  # covered by an earlier multiple=True ack/nack on this channel
+    def _begin_settle(self, multiple: bool = False) -> int:
+        """Check and record settling this delivery; its channel's wire id."""
+        state = self._state
+        verdict = Settle.OK
+        if not self._settled:
+            verdict = state.settle(self.delivery_tag, self._generation, multiple)
+            if verdict == Settle.ALREADY:
+                self._settled = True  # covered by an earlier multiple=True ack/nack on this channel
         if self._settled:
             raise DeliveryAlreadySettledError(
                 f"delivery {self.delivery_tag} was already acked, nacked or rejected "
                 "(or consumed with no_ack)"
             )
-        if self._generation != ch._generation or ch._cid == 0:
+        if verdict == Settle.STALE:
             raise StaleDeliveryError(
                 f"delivery {self.delivery_tag} belongs to a channel that closed or was recovered since; "
                 "the broker will redeliver it"
             )
         self._settled = True
-        if multiple and self.delivery_tag > ch._settled_upto:
-            # Delivery tags grow per channel: this settles every earlier delivery too.
-            ch._settled_upto = self.delivery_tag
         if self._consumer is not None:
-            self._consumer._unacked -= 1
-        elif ch._get_unacked:
-            ch._get_unacked[self._label] = ch._get_unacked.get(self._label, 1) - 1
-        return ch
+            self._consumer.unacked -= 1
+        elif state.get_unacked:
+            state.get_unacked[self._label] = state.get_unacked.get(self._label, 1) - 1
+        return state.cid
 
     async def ack(self, multiple: bool = False) -> None:
-        ch = self._begin_settle(multiple)
-        t = ch._conn._transport
-        t.proto.ack(ch._cid, self.delivery_tag, multiple)
+        cid = self._begin_settle(multiple)
+        link = self._link
+        link.ack(cid, self.delivery_tag, multiple)
         q = self._label
         _ACKED[q] = _ACKED.get(q, 0) + 1
-        await self._send_settle(t)
+        await self._send_settle(link)
 
     async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
-        ch = self._begin_settle(multiple)
-        t = ch._conn._transport
-        t.proto.nack(ch._cid, self.delivery_tag, multiple, requeue)
+        cid = self._begin_settle(multiple)
+        link = self._link
+        link.nack(cid, self.delivery_tag, multiple, requeue)
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        await self._send_settle(t)
+        await self._send_settle(link)
 
     async def reject(self, requeue: bool = True) -> None:
-        ch = self._begin_settle()
-        t = ch._conn._transport
-        t.proto.reject(ch._cid, self.delivery_tag, requeue)
+        cid = self._begin_settle()
+        link = self._link
+        link.reject(cid, self.delivery_tag, requeue)
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        await self._send_settle(t)
+        await self._send_settle(link)
 
-    async def _send_settle(self, t: Transport) -> None:
+    async def _send_settle(self, link: ChannelLink) -> None:
         """Write the ack/nack/reject just queued.  While the consumer still has deliveries
         buffered, the write is batched instead: the consumer sends it before it waits for
         the broker again, and the connection's flusher within ~2 ms at the latest."""
         consumer = self._consumer
-        if consumer is not None and consumer._buffered > 0 and len(t.proto.outbound) < _FLUSH_THRESHOLD:
-            t.defer_flush()
+        if consumer is not None and consumer.buffered > 0 and link.outbound_size < _FLUSH_THRESHOLD:
+            link.defer_flush()
             return
-        if not t.writing:
-            await t.flush()
+        await link.flush_settled()
 
     def __repr__(self) -> str:
         return (
@@ -211,50 +219,44 @@ class Consumer:
     or :class:`ChannelClosedError` / :class:`ConnectionLostError` when its channel died.
     """
 
-    def __init__(
-        self,
-        channel: ConsumingChannel,
-        queue: str,
-        *,
-        consumer_tag: str,
-        prefetch: int | None,
-        no_ack: bool,
-        exclusive: bool,
-        arguments: dict[str, Any] | None,
-        max_buffer: int,
-    ) -> None:
+    def __init__(self, channel: ConsumingChannel, feed: ConsumerFeed) -> None:
         self.channel = cast("Channel", channel)
-        self.queue = queue
-        self.consumer_tag = consumer_tag
-        self.prefetch = prefetch
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.arguments = arguments
-        #: Deliveries received and not yet handed out, at most ``_max_buffer`` of them.
-        self._buffer: deque[IncomingMessage] = deque()
-        self._max_buffer = max_buffer
-        #: Tasks parked in ``__anext__`` until a delivery or the end comes (see _park).
-        self._waiters: deque[Any] = deque()
-        #: No more deliveries come (``_end``); the buffer still drains.
-        self._ended = False
-        #: Closed for reading (``_close``): iteration ends at once.
-        self._closed = False
-        self._error: BaseException | None = None
-        self._active = False
-        self._unacked = 0
-        #: Deliveries buffered and not yet handed to the user (``len(_buffer)``).
-        self._buffered = 0
+        #: The channel's side of this consumer: its parameters and delivery buffer.
+        self._feed = feed
         self._since_yield = 0
-        self._resubscribe_scope: anyio.CancelScope | None = None
-        #: Metric label of its queue (fixed when the consumer starts).
-        self._label = _metrics.label(queue)
-        _metrics.consumers.add(self)
+
+    # What was asked for (the queue's current name after a recovery renamed it).
+
+    @property
+    def queue(self) -> str:
+        return self._feed.queue
+
+    @property
+    def consumer_tag(self) -> str:
+        return self._feed.consumer_tag
+
+    @property
+    def prefetch(self) -> int | None:
+        return self._feed.prefetch
+
+    @property
+    def no_ack(self) -> bool:
+        return self._feed.no_ack
+
+    @property
+    def exclusive(self) -> bool:
+        return self._feed.exclusive
+
+    @property
+    def arguments(self) -> dict[str, Any] | None:
+        return self._feed.arguments
 
     def __aiter__(self) -> Consumer:
         return self
 
     async def __anext__(self) -> IncomingMessage:
-        buffer = self._buffer
+        feed = self._feed
+        buffer = feed.buffer
         if buffer and self._since_yield < _YIELD_EVERY:
             # A delivery is already buffered: take it without a trip through the event loop
             # (still a cancellation point); a full checkpoint every _YIELD_EVERY messages
@@ -264,139 +266,97 @@ class Consumer:
         else:
             self._since_yield = 0
             if not buffer:
-                conn = self.channel._conn
-                if conn._transport.deferred_flush:
-                    # About to wait for the broker: send the acks batched meanwhile first.
-                    await conn._transport.flush_quietly()
+                # About to wait for the broker: send the acks batched meanwhile first.
+                await self.channel._link.flush_deferred()
             if buffer:
                 await anyio.lowlevel.checkpoint()
             while not buffer:
-                if self._ended or self._closed:
+                if feed.ended or feed.closed:
                     return self._finish()
-                # Parked until _push or _end wakes us (woken in FIFO order, one per delivery).
-                await _park.wait_in(self._waiters)
-        if self._closed:
+                # Parked until push or end wakes us (woken in FIFO order, one per delivery).
+                await _park.wait_in(feed.waiters)
+        if feed.closed:
             return self._finish()
         if not buffer:
             # Another reader took it while this one checkpointed: wait like the others.
             return await self.__anext__()
-        self._buffered -= 1
+        feed.buffered -= 1
         return buffer.popleft()
 
     def _finish(self) -> NoReturn:
-        if self._waiters:
-            _park.wake_all(self._waiters)  # every reader sees the end, not only the first
-        if self._error is not None:
-            raise self._error  # as it is: "from None" would erase its __cause__
+        feed = self._feed
+        if feed.waiters:
+            _park.wake_all(feed.waiters)  # every reader sees the end, not only the first
+        if feed.error is not None:
+            raise feed.error  # as it is: "from None" would erase its __cause__
         raise StopAsyncIteration
 
     def statistics(self) -> MemoryObjectStreamStatistics:
         """The buffer's fill (``current_buffer_used``), its bound and the parked readers."""
+        feed = self._feed
         return MemoryObjectStreamStatistics(
-            current_buffer_used=len(self._buffer),
-            max_buffer_size=self._max_buffer,
-            open_send_streams=0 if self._ended or self._closed else 1,
-            open_receive_streams=0 if self._closed else 1,
+            current_buffer_used=len(feed.buffer),
+            max_buffer_size=feed.max_buffer,
+            open_send_streams=0 if feed.ended or feed.closed else 1,
+            open_receive_streams=0 if feed.closed else 1,
             tasks_waiting_send=0,
-            tasks_waiting_receive=len(self._waiters),
+            tasks_waiting_receive=len(feed.waiters),
         )
 
     @property
     def unacked(self) -> int:
-        return self._unacked
-
-    def _metrics_unacked(self) -> list[tuple[str, int, int]]:
-        """``[(queue, unsettled deliveries, prefetch window or 0)]`` for the gauges."""
-        if self.channel._closed:
-            return []
-        window = 0
-        if self._active and not self.no_ack:
-            window = self.prefetch if self.prefetch is not None else (self.channel.prefetch or 0)
-        return [(self._label, self._unacked, window)]
-
-    def _push(self, msg: IncomingMessage) -> bool:
-        if self._ended or self._closed or len(self._buffer) >= self._max_buffer:
-            return False
-        self._buffer.append(msg)
-        self._buffered += 1
-        if not msg._settled:
-            self._unacked += 1
-        if self._waiters:
-            _park.wake_first(self._waiters)
-        return True
+        return self._feed.unacked
 
     def _end(self, error: BaseException | None) -> None:
-        if error is not None and self._error is None:
-            self._error = error
-        self._active = False
-        self._ended = True
-        _park.wake_all(self._waiters)
-
-    def _close(self) -> None:
-        """Stop iteration at once (the consume block is left); the buffer must be dropped."""
-        self._ended = self._closed = True
-        _park.wake_all(self._waiters)
-
-    def _drop_buffered(self) -> list[IncomingMessage]:
-        dropped = list(self._buffer)
-        self._buffer.clear()
-        self._buffered = 0
-        return dropped
+        """End the iteration, as when the broker cancels (for tests)."""
+        self._feed.end(error)
 
 
 class ConsumingChannel(PublishingChannel):
     """The consuming half of a channel."""
 
-    def __init__(self, conn: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        super().__init__(conn, confirms=confirms, prefetch=prefetch)
-        #: Highest delivery tag settled with multiple=True in this generation.
-        self._settled_upto = 0
-        self._consumers: dict[str, Consumer] = {}
-        #: Unsettled Basic.Get deliveries of this transport, by queue (for the unacked gauge).
-        self._get_unacked: dict[str, int] = {}
-
-    def _metrics_unacked(self) -> list[tuple[str, int, int]]:
-        """Unsettled Basic.Get deliveries by queue, for the unacked gauge (no prefetch)."""
-        if self._closed:
-            return []
-        return [(queue, n, 0) for queue, n in self._get_unacked.items()]
+    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        super().__init__(link, confirms=confirms, prefetch=prefetch)
+        self._consumers = ConsumerRegistry()
 
     def _consumes(self, queue: str) -> bool:
         """Whether a consumer of ``queue`` is registered on this channel."""
-        return any(c.queue == queue for c in self._consumers.values())
+        return self._consumers.consumes(queue)
 
     # -------------------------------------------------- events from the reader
 
     def _on_delivery(self, ev: Delivery) -> None:
         consumer = self._consumers.get(ev.consumer_tag)
-        if consumer is None or not consumer._active:
+        if consumer is None or not consumer.active:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
-                self._conn._transport.proto.reject(self._cid, ev.delivery_tag, True)
+                self._link.reject(self._state.cid, ev.delivery_tag, True)
             return
-        q = consumer._label
-        msg = IncomingMessage(self, consumer, ev, consumer.no_ack, consumer.queue, q)
-        if consumer._push(msg):
+        q = consumer.label
+        msg = IncomingMessage(
+            self, consumer, ev, consumer.no_ack, consumer.queue, q, state=self._state, link=self._link
+        )
+        if consumer.push(msg, consumer.no_ack):
             _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
         else:
             # Only possible without a prefetch bound (no_ack consumers): fail loudly rather
             # than buffer without limit.
             log.error("consumer %s on %s overflowed its buffer", consumer.consumer_tag, consumer.queue)
-            consumer._end(
+            consumer.end(
                 ConsumerCancelledError(
                     f"consumer on {consumer.queue!r} could not keep up: its buffer of "
-                    f"{consumer._max_buffer} messages is full (set a prefetch)",
+                    f"{consumer.max_buffer} messages is full (set a prefetch)",
                     consumer_tag=consumer.consumer_tag,
                     queue=consumer.queue,
                 )
             )
-            proto = self._conn._transport.proto
+            link = self._link
             if not consumer.no_ack:
-                proto.reject(self._cid, ev.delivery_tag, True)
+                link.reject(self._state.cid, ev.delivery_tag, True)
             # Nothing takes deliveries any more: stop the broker sending them (else they
             # would bounce between it and us until the consume block is left).
             cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag, nowait=True)
-            proto.send_method(self._cid, cancel)
+            link.send_method(self._state.cid, cancel)
 
     # ---------------------------------------------------------------- basic
 
@@ -414,9 +374,11 @@ class ConsumingChannel(PublishingChannel):
             label = _metrics.label(queue)
             _metrics.bump(_metrics.stats.consumed, label)
             if not no_ack:
-                self._get_unacked[label] = self._get_unacked.get(label, 0) + 1
-                _metrics.consumers.add(self)
-            return IncomingMessage(self, None, reply, no_ack, queue, label)
+                self._state.get_unacked[label] = self._state.get_unacked.get(label, 0) + 1
+                _metrics.consumers.add(self._state)
+            return IncomingMessage(
+                self, None, reply, no_ack, queue, label, state=self._state, link=self._link
+            )
         return None
 
     async def recover(self, requeue: bool = True) -> None:
@@ -426,8 +388,7 @@ class ConsumingChannel(PublishingChannel):
         settling one raises :class:`StaleDeliveryError`.
         """
         await self._call(commands.Basic.Recover(requeue=requeue))
-        self._generation += 1
-        self._settled_upto = 0
+        self._state.recovered()
 
     @asynccontextmanager
     async def consume(
@@ -455,7 +416,7 @@ class ConsumingChannel(PublishingChannel):
             await self._call(commands.Basic.Qos(prefetch_count=prefetch))
         size = max_buffer if (no_ack or prefetch is None) else prefetch
         _metrics.track_queue(queue)
-        consumer = Consumer(
+        consumer = ConsumerFeed(
             self,
             queue,
             consumer_tag=consumer_tag or f"{_TAG_PREFIX}{next(_tag_counter)}",
@@ -468,25 +429,25 @@ class ConsumingChannel(PublishingChannel):
         try:
             await self._basic_consume(consumer)
         except BaseException:
-            consumer._end(None)
-            consumer._close()
+            consumer.end(None)
+            consumer.close()
             raise
         try:
-            yield consumer
+            yield Consumer(self, consumer)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._conn.close_timeout):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._link.close_timeout):
                 await self._cancel_consumer(consumer)
 
-    async def _basic_consume(self, consumer: Consumer, *, internal: bool = False) -> bool:
+    async def _basic_consume(self, consumer: ConsumerFeed, *, internal: bool = False) -> bool:
         """Basic.Consume for ``consumer``; False when it was not sent (see below)."""
         if internal:
             # Re-registering (recovery, resubscribe): only a consumer whose consume()
             # block is still open; one that ended meanwhile stays gone.
-            if self._consumers.get(consumer.consumer_tag) is not consumer:
+            if not self._consumers.holds(consumer):
                 return False
         else:
-            self._consumers[consumer.consumer_tag] = consumer
-        consumer._active = True
+            self._consumers.add(consumer)
+        consumer.active = True
         try:
             await self._call(
                 commands.Basic.Consume(
@@ -499,43 +460,38 @@ class ConsumingChannel(PublishingChannel):
                 internal=internal,
             )
         except BaseException:
-            consumer._active = False
+            consumer.active = False
             if not internal:
-                self._consumers.pop(consumer.consumer_tag, None)
+                self._consumers.remove(consumer.consumer_tag)
             raise
         return True
 
-    async def _cancel_consumer(self, consumer: Consumer) -> None:
-        self._stop_resubscribe(consumer)
-        was_active = consumer._active
-        consumer._active = False
+    async def _cancel_consumer(self, consumer: ConsumerFeed) -> None:
+        consumer.stop_resubscribe()
+        was_active = consumer.active
+        consumer.active = False
         try:
-            if was_active and self._cid and not self._closed and self._conn._connected.is_set():
+            if was_active and self._state.cid and not self._state.closed and self._link.is_connected:
                 await self._call(commands.Basic.Cancel(consumer_tag=consumer.consumer_tag))
         except AMQPError:
             pass  # channel or connection already gone: the broker requeues by itself
         finally:
-            self._consumers.pop(consumer.consumer_tag, None)
+            self._consumers.remove(consumer.consumer_tag)
             # auto-delete queues
-            self._conn.topology.consumer_gone(consumer.queue, self._conn._queue_consumed)
-            consumer._end(None)
-            buffered = consumer._drop_buffered()
-            consumer._close()  # iteration ends
+            self._link.topology.consumer_gone(consumer.queue, self._link.queue_consumed)
+            consumer.end(None)
+            buffered = consumer.drop_buffered()
+            consumer.close()  # iteration ends
             # Give back what was buffered but never handed to the user.
-            if not consumer.no_ack and self._cid and not self._closed:
+            if not consumer.no_ack and self._state.cid and not self._state.closed:
                 returned = 0
                 for msg in buffered:
-                    if not msg._settled and msg._generation == self._generation:
-                        self._conn._transport.proto.reject(self._cid, msg.delivery_tag, True)
+                    if not msg.settled and not msg.is_stale:
+                        self._link.reject(self._state.cid, msg.delivery_tag, True)
                         returned += 1
                 if returned:
-                    _metrics.bump(_metrics.stats.nacked, consumer._label, returned)
+                    _metrics.bump(_metrics.stats.nacked, consumer.label, returned)
                     try:
-                        await self._conn._transport.flush()
+                        await self._link.flush()
                     except AMQPError:
                         pass  # connection gone: unacked messages return to the queue anyway
-
-    def _stop_resubscribe(self, consumer: Consumer) -> None:
-        if consumer._resubscribe_scope is not None:
-            consumer._resubscribe_scope.cancel()
-            consumer._resubscribe_scope = None

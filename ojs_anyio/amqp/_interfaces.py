@@ -3,10 +3,10 @@
 In the spirit of httpcore's ``interfaces.py`` and h2's stream/connection split, neither
 side sees the whole of the other:
 
-* :class:`ChannelLink` is everything a channel (and its consumers, messages and publish
-  handles) may use of its connection: the current :class:`~._transport.Transport` (codec
-  and writer), the "usable" and "unblocked" events, the recorded topology, the event hub,
-  and registration of its channel id.  :class:`~._connection.Connection` implements it.
+* :class:`~._link.ChannelLink` (a class, in ``_link.py``) is everything a channel (and its
+  consumers, messages and publish handles) may do with its connection, as verbs: send a
+  method, publish, settle, flush, defer a flush, wait until ready, emit, spawn, and route
+  its channel id.  The connection owns it and reads back only :class:`ConnectionOwner`.
 * :class:`ChannelEndpoint` is everything the connection calls on a channel: the reader's
   synchronous event handlers, the transport-lost notice, recovery and close.
   :class:`~._channel.Channel` implements it.
@@ -21,17 +21,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    import anyio
-    import anyio.abc
-
     from ojs_codec import ChannelClosed, ChannelCloseOk, Confirmed, Delivery, Returned
 
-    from ._events import EventHub
     from ._policy import RecoveryPolicy
     from ._topology import TopologyRecorder
-    from ._transport import Transport
 
-__all__ = ["ChannelEndpoint", "ChannelLink"]
+__all__ = ["ChannelEndpoint", "ConnectionOwner"]
 
 
 class ChannelEndpoint(Protocol):
@@ -49,28 +44,15 @@ class ChannelEndpoint(Protocol):
     async def aclose(self) -> None: ...
 
 
-class ChannelLink(Protocol):
-    """What a channel uses of its connection."""
+class ConnectionOwner(Protocol):
+    """What the :class:`~._link.ChannelLink` reads of the connection that owns it: its
+    public settings and waits (:class:`~._connection.Connection` implements it)."""
 
     close_timeout: float
     #: Default bound on how long a publish waits for a blocked or disconnected connection.
     publish_timeout: float | None
     recovery: RecoveryPolicy
     topology: TopologyRecorder
-    #: The current connection generation: codec, socket, writer (replaced on reconnect).
-    _transport: Transport
-    #: Set while the connection is usable (replaced by a fresh event when it goes down).
-    _connected: anyio.Event
-    #: Set unless the broker blocks publishers (connection.blocked).
-    _unblocked: anyio.Event
-    _events: EventHub
-    #: The connection's task group, for background work such as re-registering a consumer.
-    _tg: anyio.abc.TaskGroup | None
 
     async def wait_connected(self, timeout: float | None = None) -> None: ...
     async def wait_unblocked(self, timeout: float | None = None) -> None: ...
-    def _register(self, channel: ChannelEndpoint) -> None: ...
-    def _unregister(self, channel: ChannelEndpoint) -> None: ...
-    def _attach(self, channel_id: int, channel: ChannelEndpoint) -> None: ...
-    def _detach(self, channel_id: int, channel: ChannelEndpoint) -> None: ...
-    def _queue_consumed(self, queue: str) -> bool: ...

@@ -106,7 +106,7 @@ class _Stats:
         """Deliveries held unsettled right now, by queue (consumers and Basic.Get)."""
         table: dict[str, int] = {}
         for source in list(consumers):
-            for queue, n, _prefetch in source._metrics_unacked():
+            for queue, n, _prefetch in source.metrics_unacked():
                 table[queue] = table.get(queue, 0) + n  # 0 too: a live consumer's queue
         return table
 
@@ -116,7 +116,7 @@ class _Stats:
         held: dict[str, int] = {}
         window: dict[str, int] = {}
         for source in list(consumers):
-            for queue, n, prefetch in source._metrics_unacked():
+            for queue, n, prefetch in source.metrics_unacked():
                 if prefetch:
                     held[queue] = held.get(queue, 0) + n
                     window[queue] = window.get(queue, 0) + prefetch
@@ -126,7 +126,7 @@ class _Stats:
 stats = _Stats()
 
 #: Live consumers (and channels holding Basic.Get deliveries): anything with a
-#: ``_metrics_unacked()`` returning ``[(queue, unsettled, prefetch or 0), ...]``.  Read only
+#: ``metrics_unacked()`` returning ``[(queue, unsettled, prefetch or 0), ...]``.  Read only
 #: when a metric reader collects.
 consumers: weakref.WeakSet[Any] = weakref.WeakSet()
 

@@ -14,10 +14,10 @@ from ojs_codec import BasicProperties, Confirmed, Returned, UsageError
 
 from . import _metrics, _park
 from ._channel_core import ChannelCore
+from ._confirms import ConfirmTracker, Outcome
 from ._errors import (
     ConnectionLostError,
     OperationTimeoutError,
-    PublishNackedError,
     PublishOutcomeUnknownError,
     PublishTimeoutError,
     UnroutableError,
@@ -25,7 +25,7 @@ from ._errors import (
 
 if TYPE_CHECKING:
     from ._channel import Channel
-    from ._interfaces import ChannelLink
+    from ._link import ChannelLink
 
 __all__ = ["PublishHandle", "PublishWindow", "PublishingChannel"]
 
@@ -97,6 +97,12 @@ class PublishHandle:
         return f"<PublishHandle tag={self.tag} {self.exchange!r}/{self.routing_key!r} {state}>"
 
 
+def _resolve(outcomes: list[Outcome]) -> None:
+    """Resolve what the confirm tracker returned (wakes the tasks waiting on each)."""
+    for handle, outcome in outcomes:
+        handle._resolve(outcome)
+
+
 class PublishWindow:
     """Keep up to ``max_in_flight`` publishes unconfirmed from one task, without a task per message.
 
@@ -137,7 +143,7 @@ class PublishWindow:
         handle = await ch._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
         if handle._result is None:
             self.in_flight += 1
-        if len(ch._conn._transport.proto.outbound) >= _FLUSH_THRESHOLD:
+        if ch._link.outbound_size >= _FLUSH_THRESHOLD:
             await ch._flush_publish()
         return handle
 
@@ -160,7 +166,7 @@ class PublishWindow:
                 await self._wait_below(0)
             if self.in_flight:
                 ch = self.channel
-                ch._give_up_confirms([h for h in ch._pending.values() if h._window is self], timeout)
+                ch._give_up_confirms([h for h in ch._confirms.pending.values() if h._window is self], timeout)
         failed, self.failures = self.failures, []
         return failed
 
@@ -185,91 +191,45 @@ class PublishWindow:
 class PublishingChannel(ChannelCore):
     """The publishing half of a channel."""
 
-    def __init__(self, conn: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        super().__init__(conn, confirms=confirms, prefetch=prefetch)
-        self._pending: dict[int, PublishHandle] = {}
+    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        super().__init__(link, confirms=confirms, prefetch=prefetch)
+        #: The publishes waiting for their confirm (pure: it returns what to resolve).
+        self._confirms = ConfirmTracker()
         self._returns_without_confirm: list[Returned] = []
         #: Time publishes for the confirm-latency histogram (an SDK is installed).
         self._timing = False
         self._next_sample = 0.0
 
     def _fail_pending(self, error: BaseException, *, outcome_unknown: bool) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            waiter.error = error
-            waiter.event.set()
-        if self._pending:
-            pending, self._pending = self._pending, {}
-            for handle in pending.values():
-                exc = PublishOutcomeUnknownError(
-                    f"publish to {handle.exchange!r}/{handle.routing_key!r} has no confirm: {error}"
-                )
-                exc.__cause__ = error
-                handle._resolve(exc)
+        """The channel or its transport died: fail the call in flight, and every publish
+        waiting for its confirm fails "outcome unknown"."""
+        self._state.fail_waiter(error)
+        if self._confirms.pending:
+            _resolve(self._confirms.fail_all(error))
 
     def _give_up_confirms(self, handles: list[PublishHandle], timeout: float) -> None:
-        """Stop waiting for these handles' confirms: each fails "outcome unknown" (the
-        message was sent; the broker may still route it).  A confirm that comes later finds
-        no pending handle and is ignored."""
-        for handle in handles:
-            if self._pending.get(handle.tag) is handle:
-                del self._pending[handle.tag]
-            handle._resolve(
-                PublishOutcomeUnknownError(
-                    f"publish to {handle.exchange!r}/{handle.routing_key!r} sent, but not confirmed "
-                    f"within {timeout:.3g}s"
-                )
-            )
+        """Stop waiting for these handles' confirms (see ConfirmTracker.give_up)."""
+        _resolve(self._confirms.give_up(handles, timeout))
 
     # -------------------------------------------------- events from the reader
 
     def _on_confirmed(self, ev: Confirmed) -> None:
-        pending = self._pending
-        returned = ev.returned
-        if ev.ack:
-            if self._timing:
-                # Sampled: the oldest publish a Basic.Ack frame confirms, at most once per
-                # _CONFIRM_SAMPLE_INTERVAL (under load a frame covers many publishes).
-                now = time.monotonic()
-                if now >= self._next_sample:
-                    first = pending.get(ev.tags[0]) if ev.tags else None
-                    if first is not None and first.sent_at:
-                        self._next_sample = now + _CONFIRM_SAMPLE_INTERVAL
-                        _metrics.confirm_latency.record(
-                            now - first.sent_at, {"queue": _metrics.label(first.routing_key)}
-                        )
-            for tag in ev.tags:
-                handle = pending.pop(tag, None)
-                if handle is None:
-                    continue
-                if returned is not None and tag in returned:
-                    r = returned[tag]
-                    _metrics.bump(_metrics.stats.returned, _metrics.label(r.routing_key))
-                    handle._resolve(
-                        UnroutableError(
-                            f"message to exchange {r.exchange!r} with routing key {r.routing_key!r} "
-                            f"was returned: {r.reply_code} {r.reply_text}",
-                            reply_code=r.reply_code,
-                            reply_text=r.reply_text,
-                            exchange=r.exchange,
-                            routing_key=r.routing_key,
-                            properties=r.properties,
-                        )
-                    )
-                else:
-                    handle._resolve(True)
-        else:
-            for tag in ev.tags:
-                handle = pending.pop(tag, None)
-                if handle is not None:
-                    handle._resolve(
-                        PublishNackedError(
-                            f"broker rejected the message to {handle.exchange!r}/{handle.routing_key!r} "
-                            "(basic.nack: for example, the queue is full with x-overflow=reject-publish)",
-                            exchange=handle.exchange,
-                            routing_key=handle.routing_key,
-                        )
-                    )
+        if self._timing and ev.ack:
+            # Sampled: the oldest publish a Basic.Ack frame confirms, at most once per
+            # _CONFIRM_SAMPLE_INTERVAL (under load a frame covers many publishes).
+            now = time.monotonic()
+            if now >= self._next_sample:
+                first = self._confirms.oldest(ev.tags)
+                if first is not None and first.sent_at:
+                    self._next_sample = now + _CONFIRM_SAMPLE_INTERVAL
+                    latency = now - first.sent_at
+                    _metrics.confirm_latency.record(latency, {"queue": _metrics.label(first.routing_key)})
+        outcomes = self._confirms.confirmed(ev)
+        if ev.returned is not None:
+            for _handle, outcome in outcomes:
+                if isinstance(outcome, UnroutableError):
+                    _metrics.bump(_metrics.stats.returned, _metrics.label(outcome.routing_key))
+        _resolve(outcomes)
 
     def _on_returned(self, ev: Returned) -> None:
         # Only on channels without confirms: nothing to tie it to.  Keep a bounded log.
@@ -281,9 +241,9 @@ class PublishingChannel(ChannelCore):
     # ----------------------------------------------------------- publishing
 
     async def _flush_publish(self) -> None:
-        conn = self._conn
+        link = self._link
         try:
-            await conn._transport.flush()
+            await link.flush()
         except ConnectionLostError:
             pass  # pending handles are failed with "outcome unknown" by the supervisor
 
@@ -297,15 +257,15 @@ class PublishingChannel(ChannelCore):
         timeout: float | None,
         window: PublishWindow | None,
     ) -> PublishHandle:
-        conn = self._conn
-        limit = timeout if timeout is not None else conn.publish_timeout
-        if self._cid == 0 or self._closed or self._close_waiter is not None or not conn._connected.is_set():
+        link = self._link
+        limit = timeout if timeout is not None else link.publish_timeout
+        if not self._state.usable or not link.is_connected:
             await self._ready_to_publish(limit)  # recovering: wait for it, up to the caller's timeout
-        if not conn._unblocked.is_set():
-            await conn.wait_unblocked(limit)
+        if not link.is_unblocked:
+            await link.wait_unblocked(limit)
             await self._ready_to_publish(limit)
-        tag = conn._transport.proto.publish(
-            self._cid, exchange, routing_key, body, properties, mandatory=mandatory
+        tag = link.publish(
+            self._state.cid, exchange, routing_key, body, properties, mandatory=mandatory
         )
         handle = PublishHandle(tag, exchange, routing_key, window)
         q = routing_key if routing_key in _KNOWN_QUEUES else _OTHER  # bounded labels, see _metrics
@@ -313,7 +273,7 @@ class PublishingChannel(ChannelCore):
         if tag:
             if self._timing:
                 handle.sent_at = time.monotonic()
-            self._pending[tag] = handle
+            self._confirms.track(tag, handle)
         else:
             handle._result = True
         return handle
@@ -351,10 +311,10 @@ class PublishingChannel(ChannelCore):
         """
         handle = await self._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, None)
         try:
-            await self._conn._transport.flush()
+            await self._link.flush()
         except ConnectionLostError as exc:
             if handle.tag:
-                self._pending.pop(handle.tag, None)
+                self._confirms.forget(handle.tag)
             raise PublishOutcomeUnknownError(f"connection failed while sending the publish: {exc}") from exc
         if handle.tag:
             if confirm_timeout is not None and handle._result is None:
@@ -369,7 +329,7 @@ class PublishingChannel(ChannelCore):
 
     @property
     def unconfirmed(self) -> int:
-        return len(self._pending)
+        return len(self._confirms)
 
     async def confirm_select(self) -> None:
         await self._call(commands.Confirm.Select())

@@ -20,13 +20,14 @@ from pamqp import commands
 from ojs_codec import AMQPError, ChannelClosed, ChannelLevelError, NotFound, UsageError
 
 from . import _metrics
-from ._channel_core import _Waiter
-from ._consume import Consumer, ConsumingChannel
+from ._channel_state import Waiter
+from ._consume import ConsumingChannel
+from ._consumers import ConsumerFeed
 from ._errors import ChannelClosedError, ConnectionLostError, ConsumerCancelledError
 from ._events import ConsumerRecovered, TopologyRecoveryFailed
 
 if TYPE_CHECKING:
-    from ._interfaces import ChannelLink
+    from ._link import ChannelLink
 
 __all__ = ["RecoveringChannel", "queue_exists", "replay_topology", "scratch_channel"]
 
@@ -44,35 +45,32 @@ class RecoveringChannel(ConsumingChannel):
         await self.aclose()
 
     async def open(self) -> None:
-        if self._opened_once:
+        if self._state.opened_once:
             raise UsageError("a Channel object is opened once; ask the connection for a new one")
-        self._opened_once = True
-        await self._conn.wait_connected(self._conn.publish_timeout)
-        self._conn._register(self)
+        self._state.opened_once = True
+        await self._link.wait_ready(self._link.publish_timeout)
+        self._link.register(self)
         _metrics.stats.channels_active += 1
         try:
             await self._open_on_wire(internal=False)
         except BaseException:
-            self._closed = True
-            self._conn._unregister(self)
+            self._state.closed = True
+            self._link.unregister(self)
             _metrics.stats.channels_active -= 1
-            if self._cid:
+            if self._state.cid:
                 # Cancelled (or failed) after Channel.Open went out: close it at the broker
                 # rather than leak its id.  The Close-Ok still finds it attached.
-                self._conn._transport.proto.close_channel(self._cid)
+                self._link.close_channel(self._state.cid)
                 with anyio.CancelScope(shield=True):
-                    await self._conn._transport.flush_quietly()
+                    await self._link.flush_quietly()
             raise
 
     async def _open_on_wire(self, *, internal: bool) -> None:
-        conn = self._conn
-        cid = conn._transport.proto.open_channel()
-        self._cid = cid
-        self._generation += 1
-        self._openings += 1
-        self._settled_upto = 0
+        link = self._link
+        cid = link.open_channel()
+        self._state.opened(cid)
         self._timing = _metrics.timing_enabled()
-        conn._attach(cid, self)
+        link.attach(cid, self)
         await self._call(None, internal=True)
         if self.confirms:
             await self._call(commands.Confirm.Select(), internal=True)
@@ -83,26 +81,24 @@ class RecoveringChannel(ConsumingChannel):
 
     async def aclose(self) -> None:
         """Close the channel (idempotent).  Pending confirms fail with "outcome unknown"."""
-        if self._closed:
+        if self._state.closed:
             return
-        conn = self._conn
+        link = self._link
         with anyio.CancelScope(shield=True):
             try:
-                with anyio.move_on_after(conn.close_timeout):
-                    for consumer in list(self._consumers.values()):
+                with anyio.move_on_after(link.close_timeout):
+                    for consumer in list(self._consumers):
                         await self._cancel_consumer(consumer)
-                    if self._close_waiter is not None:
-                        await self._close_waiter.event.wait()  # another task is closing it
-                    elif self._cid and conn._connected.is_set() and not self._closed:
-                        conn._transport.proto.close_channel(self._cid)
+                    if self._state.close_waiter is not None:
+                        await self._state.close_waiter.event.wait()  # another task is closing it
+                    elif self._state.cid and link.is_connected and not self._state.closed:
+                        link.close_channel(self._state.cid)
                         # The codec drops replies once Close is out: fail the call waiting
                         # for one (calls queued behind it see _close_waiter and fail too).
-                        waiter = self._close_waiter = _Waiter()
-                        interrupted, self._waiter = self._waiter, waiter
-                        if interrupted is not None:
-                            interrupted.error = ChannelClosedError("channel closed before the broker replied")
-                            interrupted.event.set()
-                        await conn._transport.flush()
+                        interrupted = ChannelClosedError("channel closed before the broker replied")
+                        self._state.fail_waiter(interrupted)
+                        waiter = self._state.close_waiter = self._state.waiter = Waiter()
+                        await link.flush()
                         await waiter.event.wait()
             except AMQPError:
                 pass  # the connection failed meanwhile; the channel is gone with it
@@ -110,63 +106,54 @@ class RecoveringChannel(ConsumingChannel):
                 self._mark_closed(ChannelClosedError("channel closed"))
 
     def _mark_closed(self, error: BaseException) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._closed_error is None:
-            self._closed_error = error
-        conn = self._conn
-        if self._cid:
-            conn._detach(self._cid, self)
-        self._cid = 0
-        self._generation += 1
-        self._settled_upto = 0
-        self._get_unacked = {}
-        conn._unregister(self)
+        cid = self._state.closed_for_good(error)
+        if cid < 0:
+            return  # closed already
+        link = self._link
+        if cid:
+            link.detach(cid, self)
+        link.unregister(self)
         _metrics.stats.channels_active -= 1
         self._fail_pending(error, outcome_unknown=True)
-        for consumer in list(self._consumers.values()):
-            self._stop_resubscribe(consumer)
-            consumer._end(error if not isinstance(error, ChannelClosedError) or error.__cause__ else None)
+        for consumer in list(self._consumers):
+            consumer.stop_resubscribe()
+            consumer.end(error if not isinstance(error, ChannelClosedError) or error.__cause__ else None)
         self._consumers.clear()
 
     # -------------------------------------------------- events from the reader
 
     def _on_closed(self, ev: object) -> None:
-        if self._recovering and isinstance(ev, ChannelClosed):
+        if self._state.recovering and isinstance(ev, ChannelClosed):
             # Recovery re-opens the channel without what the broker refused (see _recover).
             self._on_connection_gone(ev.error, final=False)
             return
         if isinstance(ev, ChannelClosed):
             err: BaseException = ev.error
             log.info("broker closed channel %d: %s", ev.channel_id, err)
-            waiter, self._waiter = self._waiter, None
-            if waiter is not None:
-                waiter.error = err  # the RPC that caused it gets the typed error itself
-                waiter.event.set()
+            self._state.fail_waiter(err)  # the RPC that caused it gets the typed error itself
             closed = ChannelClosedError(f"channel closed by broker: {err}")
             closed.__cause__ = err
-            self._closed_error = err
+            self._state.closed_error = err
             self._mark_closed(closed)
         else:  # our Close-Ok
-            waiter, self._waiter = self._waiter, None
+            waiter = self._state.take_waiter()
             if waiter is not None:
-                waiter.event.set()
+                waiter.complete(None)
 
     def _on_consumer_cancelled(self, consumer_tag: str) -> None:
         consumer = self._consumers.get(consumer_tag)
         if consumer is None:
             return
         log.warning("broker cancelled consumer %s on queue %r", consumer_tag, consumer.queue)
-        conn = self._conn
-        if conn.recovery.enabled and conn._tg is not None:
-            consumer._active = False
+        link = self._link
+        if link.recovery.enabled:
             scope = anyio.CancelScope()
-            consumer._resubscribe_scope = scope
-            conn._tg.start_soon(self._resubscribe, consumer, scope)
-            return
-        self._consumers.pop(consumer_tag, None)
-        consumer._end(
+            if link.spawn(self._resubscribe, consumer, scope):
+                consumer.active = False
+                consumer.resubscribe_scope = scope
+                return
+        self._consumers.remove(consumer_tag)
+        consumer.end(
             ConsumerCancelledError(
                 f"broker cancelled the consumer on queue {consumer.queue!r} (queue deleted or failed over)",
                 consumer_tag=consumer_tag,
@@ -176,7 +163,7 @@ class RecoveringChannel(ConsumingChannel):
 
     # ------------------------------------------------------------- recovery
 
-    async def _resubscribe(self, consumer: Consumer, scope: anyio.CancelScope) -> None:
+    async def _resubscribe(self, consumer: ConsumerFeed, scope: anyio.CancelScope) -> None:
         """Re-register a consumer the broker cancelled, once its queue exists again.
 
         Every ``consumer_resubscribe_delay`` seconds: wait for the connection, check the
@@ -184,19 +171,19 @@ class RecoveringChannel(ConsumingChannel):
         alone), then Basic.Consume with the consumer's own prefetch, tag and arguments.
         A reconnect meanwhile leaves this consumer to this task (see _recover).
         """
-        conn = self._conn
-        delay = conn.recovery.consumer_resubscribe_delay
+        link = self._link
+        delay = link.recovery.consumer_resubscribe_delay
         with scope:
-            while not self._closed and consumer.consumer_tag in self._consumers:
+            while not self._state.closed and consumer.consumer_tag in self._consumers:
                 await anyio.sleep(delay)
                 try:
                     await self._ready()
-                    consumer.queue = conn.topology.current_name(consumer.queue)
-                    if not await queue_exists(conn, consumer.queue):
+                    consumer.queue = link.topology.current_name(consumer.queue)
+                    if not await queue_exists(link, consumer.queue):
                         continue
                     if consumer.prefetch is not None and not consumer.no_ack:
                         await self._call(commands.Basic.Qos(prefetch_count=consumer.prefetch))
-                    if self._cid == 0 or not conn._connected.is_set():
+                    if self._state.cid == 0 or not link.is_connected:
                         continue  # lost again meanwhile
                     await self._basic_consume(consumer, internal=True)
                 except ChannelClosedError:
@@ -204,8 +191,8 @@ class RecoveringChannel(ConsumingChannel):
                 except AMQPError as exc:
                     log.info("re-registering consumer on %r failed (%s); retrying", consumer.queue, exc)
                     continue
-                consumer._resubscribe_scope = None
-                conn._events.emit(
+                consumer.resubscribe_scope = None
+                link.emit(
                     ConsumerRecovered(
                         queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="broker-cancel"
                     )
@@ -214,28 +201,25 @@ class RecoveringChannel(ConsumingChannel):
 
     def _on_connection_gone(self, err: BaseException, *, final: bool) -> None:
         """The transport died.  Fail what can't survive; keep what recovery restores."""
-        if self._closed:
+        if self._state.closed:
             return
         lost = err if isinstance(err, AMQPError) else ConnectionLostError(str(err))
         if final:
             # Consumers end with the connection's own error (RecoveryFailedError when
             # recovery gave up), before closing the channel ends them more vaguely.
-            for consumer in list(self._consumers.values()):
-                consumer._end(lost)
+            for consumer in list(self._consumers):
+                consumer.end(lost)
             closed = ChannelClosedError(f"connection lost: {err}")
             closed.__cause__ = err
             self._mark_closed(closed)
             return
-        self._cid = 0
-        self._generation += 1  # deliveries handed out so far are stale (StaleDeliveryError)
-        self._settled_upto = 0
-        self._get_unacked = {}
+        self._state.lost()  # deliveries handed out so far are stale (StaleDeliveryError)
         self._fail_pending(lost, outcome_unknown=True)
-        for consumer in self._consumers.values():
+        for consumer in self._consumers:
             # The broker requeues every unacked delivery of the dead channel; those still
             # buffered will come again (redelivered=True), those handed out are stale.
-            consumer._drop_buffered()
-            consumer._unacked = 0
+            consumer.drop_buffered()
+            consumer.unacked = 0
 
     async def _recover(self) -> None:
         """Re-open this channel on a new transport with its confirms, QoS and consumers
@@ -246,27 +230,24 @@ class RecoveringChannel(ConsumingChannel):
         :class:`TopologyRecoveryFailed`, and the channel is recovered without it.  If the
         channel itself can't be re-opened, it is closed with the error.
         """
-        if self._closed or self._internal:
+        if self._state.closed or self._state.internal:
             return
         # A call cancelled while it waited for its reply on an earlier transport (recovery
         # itself is cancelled when a transport dies) leaves its waiter; no reply will come.
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            waiter.error = ConnectionLostError("the connection was lost before the reply")
-            waiter.event.set()
-        conn = self._conn
-        topo = conn.topology
-        self._recovering = True
+        self._state.fail_waiter(ConnectionLostError("the connection was lost before the reply"))
+        link = self._link
+        topo = link.topology
+        self._state.recovering = True
         try:
             while True:
-                current: Consumer | None = None
-                recovered: list[Consumer] = []
+                current: ConsumerFeed | None = None
+                recovered: list[ConsumerFeed] = []
                 try:
                     await self._open_on_wire(internal=True)
-                    for consumer in list(self._consumers.values()):
-                        if consumer._resubscribe_scope is not None:
+                    for consumer in list(self._consumers):
+                        if consumer.resubscribe_scope is not None:
                             continue  # cancelled by the broker earlier: _resubscribe owns it
-                        if self._consumers.get(consumer.consumer_tag) is not consumer:
+                        if not self._consumers.holds(consumer):
                             continue  # its consume() block ended while we were recovering
                         current = consumer
                         consumer.queue = topo.current_name(consumer.queue)
@@ -283,7 +264,7 @@ class RecoveringChannel(ConsumingChannel):
                     # The broker closed the channel (_on_closed reset it): go again without
                     # the consumer it refused.
                     if current is None:
-                        conn._events.emit(TopologyRecoveryFailed(what="re-opening a channel", error=exc))
+                        link.emit(TopologyRecoveryFailed(what="re-opening a channel", error=exc))
                         closed = ChannelClosedError(f"channel could not be recovered: {exc}")
                         closed.__cause__ = exc
                         self._mark_closed(closed)
@@ -295,55 +276,55 @@ class RecoveringChannel(ConsumingChannel):
                 # would keep delivering to a consumer nobody reads.
                 current = None
                 for consumer in recovered:
-                    if self._consumers.get(consumer.consumer_tag) is not consumer:
+                    if not self._consumers.holds(consumer):
                         cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag)
                         await self._call(cancel, internal=True)
-                recovered = [c for c in recovered if self._consumers.get(c.consumer_tag) is c]
+                recovered = [c for c in recovered if self._consumers.holds(c)]
                 break
         finally:
-            self._recovering = False
+            self._state.recovering = False
         for consumer in recovered:
-            conn._events.emit(
+            link.emit(
                 ConsumerRecovered(
                     queue=consumer.queue, consumer_tag=consumer.consumer_tag, reason="reconnect"
                 )
             )
 
-    def _drop_consumer(self, consumer: Consumer, error: BaseException, why: str) -> None:
+    def _drop_consumer(self, consumer: ConsumerFeed, error: BaseException, why: str) -> None:
         """Recovery could not restore ``consumer``: end its iteration with ``error``."""
         what = f"consumer {consumer.consumer_tag} on queue {consumer.queue!r}"
         log.error("recovery: %s: %s (%s)", what, why, error)
-        self._consumers.pop(consumer.consumer_tag, None)
-        consumer._active = False
-        consumer._end(error)
-        self._conn._events.emit(TopologyRecoveryFailed(what=what, error=error))
+        self._consumers.remove(consumer.consumer_tag)
+        consumer.active = False
+        consumer.end(error)
+        self._link.emit(TopologyRecoveryFailed(what=what, error=error))
 
 
 @asynccontextmanager
-async def scratch_channel(conn: ChannelLink) -> AsyncIterator[RecoveringChannel]:
+async def scratch_channel(link: ChannelLink) -> AsyncIterator[RecoveringChannel]:
     """A private channel for recovery's own declarations and checks.
 
     If the broker closes it (404, 406…) its id drops to 0 instead of it being closed for
     good: re-open it with ``_open_on_wire``.  Closed (without waiting for Close-Ok) on exit.
     """
-    ch = RecoveringChannel(conn, confirms=False)
-    ch._internal = True
-    ch._recovering = True
+    ch = RecoveringChannel(link, confirms=False)
+    ch._state.internal = True
+    ch._state.recovering = True
     await ch._open_on_wire(internal=True)
     try:
         yield ch
     finally:
-        if ch._cid:
+        if ch._state.cid:
             try:
-                conn._transport.proto.close_channel(ch._cid)
-                await conn._transport.flush()
+                link.close_channel(ch._state.cid)
+                await link.flush()
             except AMQPError:
                 pass  # the transport died meanwhile; the supervisor deals with it
 
 
-async def queue_exists(conn: ChannelLink, queue: str) -> bool:
+async def queue_exists(link: ChannelLink, queue: str) -> bool:
     """Passive Queue.Declare on a scratch channel, so a 404 closes only that channel."""
-    async with scratch_channel(conn) as ch:
+    async with scratch_channel(link) as ch:
         try:
             await ch._call(commands.Queue.Declare(queue=queue, passive=True), internal=True)
         except NotFound:
@@ -351,7 +332,7 @@ async def queue_exists(conn: ChannelLink, queue: str) -> bool:
     return True
 
 
-async def replay_topology(conn: ChannelLink) -> None:
+async def replay_topology(link: ChannelLink) -> None:
     """Re-declare the recorded topology on a scratch channel (opened only if there is
     something to declare, and re-opened after each declaration the broker refused)."""
     async with AsyncExitStack() as stack:
@@ -360,9 +341,9 @@ async def replay_topology(conn: ChannelLink) -> None:
         async def call(method: Any) -> Any:
             nonlocal scratch
             if scratch is None:
-                scratch = await stack.enter_async_context(scratch_channel(conn))
-            elif scratch._cid == 0:  # the broker closed it after the previous failure
+                scratch = await stack.enter_async_context(scratch_channel(link))
+            elif scratch._state.cid == 0:  # the broker closed it after the previous failure
                 await scratch._open_on_wire(internal=True)
             return await scratch._call(method, internal=True)
 
-        await conn.topology.replay(call, conn._events.emit)
+        await link.topology.replay(call, link.emit)

@@ -25,6 +25,8 @@ from urllib.parse import parse_qsl, unquote
 
 from ojs_codec import UsageError
 
+from .._schemes import PLUGINS, is_plugin_scheme
+
 __all__ = ["AMQPURL", "InvalidURL", "parse_url"]
 
 _QUERY_KEYS = frozenset(
@@ -85,7 +87,7 @@ class AMQPURL:
     def redacted(self) -> str:
         """The URL with the password replaced by ``***`` (safe for logs)."""
         hosts = ",".join(f"{h}:{p}" for h, p in self.hosts)
-        if self.memory:
+        if is_plugin_scheme(self.scheme):
             hosts = self.host
         return f"{self.scheme}://{self.username}:***@{hosts}/{self.virtual_host.replace('/', '%2F')}"
 
@@ -134,8 +136,10 @@ def parse_url(url: str) -> AMQPURL:
     if not sep:
         raise _bad("missing '://' (expected amqp://user:pass@host:port/vhost)")
     scheme = scheme.lower()
-    if scheme not in ("amqp", "amqps", "memory"):
-        raise _bad(f"scheme must be 'amqp', 'amqps' or 'memory', got {scheme!r}")
+    plugin = is_plugin_scheme(scheme)
+    if scheme not in ("amqp", "amqps") and not plugin:
+        plugins = ", ".join(repr(s) for s in sorted(PLUGINS))
+        raise _bad(f"scheme must be 'amqp', 'amqps' or a plug-in's ({plugins}), got {scheme!r}")
     default_port = 5671 if scheme == "amqps" else 5672
     if "#" in rest:
         raise _bad("fragments ('#…') are not allowed")
@@ -152,10 +156,11 @@ def parse_url(url: str) -> AMQPURL:
         user_raw, colon, pass_raw = userinfo.partition(":")
         username = unquote(user_raw)
         password = unquote(pass_raw) if colon else ""
-    if scheme == "memory":
-        # memory://NAME/vhost: NAME is the in-process broker's name (no port, one host).
+    if plugin:
+        # memory://NAME/vhost (a plug-in scheme): NAME is what to connect to, such as the
+        # in-process broker's name (no port, one host).
         if "," in hostpart or ":" in hostpart:
-            raise _bad("a memory:// URL names one broker: memory://NAME/vhost")
+            raise _bad(f"a {scheme}:// URL names one broker: {scheme}://NAME/vhost")
         hosts: tuple[tuple[str, int], ...] = ((unquote(hostpart) or "default", 0),)
     else:
         hosts = (

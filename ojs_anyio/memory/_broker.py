@@ -21,6 +21,7 @@ import anyio.lowlevel
 
 from ojs_codec import UsageError
 
+from .._schemes import register_scheme
 from ._clock import Clock, LoopClock, VirtualClock
 from ._model import Message, PublishFault, Queue, State, VHost
 from ._session import Session
@@ -244,6 +245,14 @@ async def open_stream(name: str) -> anyio.abc.ByteStream:
     """A connected byte stream to the broker ``name`` (the memory:// transport)."""
     await anyio.lowlevel.checkpoint()
     return get_broker(name or "default")._open(name or "default")
+
+
+async def _memory_stream(host: str, port: int) -> anyio.abc.ByteStream:
+    """The ``memory://`` scheme's stream factory: ``host`` is the broker's name."""
+    return await open_stream(host)
+
+
+register_scheme("memory", _memory_stream)
 
 
 class MemoryStream(anyio.abc.ByteStream):

@@ -392,6 +392,26 @@ def _server_name() -> str:
     return "amq.gen-" + secrets.token_urlsafe(16)[:22]
 
 
+#: The queue arguments RabbitMQ 3.10 compares when a queue is declared again (found with
+#: pika, declaring each one anew on a queue declared without it); any other argument may
+#: differ (an unknown ``x-`` one, or one the queue type does not use) and is ignored.
+CLASSIC_COMPARED_ARGUMENTS = frozenset(
+    {
+        "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+        "x-max-length", "x-max-length-bytes", "x-max-priority", "x-overflow", "x-single-active-consumer",
+        "x-queue-mode", "x-queue-master-locator", "x-queue-version", "x-queue-type",
+    }
+)  # fmt: skip
+QUORUM_COMPARED_ARGUMENTS = frozenset(
+    {
+        "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+        "x-max-length", "x-max-length-bytes", "x-overflow", "x-queue-leader-locator",
+        "x-dead-letter-strategy", "x-max-in-memory-bytes", "x-max-in-memory-length", "x-delivery-limit",
+        "x-quorum-initial-group-size", "x-single-active-consumer", "x-queue-type",
+    }
+)  # fmt: skip
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -463,13 +483,16 @@ class State:
             ran = True
             if q.deleted:
                 continue
+            # Each expiry happens at the time it fell due, in order, even when nothing ran
+            # the timers meanwhile (no connection open): a message dead-lettered into
+            # another TTL queue starts its next TTL then, as on RabbitMQ.
             if kind == 0:
                 if q._head_timer == when:
                     q._head_timer = None
-                self.expire_head(q, now, inclusive=True)
-                self.dispatch(q, now)
-            elif q.expires is not None and not q.consumers and q.last_used + q.expires / 1000 <= now:
-                self.delete_queue(q, now)
+                self.expire_head(q, when, inclusive=True)
+                self.dispatch(q, when)
+            elif q.expires is not None and not q.consumers and q.last_used + q.expires / 1000 <= when:
+                self.delete_queue(q, when)
         return ran
 
     # ---------------------------------------------------------------- queues: messages
@@ -604,6 +627,10 @@ class State:
             if d.get("queue") == q.name and d.get("reason") == reason:
                 entry = d
                 break
+        for d in deaths:
+            if d.get("queue") == q.name and d.get("reason") == reason:
+                entry = d
+                break
         if entry is not None:
             deaths.remove(entry)
             entry = dict(entry)
@@ -621,7 +648,10 @@ class State:
             if props.expiration is not None:
                 entry["original-expiration"] = props.expiration
         deaths.insert(0, entry)
-        headers["x-death"] = deaths
+        # RabbitMQ writes every count as int64 (field type 'l'), whatever width it came in.
+        headers["x-death"] = [
+            {**d, "count": Int64(d["count"])} if _is_int(d.get("count")) else d for d in deaths
+        ]
         if "x-first-death-reason" not in headers:
             headers["x-first-death-reason"] = reason
             headers["x-first-death-queue"] = q.name
@@ -740,8 +770,16 @@ class State:
                         f"inequivalent arg '{field}' for {_x(name, vhost.name)}: "
                         f"received '{_fmt(want)}' but current is '{_fmt(have)}'",
                     )
-            if _args_key(existing.arguments) != _args_key(arguments):
-                raise AMQPFail(PRECONDITION_FAILED, f"inequivalent arguments for {_x(name, vhost.name)}")
+            # RabbitMQ 3.10 compares only alternate-exchange (checked with pika): other
+            # arguments may differ, and the exchange keeps the ones it was declared with.
+            have_alt = existing.arguments.get("alternate-exchange")
+            want_alt = arguments.get("alternate-exchange")
+            if have_alt != want_alt:
+                raise AMQPFail(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg 'alternate-exchange' for {_x(name, vhost.name)}: "
+                    f"received {_typed_value(want_alt)} but current is {_typed_value(have_alt)}",
+                )
             return
         alt = arguments.get("alternate-exchange")
         if alt is not None and not isinstance(alt, str):
@@ -898,8 +936,9 @@ class State:
                         f"inequivalent arg '{field}' for {_q(name, vhost.name)}: "
                         f"received '{_fmt(want)}' but current is '{_fmt(have)}'",
                     )
-            for arg in sorted(set(existing.arguments) | set(arguments)):
-                if arg.startswith("x-") and existing.arguments.get(arg) != arguments.get(arg):
+            compared = QUORUM_COMPARED_ARGUMENTS if existing.kind == "quorum" else CLASSIC_COMPARED_ARGUMENTS
+            for arg in sorted((set(existing.arguments) | set(arguments)) & compared):
+                if existing.arguments.get(arg) != arguments.get(arg):
                     if arg == "x-queue-type" and arguments.get(arg, "classic") == existing.kind:
                         continue
                     raise AMQPFail(

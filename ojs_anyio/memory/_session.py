@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from ojs_codec import (
+    BASIC_ACK,
+    BASIC_DELIVER,
+    BASIC_PUBLISH,
     FRAME_BODY,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
@@ -26,14 +29,14 @@ from ojs_codec import (
     AMQPError,
     BasicProperties,
     FrameReader,
+    Int64,
     decode_content_header,
     decode_method,
     encode_ack,
-    encode_frame,
+    encode_method_frame_unvalidated,
     encode_nack,
     encode_properties,
 )
-from ojs_codec._frames import _encode_field, _spec
 
 from ._model import (
     ACCESS_REFUSED,
@@ -68,9 +71,7 @@ _U16 = struct.Struct(">H")
 _FRAME_HDR = struct.Struct(">BHI")
 _TAG = struct.Struct(">Q")
 _END = b"\xce"
-_PUBLISH = (60 << 16) | 40
-_ACK = (60 << 16) | 80
-_DELIVER_ID = _U32.pack((60 << 16) | 60)
+_DELIVER_ID = _U32.pack(BASIC_DELIVER)
 
 #: Deliveries pause while this many bytes wait for the client to read them (the emulation
 #: of TCP back-pressure); replies to the client's own methods are always queued.
@@ -108,29 +109,7 @@ SERVER_PROPERTIES: dict[str, Any] = {
 def method_frame(channel: int, cls: Any, **fields: Any) -> bytes:
     """A method frame from a pamqp command class and field values (no pamqp validation:
     RabbitMQ's names are any UTF-8, pamqp's regexes are narrower)."""
-    out = bytearray(_U32.pack(cls.index))
-    bits = -1
-    bit_index = 0
-    for name, kind in _spec(cls):
-        value = fields.get(name)
-        if kind == "bit":
-            if bits < 0 or bit_index == 8:
-                if bits >= 0:
-                    out.append(bits)
-                bits, bit_index = 0, 0
-            if value:
-                bits |= 1 << bit_index
-            bit_index += 1
-            continue
-        if bits >= 0:
-            out.append(bits)
-            bits = -1
-        if value is None:
-            value = 0 if kind in ("octet", "short", "long", "longlong") else None
-        _encode_field(out, kind, value, name)
-    if bits >= 0:
-        out.append(bits)
-    return encode_frame(FRAME_METHOD, channel, bytes(out))
+    return encode_method_frame_unvalidated(channel, cls, fields)
 
 
 def _short(text: str) -> bytes:
@@ -231,7 +210,7 @@ class ChannelState:
 
 def _with_delivery_count(msg: Message) -> Message:
     headers = dict(msg.props.headers or {})
-    headers["x-delivery-count"] = msg.delivery_count
+    headers["x-delivery-count"] = Int64(msg.delivery_count)  # int64 ('l'), as RabbitMQ writes it
     import msgspec
 
     new = msg.with_props(msgspec.structs.replace(msg.props, headers=headers))
@@ -512,10 +491,10 @@ class Session:
                 "expected content header for class 60, got non content header frame instead "
                 f"(channel {channel})",
             )
-        if index == _PUBLISH:
+        if index == BASIC_PUBLISH:
             self._publish_method(ch, payload)
             return
-        if index == _ACK and len(payload) == 13:
+        if index == BASIC_ACK and len(payload) == 13:
             tag = _TAG.unpack_from(payload, 4)[0]
             self._settle(ch, "ack", tag, bool(payload[12] & 1), False)
             return

@@ -332,3 +332,18 @@ def test_encode_content_errors() -> None:
         ojs_codec.encode_content(1, 60, ojs_codec.BasicProperties(headers={"k": "v" * 4100}), b"", 4096)
     with pytest.raises(UsageError):
         ojs_codec.encode_content(70000, 60, None, b"", 4096)
+
+
+def test_encode_method_frame_unvalidated_matches_the_checked_encoder() -> None:
+    """The encoder for a peer (the memory:// broker): the same bytes as the checked one for
+    a valid method, a name pamqp's pattern refuses let through, missing ints written as 0."""
+    fields = {"queue": "jobs", "message_count": 3, "consumer_count": 1}
+    assert ojs_codec.encode_method_frame_unvalidated(
+        1, commands.Queue.DeclareOk, fields
+    ) == ojs_codec.encode_method_frame(1, commands.Queue.DeclareOk(**fields))
+    odd = ojs_codec.encode_method_frame_unvalidated(1, commands.Queue.DeclareOk, {"queue": "jobs é/$"})
+    method = ojs_codec.decode_method(odd[7:-1])
+    assert (method.queue, method.message_count, method.consumer_count) == ("jobs é/$", 0, 0)
+    with pytest.raises(UsageError):
+        bad = {"queue": "q", "message_count": "x"}
+        ojs_codec.encode_method_frame_unvalidated(1, commands.Queue.DeclareOk, bad)

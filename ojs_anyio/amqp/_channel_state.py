@@ -1,0 +1,169 @@
+"""A channel's state, with its transitions in one place.
+
+Every delivery a channel hands out carries the channel's *generation*; settling it checks
+that the generation is still current (else :class:`StaleDeliveryError`: the broker
+redelivers it).  The generation moves, and the per-generation settling state is reset, on
+exactly four transitions, all here:
+
+* :meth:`ChannelState.opened`: Channel.Open went out on a new wire id;
+* :meth:`ChannelState.lost`: the transport died, recovery will re-open the channel;
+* :meth:`ChannelState.closed`: closed for good;
+* :meth:`ChannelState.recovered`: Basic.Recover made the broker redeliver everything.
+
+The one synchronous call in flight waits on a :class:`Waiter`; :meth:`ChannelState.take_waiter`
+hands it over (once) to whoever completes or fails it.  No I/O, no awaiting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+__all__ = ["ChannelState", "Settle", "Waiter"]
+
+
+class Waiter:
+    """The reply (or the error) one synchronous call waits for."""
+
+    __slots__ = ("error", "event", "result")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def complete(self, result: Any) -> None:
+        self.result = result
+        self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.event.set()
+
+
+class Settle:
+    """What settling a delivery found (see :meth:`ChannelState.settle`)."""
+
+    OK = 0
+    ALREADY = 1
+    STALE = 2
+
+
+class ChannelState:
+    """The state of one logical channel (it outlives its wire ids across recoveries)."""
+
+    __slots__ = (
+        "__weakref__",
+        "cid",
+        "close_waiter",
+        "closed",
+        "closed_error",
+        "generation",
+        "get_unacked",
+        "internal",
+        "opened_once",
+        "openings",
+        "recovering",
+        "settled_upto",
+        "waiter",
+    )
+
+    def __init__(self) -> None:
+        #: The current wire id; 0 while the channel is not open on a transport.
+        self.cid = 0
+        #: Moves on every transition below: deliveries of an earlier one are stale.
+        self.generation = 0
+        #: Times the channel was opened on a transport (a transaction belongs to one).
+        self.openings = 0
+        #: Highest delivery tag settled with multiple=True in this generation.
+        self.settled_upto = 0
+        #: Unsettled Basic.Get deliveries of this generation, by queue label (for the gauge).
+        self.get_unacked: dict[str, int] = {}
+        self.opened_once = False
+        self.closed = False
+        self.closed_error: BaseException | None = None
+        #: The synchronous call in flight, and the wait for our Close-Ok (while closing).
+        self.waiter: Waiter | None = None
+        self.close_waiter: Waiter | None = None
+        #: A private channel of recovery's (never recovered itself).
+        self.internal = False
+        #: While recovery re-opens it, a broker close only resets it.
+        self.recovering = False
+
+    # ---------------------------------------------------------- transitions
+
+    def _new_generation(self, *, drop_gets: bool) -> None:
+        self.generation += 1
+        self.settled_upto = 0
+        if drop_gets:
+            self.get_unacked = {}
+
+    def opened(self, cid: int) -> None:
+        """Channel.Open went out as wire id ``cid``."""
+        self.cid = cid
+        self.openings += 1
+        self._new_generation(drop_gets=False)
+
+    def lost(self) -> None:
+        """The transport died; the channel waits to be re-opened."""
+        self.cid = 0
+        self._new_generation(drop_gets=True)
+
+    def closed_for_good(self, error: BaseException) -> int:
+        """Closed for good; returns the wire id it had (0: none), or -1 if it was closed already."""
+        if self.closed:
+            return -1
+        self.closed = True
+        if self.closed_error is None:
+            self.closed_error = error
+        cid, self.cid = self.cid, 0
+        self._new_generation(drop_gets=True)
+        return cid
+
+    def recovered(self) -> None:
+        """Basic.Recover: the broker redelivers every unacked delivery (their tags are void)."""
+        self._new_generation(drop_gets=False)
+
+    def take_waiter(self) -> Waiter | None:
+        """The waiting call, now owned by the caller (who completes or fails it)."""
+        waiter, self.waiter = self.waiter, None
+        return waiter
+
+    def fail_waiter(self, error: BaseException) -> None:
+        """Fail the waiting call, if any."""
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            waiter.fail(error)
+
+    # -------------------------------------------------------------- queries
+
+    def metrics_unacked(self) -> list[tuple[str, int, int]]:
+        """Unsettled Basic.Get deliveries by queue, for the unacked gauge (no prefetch)."""
+        if self.closed:
+            return []
+        return [(queue, n, 0) for queue, n in self.get_unacked.items()]
+
+    @property
+    def usable(self) -> bool:
+        """Open on the current transport and not closing."""
+        return self.cid != 0 and not self.closed and self.close_waiter is None
+
+    def is_stale(self, generation: int) -> bool:
+        return generation != self.generation or self.cid == 0
+
+    def settle(self, tag: int, generation: int, multiple: bool) -> int:
+        """Check settling delivery ``tag`` of ``generation``; record a ``multiple`` one.
+
+        Returns :attr:`Settle.ALREADY` when an earlier multiple ack/nack on this channel
+        covered it, :attr:`Settle.STALE` when its channel closed or was recovered since,
+        else :attr:`Settle.OK`."""
+        current = generation == self.generation
+        if current and tag <= self.settled_upto:
+            return Settle.ALREADY
+        if not current or self.cid == 0:
+            return Settle.STALE
+        if multiple and tag > self.settled_upto:
+            # Delivery tags grow per channel: this settles every earlier delivery too.
+            self.settled_upto = tag
+        return Settle.OK

@@ -1,0 +1,71 @@
+"""The channel's pure parts, without a broker: its state's transitions and the confirms
+tracker (which returns what to resolve and resolves nothing itself)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ojs_anyio.amqp import PublishNackedError, PublishOutcomeUnknownError, UnroutableError
+from ojs_anyio.amqp._channel_state import ChannelState, Settle, Waiter
+from ojs_anyio.amqp._confirms import ConfirmTracker
+from ojs_anyio.amqp._publish import PublishHandle
+from ojs_codec import BasicProperties, Confirmed, Returned
+
+BROKER = False
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_every_transition_moves_the_generation_and_resets_settling() -> None:
+    state = ChannelState()
+    state.opened(3)
+    assert (state.cid, state.generation, state.openings) == (3, 1, 1)
+    first = state.generation
+    assert state.settle(5, first, multiple=True) == Settle.OK
+    assert state.settle(4, first, multiple=False) == Settle.ALREADY  # covered by the multiple ack
+    state.get_unacked["q"] = 2
+    state.recovered()  # Basic.Recover: earlier tags are void
+    assert state.settle(6, first, multiple=False) == Settle.STALE
+    assert state.settled_upto == 0 and state.get_unacked == {"q": 2}
+    state.lost()
+    assert (state.cid, state.get_unacked) == (0, {})
+    assert state.settle(1, state.generation, multiple=False) == Settle.STALE  # not open
+    state.opened(7)
+    assert state.openings == 2 and not state.is_stale(state.generation)
+    error = RuntimeError("gone")
+    assert state.closed_for_good(error) == 7
+    assert state.closed and state.closed_error is error and state.cid == 0
+    assert state.closed_for_good(RuntimeError("again")) == -1  # idempotent
+    assert state.closed_error is error
+
+
+async def test_a_waiter_is_taken_once() -> None:
+    state = ChannelState()
+    waiter = state.waiter = Waiter()
+    error = RuntimeError("no reply")
+    state.fail_waiter(error)
+    assert waiter.error is error and waiter.event.is_set() and state.waiter is None
+    state.fail_waiter(RuntimeError("nobody waits"))  # nothing to fail: no error
+    state.waiter = second = Waiter()
+    assert state.take_waiter() is second and state.take_waiter() is None
+
+
+def test_confirms_tracker_returns_what_to_resolve() -> None:
+    tracker = ConfirmTracker()
+    handles = {tag: PublishHandle(tag, "ex", f"rk{tag}", None) for tag in (1, 2, 3, 4)}
+    for tag, handle in handles.items():
+        tracker.track(tag, handle)
+    returned = Returned(1, 312, "NO_ROUTE", "ex", "rk2", BasicProperties(), b"")
+    outcomes = tracker.confirmed(Confirmed(1, [1, 2], True, {2: returned}))
+    assert [(h.tag, o) for h, o in outcomes if o is True] == [(1, True)]
+    assert isinstance(outcomes[1][1], UnroutableError) and outcomes[1][0] is handles[2]
+    assert not any(h.done for h in handles.values())  # resolving is the channel's job
+    (handle, outcome), = tracker.confirmed(Confirmed(1, [3], False, None))
+    assert handle is handles[3] and isinstance(outcome, PublishNackedError)
+    assert tracker.confirmed(Confirmed(1, [3], True, None)) == []  # already resolved: ignored
+    (handle, outcome), = tracker.fail_all(RuntimeError("lost"))
+    assert handle is handles[4] and isinstance(outcome, PublishOutcomeUnknownError)
+    assert len(tracker) == 0
+    tracker.track(9, late := PublishHandle(9, "", "q", None))
+    (handle, outcome), = tracker.give_up([late], 1.5)
+    assert handle is late and "within 1.5s" in str(outcome) and len(tracker) == 0
