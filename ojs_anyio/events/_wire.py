@@ -24,6 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from .. import amqp
+from .._misuse import ArgumentTypeError
 from .._trace_context import NO_SPAN, context_from, current_traceparent
 
 __all__ = [
@@ -108,7 +109,7 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
     try:
         return _encode_json(payload), CONTENT_JSON
     except (TypeError, msgspec.EncodeError) as exc:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"cannot encode an event payload of type {type(payload).__name__}: {exc} "
             "(give a msgspec Struct, a dict, or bytes)"
         ) from None

@@ -31,8 +31,9 @@ from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue,
 from ._dlq import died_at, requeue_properties
 from ._durations import DurationLike, duration_ms, duration_seconds
 from ._envelope import ErrorInfo, Job, check_job_id, encode_job, new_job, parse_timestamp
-from ._errors import ArgumentTypeError, DelayOutOfRangeError
-from ._exceptions import (
+from ._errors import (
+    ArgumentTypeError,
+    DelayOutOfRangeError,
     PushError,
     QueueNotFoundError,
     SchedulerUnavailableError,
@@ -173,11 +174,13 @@ class Client:
         if scheduler not in SCHEDULERS:
             raise UsageError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+            raise ArgumentTypeError(
+                f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}"
+            )
         if retry is not None and retry.carries_classes():
-            raise TypeError(_CLASSES_ON_THE_WIRE.format(where="connect(retry=...)"))
+            raise ArgumentTypeError(_CLASSES_ON_THE_WIRE.format(where="connect(retry=...)"))
         if queue_options is not None and not isinstance(queue_options, QueueOptions | dict):
-            raise TypeError(
+            raise ArgumentTypeError(
                 "queue_options must be a QueueOptions, a dict of queue name -> QueueOptions, or None, "
                 f"not {type(queue_options).__name__}"
             )
@@ -246,6 +249,14 @@ class Client:
         if isinstance(opts, dict):
             return opts.get(queue)
         return opts
+
+    @property
+    def shared_queue_options(self) -> QueueOptions | None:
+        """The one :class:`QueueOptions` this client applies to every queue, or None (none,
+        or one per queue).  Queues shared by all job queues (delay levels, a scheduler's
+        leader queue) are quorum only when this says so."""
+        opts = self._queue_options
+        return opts if isinstance(opts, QueueOptions) else None
 
     async def _declare_base(self, ch: amqp.Channel) -> None:
         if self._base_declared:
@@ -382,9 +393,8 @@ class Client:
                 await ch.exchange_declare(
                     spec.name, spec.type, durable=True, arguments=spec.arguments or None
                 )
+            shared = self.shared_queue_options  # the delay levels serve every queue
             for k in range(DELAY_LEVELS):
-                # Shared by every queue: quorum only when the client has one QueueOptions for all.
-                shared = self._queue_options if isinstance(self._queue_options, QueueOptions) else None
                 await self._declare_checked(
                     self.names.delay_queue(k),
                     quorum_queue_arguments(delay_level_queue_arguments(self.names, k), shared),
@@ -509,7 +519,9 @@ class Client:
             timeout = int(seconds)
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
-                raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+                raise ArgumentTypeError(
+                    f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}"
+                )
             _check_job_policy(retry)
         if self.retry is not None:
             retry = self.retry if retry is None else merge(retry, self.retry)
@@ -627,7 +639,7 @@ class Client:
         return self._results
 
     async def _push_through(
-        self, job: Job, idempotency_key: str | None, window: DurationLike, reply_to: str | None
+        self, job: Job, idempotency_key: str | None, window: DurationLike | None, reply_to: str | None
     ) -> Job:
         """One push, wrapped by the middleware's ``around_push`` hooks (if any)."""
         if not self._push_hooks:
@@ -648,9 +660,13 @@ class Client:
         job: Job,
         *,
         idempotency_key: str | None = None,
-        idempotency_window: DurationLike = DEFAULT_IDEMPOTENCY_WINDOW,
+        idempotency_window: DurationLike | None = DEFAULT_IDEMPOTENCY_WINDOW,
     ) -> Job:
-        """PUSH a job built with :meth:`build` (or :func:`new_job`); see :meth:`push`."""
+        """PUSH a job built with :meth:`build` (or :func:`new_job`); see :meth:`push`.
+
+        ``idempotency_window=None`` writes ``idempotency_key`` to ``x-ojs-idempotency-key``
+        as a label and claims nothing (the cron scheduler labels each tick so; its leader
+        lease, not the key, keeps a tick from firing twice)."""
         _check_pushable(job)
         return await self._push_through(job, idempotency_key, idempotency_window, None)
 
@@ -668,7 +684,7 @@ class Client:
         if idempotency_key is None or window is None:
             return await self._publish_job(job, idempotency_key, reply_to)
         if not isinstance(idempotency_key, str) or not idempotency_key:
-            raise TypeError(f"idempotency_key must be a non-empty str, got {idempotency_key!r}")
+            raise ArgumentTypeError(f"idempotency_key must be a non-empty str, got {idempotency_key!r}")
         window_ms = duration_ms(window, "idempotency_window", allow_zero=False)
         check_window(window_ms)
         lock = lock_queue(self.names.prefix, idempotency_key, window_ms)
@@ -1029,7 +1045,7 @@ _CLASSES_ON_THE_WIRE = (
 
 def _check_job_policy(policy: RetryPolicy) -> None:
     if policy.carries_classes():
-        raise TypeError(_CLASSES_ON_THE_WIRE.format(where="the job's retry policy"))
+        raise ArgumentTypeError(_CLASSES_ON_THE_WIRE.format(where="the job's retry policy"))
     if policy.on_exhaustion == "discard":
         import warnings
 
@@ -1045,7 +1061,9 @@ def _check_job_policy(policy: RetryPolicy) -> None:
 def _check_pushable(job: Job) -> None:
     """What push refuses in a job built elsewhere: unique policies, non-JSON args, classes."""
     if not isinstance(job, Job):
-        raise TypeError(f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}")
+        raise ArgumentTypeError(
+            f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}"
+        )
     if not isinstance(job.unique, msgspec.UnsetType):
         raise NotImplementedError(
             f"job {job.id}: unique jobs (the envelope's 'unique' policy) are not enforced by this binding: "

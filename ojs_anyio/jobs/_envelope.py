@@ -43,6 +43,8 @@ from typing import Annotated, Any, Final, Literal, get_args
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from ojs_anyio.amqp import UsageError
+
 from ._errors import ArgumentTypeError, InvalidDurationError, InvalidJobError
 from ._retry import Duration, EffectiveRetryPolicy, RetryPolicy, resolve_retry, validate_duration_syntax
 
@@ -96,19 +98,19 @@ def _timestamp_match(text: str) -> re.Match[str]:
     """Match an RFC 3339 timestamp and check its ranges (without building a datetime)."""
     match = _TIMESTAMP_RE.fullmatch(text)
     if match is None:
-        raise ValueError(f"{text!r} is not an RFC 3339 timestamp with a timezone ('2026-02-15T10:30:00Z')")
+        raise UsageError(f"{text!r} is not an RFC 3339 timestamp with a timezone ('2026-02-15T10:30:00Z')")
     year, month, day = int(match["y"]), int(match["mo"]), int(match["d"])
     if not (year >= 1 and 1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)):
-        raise ValueError(f"{text!r} is not a calendar date")
+        raise UsageError(f"{text!r} is not a calendar date")
     if int(match["h"]) > 23 or int(match["mi"]) > 59 or int(match["s"]) > 60:
-        raise ValueError(f"{text!r} is not a time of day")
+        raise UsageError(f"{text!r} is not a time of day")
     if not match["z"] and (int(match["oh"]) > 23 or int(match["om"]) > 59):
-        raise ValueError(f"{text!r} has an invalid UTC offset")
+        raise UsageError(f"{text!r} has an invalid UTC offset")
     if year in (1, 9999):  # only there can a leap second or an offset leave datetime's range
         try:
             _to_datetime(match).astimezone(UTC)
         except OverflowError:
-            raise ValueError(f"{text!r} is outside the range of timestamps (years 1 to 9999 UTC)") from None
+            raise UsageError(f"{text!r} is outside the range of timestamps (years 1 to 9999 UTC)") from None
     return match
 
 
@@ -145,7 +147,7 @@ def _to_datetime(match: re.Match[str]) -> datetime:
 def format_timestamp(moment: datetime) -> str:
     """Format an aware datetime as RFC 3339 UTC with milliseconds: ``2026-02-15T10:30:00.000Z``."""
     if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ValueError("timestamps must be timezone-aware (OJS JSON format §5.3)")
+        raise UsageError("timestamps must be timezone-aware (OJS JSON format §5.3)")
     utc = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
     # "2026-02-15T10:30:00.000+00:00" from C, with "Z" for the offset: a third faster than
     # formatting the seven fields in Python.

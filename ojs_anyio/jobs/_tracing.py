@@ -32,7 +32,7 @@ from ._middleware import HandlerNext, Middleware
 from ._wire import H_TRACE_ID, H_TRACE_STATE, H_TRACEPARENT
 
 if TYPE_CHECKING:
-    from ._worker import JobContext
+    from ._context import JobContext
 
 __all__ = ["Tracing", "consumer_span", "extract_context", "inject_headers", "producer_span", "tracer"]
 

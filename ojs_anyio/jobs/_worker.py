@@ -29,7 +29,6 @@ import asyncio
 import builtins
 import contextlib
 import functools
-import inspect
 import logging
 import random
 import time
@@ -37,7 +36,6 @@ import uuid
 import warnings
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,10 +47,11 @@ import sniffio
 
 from ojs_anyio.amqp import Int32, UsageError
 
-from .. import amqp
+from .. import _pipeline, amqp
 from . import _tracing
 from ._args import check_queue_names
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, SYNC_CANCEL_DETAIL, Client
+from ._context import JobContext, JobOutcome, Outcome
 from ._dead_letter import dead_letter as settle_dead_letter
 from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
@@ -119,57 +118,6 @@ DEFAULT_UNKNOWN_TYPE_GRACE = 600.0
 DEFAULT_MAX_DELIVERIES = 5
 
 
-@dataclass(slots=True)
-class JobContext:
-    """What a handler receives first: the job, its attempt, and the worker."""
-
-    job: Job
-    attempt: int
-    max_attempts: int
-    queue: str
-    worker_id: str
-    message: amqp.IncomingMessage
-    started_at: float = field(default_factory=time.monotonic)
-    #: Wall-clock start (seconds since the epoch); :attr:`started_wall` formats it.
-    started_time: float = field(default_factory=time.time)
-    cancel_requested: bool = False
-    #: Set by a graceful stop whose grace period ran out: the job is left unacked.
-    abandoned: bool = False
-
-    @property
-    def started_wall(self) -> str:
-        """When the handler started, as an OJS timestamp."""
-        return format_timestamp(datetime.fromtimestamp(self.started_time, UTC))
-
-    @property
-    def id(self) -> str:
-        return self.job.id
-
-    @property
-    def args(self) -> list[Any]:
-        return self.job.args
-
-
-@dataclass(frozen=True, slots=True)
-class JobOutcome:
-    """One line of the worker's story: what happened to a job attempt."""
-
-    job_id: str | None
-    type: str | None
-    queue: str
-    attempt: int
-    #: completed | retried | dead_lettered | cancelled | abandoned | requeued | deferred
-    outcome: str
-    error_code: str | None = None
-    error_message: str | None = None
-    delay_ms: int | None = None
-    duration: float = 0.0
-    #: The OJS error object of a failed attempt: ``type``, ``message``, ``backtrace``.
-    error: dict[str, Any] | None = None
-    #: What the handler returned (completed attempts).
-    result: Any = None
-
-
 class Worker:
     """Consumes jobs from ``queues`` and runs their handlers.
 
@@ -210,9 +158,11 @@ class Worker:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UsageError(f"concurrency must be an int >= 1 (jobs at once per queue), got {concurrency!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+            raise ArgumentTypeError(
+                f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}"
+            )
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
-            raise TypeError(f"worker_id must be a non-empty str or None, got {worker_id!r}")
+            raise ArgumentTypeError(f"worker_id must be a non-empty str or None, got {worker_id!r}")
         if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int) or max_deliveries < 1:
             raise UsageError(f"max_deliveries must be an int >= 1, got {max_deliveries!r}")
         if not isinstance(republish, amqp.RepublishPolicy):
@@ -220,7 +170,7 @@ class Worker:
                 f"republish must be an ojs_anyio.RepublishPolicy, not {type(republish).__name__}"
             )
         if rng is not None and not isinstance(rng, random.Random):
-            raise TypeError(f"rng must be a random.Random or None, not {type(rng).__name__}")
+            raise ArgumentTypeError(f"rng must be a random.Random or None, not {type(rng).__name__}")
         _warn_policy(retry, "Worker(retry=...)")
         self.concurrency = concurrency
         self.retry = retry
@@ -319,7 +269,7 @@ class Worker:
         """
         if queue is None:
             if len(self.queues) != 1:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"job {job_type!r}: this worker consumes {len(self.queues)} queues; "
                     "say which one the job goes to with queue=..."
                 )
@@ -345,11 +295,11 @@ class Worker:
         so are parameter annotations that JSON arguments cannot be converted to.
         """
         if not isinstance(job_type, str) or not job_type:
-            raise TypeError(f"job_type must be a non-empty str, got {job_type!r}")
+            raise ArgumentTypeError(f"job_type must be a non-empty str, got {job_type!r}")
         spec = inspect_handler(job_type, fn)
         existing = self._handlers.get(job_type)
         if existing is not None:
-            raise ValueError(
+            raise UsageError(
                 f"a handler for {job_type!r} is already registered ({existing.name}); a job type has "
                 "one handler per worker: give the second one its own job type"
             )
@@ -775,7 +725,10 @@ class Worker:
                 job.type,
                 queue,
             )
-            self._report(JobOutcome(job.id, job.type, queue, attempt, "cancelled"))
+            outcome = JobOutcome(
+                job_id=job.id, type=job.type, queue=queue, attempt=attempt, outcome=Outcome.CANCELLED
+            )
+            self._report(outcome)
             return
         spec = self._handlers.get(job.type)
         if spec is None:
@@ -792,7 +745,10 @@ class Worker:
             verdict = dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}")
             await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
             return
-        ctx = JobContext(job, attempt, max_attempts, queue, self.worker_id, msg)
+        ctx = JobContext(
+            job=job, attempt=attempt, max_attempts=max_attempts, queue=queue, worker_id=self.worker_id,
+            message=msg,
+        )  # fmt: skip
         args = job.args
         try:
             # Checked against the arity worked out at registration; the full bind (which
@@ -891,7 +847,8 @@ class Worker:
         )  # fmt: skip
         self._report(
             JobOutcome(
-                job_id, job_type, queue, 1, "dead_lettered", ErrorCode.INVALID_PAYLOAD, message,
+                job_id=job_id, type=job_type, queue=queue, attempt=1, outcome=Outcome.DEAD_LETTERED,
+                error_code=ErrorCode.INVALID_PAYLOAD, error_message=message,
                 duration=time.monotonic() - started,
             )
         )  # fmt: skip
@@ -1010,19 +967,22 @@ class Worker:
         if action == "ack" or action == "cancelled":
             assert job is not None
             await msg.ack()
-            outcome = "completed" if action == "ack" else "cancelled"
+            outcome = Outcome.COMPLETED if action == "ack" else Outcome.CANCELLED
             self._report(
                 JobOutcome(
-                    job.id, job.type, queue, attempt, outcome,
+                    job_id=job.id, type=job.type, queue=queue, attempt=attempt, outcome=outcome,
                     duration=time.monotonic() - started, result=result,
                 )
-            )
+            )  # fmt: skip
         elif action == "abandoned":
             # Left unacked: the broker redelivers it when the channel closes.
             assert job is not None
             self._report(
-                JobOutcome(job.id, job.type, queue, attempt, "abandoned", duration=time.monotonic() - started)
-            )
+                JobOutcome(
+                    job_id=job.id, type=job.type, queue=queue, attempt=attempt, outcome=Outcome.ABANDONED,
+                    duration=time.monotonic() - started,
+                )
+            )  # fmt: skip
         elif action == "retry":
             assert job is not None and verdict.code is not None
             error = error_object(verdict.failure, verdict.error_type or "", verdict.detail)
@@ -1044,7 +1004,7 @@ class Worker:
         Not abandoned on cancel: a thread cannot be interrupted, so a timeout, CANCEL or
         the grace period waits for it to return (no thread outlives the worker), and what
         it returned or raised decides the job, as for a handler that finished in time."""
-        result = await anyio.to_thread.run_sync(_call, spec, ctx, args, limiter=self._thread_limiter)
+        result = await _pipeline.call(spec.fn, False, (ctx, *args), self._thread_limiter)
         late = anyio.current_time() >= scope.deadline
         if late or ctx.cancel_requested or ctx.abandoned:
             why = "its timeout" if late else "a CANCEL" if ctx.cancel_requested else "the grace period"
@@ -1062,7 +1022,7 @@ class Worker:
         msg: amqp.IncomingMessage,
         job: Job,
         attempt: int,
-        code: str,
+        code: ErrorCode,
         message: str,
         ladder_ms: int,
         started: float,
@@ -1082,25 +1042,18 @@ class Worker:
         )  # fmt: skip
         if not moved:
             return
-        log.warning(
+        _pipeline.log_failed_attempt(
+            log, failure, log_extra(job.id, job.type, queue, attempt),
             "job %s type=%s queue=%s attempt=%d outcome=retried code=%s delay=%dms: %s",
             job.id, job.type, queue, attempt, code, ladder_ms, message,
-            exc_info=failure, extra=log_extra(job.id, job.type, queue, attempt),
         )  # fmt: skip
         self._report(
             JobOutcome(
-                job.id,
-                job.type,
-                queue,
-                attempt,
-                "retried",
-                str(code),
-                message,
-                ladder_ms,
-                time.monotonic() - started,
-                error,
+                job_id=job.id, type=job.type, queue=queue, attempt=attempt, outcome=Outcome.RETRIED,
+                error_code=str(code), error_message=message, delay_ms=ladder_ms,
+                duration=time.monotonic() - started, error=error,
             )
-        )
+        )  # fmt: skip
 
     async def _move_redelivered(
         self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage, lost: int
@@ -1205,8 +1158,9 @@ class Worker:
             )  # fmt: skip
         self._report(
             JobOutcome(
-                job.id, job.type, queue, attempt, "deferred", str(ErrorCode.INVALID_JOB_TYPE), reason,
-                ladder_ms, time.monotonic() - started,
+                job_id=job.id, type=job.type, queue=queue, attempt=attempt, outcome=Outcome.DEFERRED,
+                error_code=str(ErrorCode.INVALID_JOB_TYPE), error_message=reason, delay_ms=ladder_ms,
+                duration=time.monotonic() - started,
             )
         )  # fmt: skip
 
@@ -1223,7 +1177,7 @@ class Worker:
         headers: dict[str, Any],
         *,
         drop: tuple[str, ...] = (),
-        code: str,
+        code: ErrorCode,
         message: str,
         failure: BaseException | None = None,
     ) -> bool:
@@ -1266,7 +1220,7 @@ class Worker:
         msg: amqp.IncomingMessage,
         job: Job | None,
         attempt: int,
-        code: str,
+        code: ErrorCode,
         message: str,
         started: float,
         failure: BaseException | None = None,
@@ -1278,25 +1232,18 @@ class Worker:
             code=str(code), message=message,
             republish=self._republish if self.annotate_dead_letters else None,
         )  # fmt: skip
-        log.error(
+        _pipeline.log_dead_letter(
+            log, failure, log_extra(job_id, job_type, queue, attempt),
             "job %s type=%s queue=%s attempt=%d outcome=dead_lettered code=%s: %s",
             job_id, job_type, queue, attempt, code, message,
-            exc_info=failure, extra=log_extra(job_id, job_type, queue, attempt),
         )  # fmt: skip
         self._report(
             JobOutcome(
-                job_id,
-                job_type,
-                queue,
-                attempt,
-                "dead_lettered",
-                str(code),
-                message,
-                None,
-                time.monotonic() - started,
-                error_object(failure, _error_type(failure) if failure else str(code), message),
+                job_id=job_id, type=job_type, queue=queue, attempt=attempt, outcome=Outcome.DEAD_LETTERED,
+                error_code=str(code), error_message=message, duration=time.monotonic() - started,
+                error=error_object(failure, _error_type(failure) if failure else str(code), message),
             )
-        )
+        )  # fmt: skip
 
     async def _requeue(
         self, msg: amqp.IncomingMessage, job: Job, queue: str, attempt: int, started: float, why: str
@@ -1310,7 +1257,7 @@ class Worker:
         )  # fmt: skip
         self._report(
             JobOutcome(
-                job.id, job.type, queue, attempt, "requeued",
+                job_id=job.id, type=job.type, queue=queue, attempt=attempt, outcome=Outcome.REQUEUED,
                 error_message=why, duration=time.monotonic() - started,
             )
         )  # fmt: skip
@@ -1456,19 +1403,6 @@ class _Backend:
             self.clock = trio.current_time  # likewise
         else:
             self.clock = anyio.current_time
-
-
-def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> Any:
-    """Runs in the worker thread: the handler, and a check that it did not return an awaitable."""
-    result = spec.fn(ctx, *args)
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()  # never awaited: don't leave a "never awaited" warning behind
-        raise TypeError(
-            f"handler {spec.name} is a plain function that returned an awaitable "
-            f"({type(result).__name__}); declare it `async def` so the worker awaits it"
-        )
-    return result
 
 
 def _warn_policy(policy: RetryPolicy | None, where: str) -> None:

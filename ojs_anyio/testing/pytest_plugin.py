@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from .. import Client, Worker
+from .._misuse import ArgumentTypeError
 from ..memory import MemoryBroker
 from . import JobTester
 from . import job_tester as _job_tester
@@ -31,7 +32,7 @@ def _optional_worker(request: pytest.FixtureRequest) -> Worker | None:
     except pytest.FixtureLookupError:
         return None
     if not isinstance(worker, Worker):
-        raise TypeError(f"the ojs_worker fixture must return a Worker, not {type(worker).__name__}")
+        raise ArgumentTypeError(f"the ojs_worker fixture must return a Worker, not {type(worker).__name__}")
     return worker
 
 
