@@ -23,6 +23,7 @@ import anyio.abc
 from opentelemetry import metrics as otel_metrics
 
 from .. import amqp
+from .._common import single_error
 from .._misuse import ArgumentTypeError, UsageError
 from ._redelivery import RedeliveryPolicy
 from ._subscriber import Handler, Subscription
@@ -390,7 +391,7 @@ class EventBus:
             except BaseExceptionGroup as eg:
                 # A consumer that ended for good (its queue could not be restored, recovery
                 # gave up) or the block's own error: raise that one error, not a group.
-                single = _unwrap(eg)
+                single = single_error(eg)
                 if single is None:
                     raise
                 raise single from single.__cause__
@@ -509,21 +510,6 @@ class EventHandle:
         return f"<EventHandle {self.message_id!r} {self.handle!r}>"
 
 
-def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The one real error of a task-group failure (ignoring cancellations), or None."""
-    leaves: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for sub in e.exceptions:
-                walk(sub)
-        elif not isinstance(e, anyio.get_cancelled_exc_class()):
-            leaves.append(e)
-
-    walk(eg)
-    return leaves[0] if len(leaves) == 1 else None
-
-
 @asynccontextmanager
 async def connect(url: str | None = None, **options: Any) -> AsyncIterator[EventBus]:
     """Open an :class:`EventBus` for the block (``url``: ``$OJS_AMQP_URL`` or localhost).
@@ -544,7 +530,7 @@ async def connect(url: str | None = None, **options: Any) -> AsyncIterator[Event
             finally:
                 await bus.aclose()
     except BaseExceptionGroup as eg:
-        single = _unwrap(eg)
+        single = single_error(eg)
         if single is None:
             raise
         raise single from single.__cause__

@@ -105,7 +105,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
@@ -118,6 +118,7 @@ from croniter import CroniterBadDateError, croniter
 from ojs_anyio.amqp import AMQPError, UsageError
 
 from .. import amqp
+from .._common import single_error
 from ._client import Client
 from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp, new_job, parse_timestamp
@@ -518,7 +519,7 @@ class Scheduler:
                         tg.start_soon(self._fire_loop, client, name="ojs-scheduler-fire")
                         tg.start_soon(announce_scheduler, self, client)  # for observers: docs/jobs.md
                 except BaseExceptionGroup as eg:
-                    raise _single(eg) from None
+                    raise (single_error(eg) or eg) from None
         finally:
             remove_listener()
             self._scope = None
@@ -898,21 +899,6 @@ class Scheduler:
             )
         )
         return True
-
-
-def _leaves(eg: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for exc in eg.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
-
-
-def _single(eg: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one real error of a task group (cancellations aside); the group if several."""
-    cancelled = anyio.get_cancelled_exc_class()
-    real = [e for e in _leaves(eg) if not isinstance(e, cancelled)]
-    return real[0] if len(real) == 1 else eg
 
 
 def scheduler_presence(scheduler: Scheduler, stopped: bool = False) -> SchedulerPresence:
