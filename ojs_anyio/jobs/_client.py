@@ -780,7 +780,7 @@ class Client:
 
     async def _reply_queue(self) -> tuple[amqp.QueueInfo, amqp.Consumer]:
         """This client's INFO reply queue (exclusive, auto-delete) and its consumer."""
-        if self._reply is not None and not self._reply[0]._closed:
+        if self._reply is not None and not self._reply[0].is_closed:
             return self._reply[1], self._reply[2]
         await self._close_reply_queue()
         stack = AsyncExitStack()

@@ -50,7 +50,7 @@ async def dead_letter(
     republish: Callable[..., Awaitable[amqp.Republished | None]] | None,
 ) -> None:
     """Settle ``msg`` as dead (see the module docstring); record the final reason."""
-    if _tracing._recording():
+    if _tracing.recording():
         with _tracing.tracer.start_as_current_span(
             f"{queue} dead_letter",
             context=_tracing.extract_context(msg.properties.headers),

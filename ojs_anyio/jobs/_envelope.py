@@ -484,6 +484,28 @@ def _timestamp_text(field: str, value: datetime | str) -> str:
     return value
 
 
+def _plain(type: object, queue: object, id: object, created: datetime, options: Mapping[str, Any]) -> bool:
+    """Whether :func:`new_job` may build the struct directly: the memo in front of the one
+    validator (``job_from_dict``).  Only values that validator has passed before, or whose
+    type alone settles them, qualify; anything else goes the long way.  (Kept in step
+    with the Job struct's field rules by ``test_new_job_fast_and_slow_paths_agree``.)"""
+    meta, priority, timeout = options["meta"], options["priority"], options["timeout"]
+    return (
+        all(options[key] is None for key in _NOT_PLAIN)
+        and (priority is None or priority.__class__ is int)
+        and (timeout is None or (timeout.__class__ is int and timeout >= 0))
+        and (meta is None or all(key.__class__ is str for key in meta))
+        and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)
+        and _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128)
+        and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
+        and created.utcoffset() is not None
+    )
+
+
+#: Options that always take the long way (nested objects, timestamps to check).
+_NOT_PLAIN: Final = ("scheduled_at", "expires_at", "retry", "unique", "schema")
+
+
 #: The job ids' generator under its former name (tests and tools import it from here).
 _uuid7 = new_id
 
@@ -514,22 +536,17 @@ def new_job(
     if isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence):
         raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
     created = datetime.now(UTC) if now is None else now
-    if (
-        scheduled_at is None
-        and expires_at is None
-        and retry is None
-        and unique is None
-        and schema is None
-        and not extensions
-        and (priority is None or priority.__class__ is int)
-        and (timeout is None or (timeout.__class__ is int and timeout >= 0))
-        and (meta is None or (meta.__class__ is dict and all(key.__class__ is str for key in meta)))
-        and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)
-        and _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128)
-        and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
-        and created.tzinfo is not None
-        and created.utcoffset() is not None
-    ):
+    options: dict[str, Any] = {
+        "meta": None if meta is None else dict(meta),
+        "priority": priority,
+        "timeout": timeout,
+        "scheduled_at": None if scheduled_at is None else _timestamp_text("scheduled_at", scheduled_at),
+        "expires_at": None if expires_at is None else _timestamp_text("expires_at", expires_at),
+        "retry": None if retry is None else msgspec.to_builtins(retry),
+        "unique": None if unique is None else msgspec.to_builtins(unique),
+        "schema": schema,
+    }
+    if not extensions and _plain(type, queue, id, created, options):
         # (``type`` is a parameter here, hence ``__class__``.)
         # The common case, every input already known valid: build the struct directly
         # (what job_from_dict would give, without the dict round trip and per-field checks).
@@ -539,7 +556,7 @@ def new_job(
             type=type,
             queue=queue,
             args=list(args),
-            meta=UNSET if meta is None else dict(meta),
+            meta=UNSET if meta is None else options["meta"],
             priority=UNSET if priority is None else priority,
             timeout=UNSET if timeout is None else timeout,
             state="available",
@@ -555,16 +572,6 @@ def new_job(
         "state": "available",
         "attempt": 0,
         "created_at": _timestamp_text("created_at", created),
-    }
-    options: dict[str, Any] = {
-        "meta": None if meta is None else dict(meta),
-        "priority": priority,
-        "timeout": timeout,
-        "scheduled_at": None if scheduled_at is None else _timestamp_text("scheduled_at", scheduled_at),
-        "expires_at": None if expires_at is None else _timestamp_text("expires_at", expires_at),
-        "retry": None if retry is None else msgspec.to_builtins(retry),
-        "unique": None if unique is None else msgspec.to_builtins(unique),
-        "schema": schema,
     }
     data.update((key, value) for key, value in options.items() if value is not None)
     if extensions:

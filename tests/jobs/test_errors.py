@@ -5,6 +5,8 @@ every public error name is importable from where it was."""
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -103,3 +105,46 @@ def test_the_library_raises_no_bare_value_or_type_error() -> None:
             if isinstance(exc, ast.Name) and exc.id in ("ValueError", "TypeError"):
                 found.append(f"{rel}:{node.lineno}: raise {exc.id}")
     assert not found, "\n".join(found)
+
+
+_NOW = datetime(2026, 1, 1, tzinfo=UTC)
+_ID = "01890a5d-ac96-774b-bcce-b302099a8057"
+_AGREE_CASES: list[dict[str, Any]] = [
+    {},
+    {"meta": {"k": 1}, "priority": 3, "timeout": 30},
+    {"priority": 0},
+    {"priority": True},
+    {"priority": 2**40},
+    {"timeout": 0},
+    {"timeout": -1},
+    {"meta": {1: "x"}},
+    {"type": "Bad Type"},
+    {"type": ""},
+    {"queue": "dlx.x"},
+    {"queue": "x" * 200},
+    {"id": "not-a-uuid"},
+    {"id": _ID.upper()},
+]
+
+
+@pytest.mark.parametrize("overrides", _AGREE_CASES, ids=repr)
+def test_new_job_fast_and_slow_paths_agree(overrides: dict[str, Any]) -> None:
+    """``new_job`` builds a plain job directly (a memo in front of the validator); the
+    validator itself (``job_from_dict``) must give the same job, or the same refusal."""
+    from ojs_anyio.jobs._envelope import format_timestamp, job_from_dict, new_job
+
+    given: dict[str, Any] = {"type": "email.send", "queue": "email", "id": _ID, **overrides}
+    job_type, queue = given.pop("type"), given.pop("queue")
+    data = {
+        "specversion": ojs.jobs.SPEC_VERSION, "type": job_type, "queue": queue, "args": [1],
+        "state": "available", "attempt": 0, "created_at": format_timestamp(_NOW), **given,
+    }  # fmt: skip
+    try:
+        expected: Any = job_from_dict(data)
+    except ojs.InvalidJobError as exc:
+        expected = type(exc)
+    try:
+        got: Any = new_job(job_type, [1], queue=queue, now=_NOW, **given)
+    except ojs.InvalidJobError as exc:
+        got = type(exc)
+    assert got == expected
