@@ -21,9 +21,10 @@ The event bus (topic pub/sub with redelivery) is :mod:`ojs_anyio.events`.
 
 from . import amqp, events
 from .amqp import RepublishPolicy
-from .jobs._client import Client, DeadJob, DeadLetters, JobInfo, PushResult, connect
+from .jobs._client import Client, JobInfo, PushResult, connect
 from .jobs._context import JobContext, JobOutcome, Outcome
 from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
+from .jobs._dead_letters import DeadJob, DeadLetters
 from .jobs._dedup import DuplicateJobError
 from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
 from .jobs._errors import (

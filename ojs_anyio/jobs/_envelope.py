@@ -383,6 +383,16 @@ def job_from_dict(data: Mapping[str, Any]) -> Job:
         raise _invalid(exc) from exc
 
 
+def error_info(value: Any) -> ErrorInfo | None:
+    """``value`` as an :class:`ErrorInfo` (an INFO answer's or a dead job's error), else None."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return msgspec.convert(value, ErrorInfo)
+    except msgspec.ValidationError:
+        return None
+
+
 def job_to_dict(job: Job) -> dict[str, Any]:
     """The envelope as plain JSON values, extensions back at their place."""
     out: dict[str, Any] = msgspec.to_builtins(job)

@@ -53,7 +53,7 @@ from ._args import check_queue_names
 from ._attempt import JOB_LINE, Attempt
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, SYNC_CANCEL_DETAIL, Client
 from ._context import JobContext, JobOutcome, Outcome
-from ._dead_letter import dead_letter as settle_dead_letter
+from ._dead_letters import dead_letter as settle_dead_letter
 from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
 from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
