@@ -341,8 +341,10 @@ async def _job_message(url: str, q: str) -> tuple[str, Any, bytes]:
     one job message exactly as our push would send it."""
     async with ojs.connect(url) as client:
         await client.declare_queue(q)
-        exchange, _rk, props, body = await client._message(client.build("bench.noop", ARGS, queue=q), None)
-        return exchange, props, body
+        job = client.build("bench.noop", ARGS, queue=q)
+        found = await client._route(job)
+        props, body = client._message(job, found, None, None)
+        return found.exchange, props, body
 
 
 def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:

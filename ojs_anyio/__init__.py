@@ -21,23 +21,26 @@ The event bus (topic pub/sub with redelivery) is :mod:`ojs_anyio.events`.
 
 from . import amqp, events
 from .amqp import RepublishPolicy, UsageError
-from .jobs._client import Client, DeadJob, DeadLetters, JobInfo, PushResult, connect
+from .jobs._client import Client, JobInfo, PushResult, connect
+from .jobs._context import JobContext, JobOutcome, Outcome
 from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
+from .jobs._dead_letters import DeadJob, DeadLetters
 from .jobs._dedup import DuplicateJobError
 from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
-from .jobs._errors import ArgumentTypeError, DelayOutOfRangeError, ErrorCode, InvalidJobError, TopologyError
-from .jobs._exceptions import (
-    DeadLetter,
-    Discard,
+from .jobs._errors import (
+    ArgumentTypeError,
+    DelayOutOfRangeError,
+    ErrorCode,
+    InvalidJobError,
     JobError,
     PushError,
     PushNotSentError,
     PushOutcomeUnknownError,
     QueueFullError,
     QueueNotFoundError,
-    Retry,
     SchedulerUnavailableError,
     TopologyConflictError,
+    TopologyError,
     UnroutableJobError,
 )
 from .jobs._job_metrics import JobMetrics
@@ -48,7 +51,8 @@ from .jobs._sync import SyncClient, SyncPendingResult
 from .jobs._topology import Names, QueueOptions
 from .jobs._tracing import Tracing
 from .jobs._typed import JobHandle
-from .jobs._worker import JobContext, JobOutcome, Worker
+from .jobs._verdicts import DeadLetter, Discard, Retry
+from .jobs._worker import Worker
 
 __version__ = "0.1.0"
 
@@ -77,6 +81,7 @@ __all__ = [
     "LeadershipChanged",
     "Middleware",
     "Names",
+    "Outcome",
     "PendingResult",
     "PushError",
     "PushNotSentError",

@@ -5,7 +5,8 @@ can write (``x-ojs-attempt``, ``x-event-attempt``), so the header is validated, 
 trusted: absent or 0 means 1 (the OJS envelope counts attempts from 0, so another
 implementation may send 0 for a first attempt); an integer of any AMQP type, or a string
 of at most ten decimal digits, from 1 to :data:`MAX_ATTEMPT` is taken as it is; anything
-else is refused with :class:`ValueError`, and the consumer dead-letters the delivery as
+else is refused with :class:`HeaderValueError` (a ``ValueError``: remote input, not a
+local misuse), and the consumer dead-letters the delivery as
 invalid without running it.  :data:`MAX_ATTEMPT` leaves room for the next attempt's
 number in an int32 header.
 """
@@ -14,15 +15,19 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MAX_ATTEMPT", "header_number", "parse_attempt"]
+__all__ = ["MAX_ATTEMPT", "HeaderValueError", "header_number", "parse_attempt"]
 
 #: The highest attempt a delivery may carry: a retry writes attempt + 1 as int32.
 MAX_ATTEMPT: Final = 2**31 - 2
 
 
+class HeaderValueError(ValueError):
+    """A header that a peer wrote holds no valid number (the delivery is dead-lettered)."""
+
+
 def header_number(value: object) -> int | None:
     """A header's integer value: ``None`` if absent (``None``); an int of any AMQP type,
-    or a string (or bytes) of at most ten decimal digits; else :class:`ValueError`."""
+    or a string (or bytes) of at most ten decimal digits; else :class:`HeaderValueError`."""
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -32,7 +37,7 @@ def header_number(value: object) -> int | None:
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
         return int(value)
     shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-    raise ValueError(f"{shown} ({type(value).__name__}) is not an integer")
+    raise HeaderValueError(f"{shown} ({type(value).__name__}) is not an integer")
 
 
 def parse_attempt(value: object) -> int:
@@ -41,5 +46,5 @@ def parse_attempt(value: object) -> int:
     if number is None or number == 0:
         return 1
     if not 1 <= number <= MAX_ATTEMPT:
-        raise ValueError(f"{number} is not an attempt number (0 or 1 to {MAX_ATTEMPT})")
+        raise HeaderValueError(f"{number} is not an attempt number (0 or 1 to {MAX_ATTEMPT})")
     return number

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import anyio
 
 from . import amqp
+from ._misuse import ArgumentTypeError
 
 __all__ = [
     "DEATH_CLOCK_SKEW",
@@ -203,7 +204,7 @@ class DeadLetterQueue:
             if value is None and name == "max_count":
                 continue
             if not isinstance(value, int) or isinstance(value, bool):
-                raise amqp.UsageError(f"{name} must be an int, not {type(value).__name__}")
+                raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")
             if value < 0:
                 raise amqp.UsageError(f"{name} must be zero or more, got {value}")
         now = datetime.now(UTC)

@@ -10,7 +10,8 @@ names the module that provides each scheme shipped with this package; :func:`str
 imports it the first time the scheme is used.  The client never imports the broker itself:
 a process that never opens ``memory://`` never loads it.
 
-A leaf: it imports nothing of ``ojs_anyio`` (the plug-ins import it).
+A leaf: it imports nothing of ``ojs_anyio`` (the plug-ins import it), only the codec's
+``UsageError``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from types import MappingProxyType
 
 import anyio.abc
+
+from ojs_codec import UsageError  # the misuse error of every layer (the codec is below us)
 
 __all__ = ["PLUGINS", "StreamFactory", "is_plugin_scheme", "register_scheme", "stream_factory"]
 
@@ -38,10 +41,10 @@ def register_scheme(scheme: str, factory: StreamFactory) -> None:
     """Serve ``scheme://`` URLs with ``factory`` (idempotent for the same factory)."""
     scheme = scheme.lower()
     if scheme in ("amqp", "amqps"):
-        raise ValueError(f"{scheme}:// is the client's own scheme, not a plug-in")
+        raise UsageError(f"{scheme}:// is the client's own scheme, not a plug-in")
     known = _factories.get(scheme)
     if known is not None and known is not factory:
-        raise ValueError(f"{scheme}:// is already registered by {known!r}")
+        raise UsageError(f"{scheme}:// is already registered by {known!r}")
     _factories[scheme] = factory
 
 

@@ -301,6 +301,8 @@ async def cmd_dlq_requeue(args: Any) -> int:
                     # back is not moved twice in one run.
                     while scanned < total and not interrupt.requested and (args.all or wanted):
                         msg = await ch.get(dlq)
+                        state.acked()  # the broker answered after the last ack: it has it
+                        progress.update(state.moved)
                         if msg is None:
                             break
                         scanned += 1
@@ -325,15 +327,15 @@ async def cmd_dlq_requeue(args: Any) -> int:
                         except BaseException:
                             held.append(msg)
                             raise
-                        # Confirmed by the broker: now the dead copy may go.
+                        # Confirmed by the broker: now the dead copy may go.  An ack has no
+                        # reply: until the broker answers the next request on this channel
+                        # (the next get, or the channel's close) the job stays "in flight".
                         await msg.ack()
-                        state.in_flight = None
-                        state.moved += 1
                         wanted.discard(job_id or "")
-                        progress.update(state.moved)
                 finally:
                     progress.close()
                     await return_to_queue(held)
+        state.acked()  # the channel closed cleanly: the broker answered after the last ack
         moved = state.moved
         result = {
             "queue": args.queue,
@@ -373,9 +375,16 @@ class _Requeue:
 
     job_queue: str | None = None  # set once the moving starts
     moved: int = 0
-    #: The job between its publish and the ack of its dead copy: if the connection goes
-    #: then, it may be in both queues.
+    #: The job between its publish and the broker's next answer after the ack of its dead
+    #: copy (an ack has no reply of its own): if the connection goes then, it may be in both
+    #: queues.
     in_flight: str | None = None
+
+    def acked(self) -> None:
+        """The broker answered on the channel after the in-flight job's ack: it is moved."""
+        if self.in_flight is not None:
+            self.in_flight = None
+            self.moved += 1
 
 
 def _requeue_stopped(exc: Exception, url: str, state: _Requeue) -> CLIError:
@@ -388,7 +397,7 @@ def _requeue_stopped(exc: Exception, url: str, state: _Requeue) -> CLIError:
     if state.in_flight is None:
         twice = "no job is in both queues"
     else:
-        twice = f"job {state.in_flight} may be in both queues (published, its dead copy not yet acked)"
+        twice = f"job {state.in_flight} may be in both queues (published; its dead copy's ack not confirmed)"
     progress = f"requeue stopped after moving {state.moved} job(s) to {state.job_queue}"
     return CLIError(f"{progress}; {twice}: {cause}", cause.code)
 

@@ -21,8 +21,11 @@ from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
+from opentelemetry import metrics as otel_metrics
 
 from .. import amqp
+from .._common import single_error
+from .._misuse import ArgumentTypeError, UsageError
 from ._dead_letters import EventDeadLetters
 from ._redelivery import RedeliveryPolicy
 from ._subscriber import Handler, Subscription
@@ -90,14 +93,16 @@ class EventBus:
         republish: amqp.RepublishPolicy = amqp.DEFAULT_REPUBLISH_POLICY,
         publish_timeout: float | None = amqp.DEFAULT_PUBLISH_TIMEOUT,
         confirm_timeout: float | None = amqp.DEFAULT_CONFIRM_TIMEOUT,
+        metrics: bool = True,
+        meter_provider: otel_metrics.MeterProvider | None = None,
         **connect_options: Any,
     ) -> None:
         if publisher_pool_size < 1:
-            raise ValueError("publisher_pool_size must be >= 1")
+            raise UsageError("publisher_pool_size must be >= 1")
         if max_subscriptions_per_connection < 1:
-            raise ValueError("max_subscriptions_per_connection must be >= 1")
+            raise UsageError("max_subscriptions_per_connection must be >= 1")
         if not exchange:
-            raise ValueError("the exchange needs a name (the default exchange is not a topic exchange)")
+            raise UsageError("the exchange needs a name (the default exchange is not a topic exchange)")
         check_bus_name("exchange", exchange)
         self.url = url or os.environ.get("OJS_AMQP_URL") or DEVELOPMENT_URL
         self.exchange = exchange
@@ -115,6 +120,11 @@ class EventBus:
         self.publish_timeout = publish_timeout
         self.confirm_timeout = confirm_timeout
         self._connect_options = connect_options
+        #: Where each subscription's instruments go (see ``_metrics.py``): ``meter_provider``,
+        #: else the global one when an OpenTelemetry SDK is installed; None: no metrics.
+        if meter_provider is None and metrics and amqp.sdk_meter_provider_installed():
+            meter_provider = otel_metrics.get_meter_provider()
+        self.meter_provider = meter_provider if metrics else None
         self._tg: anyio.abc.TaskGroup | None = None
         self._publisher: _Slot | None = None
         self._channels: list[amqp.Channel] = []
@@ -367,10 +377,15 @@ class EventBus:
         means "ready".  Instances that subscribe with the same name share the queue, and
         each event goes to one of them.
 
-        ``handler(payload)`` or ``handler(payload, ctx: EventContext)``, a coroutine
-        function.  ``payload_type`` (or the handler's first parameter annotated with a
-        msgspec Struct) decodes the JSON body into that type; ``bytes`` gives the body as
-        it is; ``None`` gives JSON events decoded (dicts) and other events as bytes.
+        ``handler(payload)`` or ``handler(payload, ctx: EventContext)``: a coroutine
+        function, or a plain function, which then runs in a worker thread (as many at once
+        as ``concurrency`` x ``consumers``); anything else is refused with
+        ``ArgumentTypeError``.  ``payload_type`` (or the annotation of the handler's first
+        parameter: a msgspec Struct, a dataclass, a TypedDict, a pydantic model,
+        ``list[int]``…) decodes and validates the JSON body into that type (an event that
+        does not fit is dead-lettered as ``invalid_payload`` with a reason naming the
+        field); ``bytes`` gives the body as it is; ``None`` (or ``Any``) gives JSON events
+        decoded (dicts) and other events as bytes.
 
         ``consumers`` AMQP consumers, each on its own channel (Orb's subscriber pool),
         each running ``concurrency`` handlers at once with ``prefetch`` deliveries
@@ -387,13 +402,13 @@ class EventBus:
         are cancelled: their events were not acked and come again.
         """
         if concurrency < 1 or consumers < 1:
-            raise ValueError("concurrency and consumers must be >= 1")
+            raise UsageError("concurrency and consumers must be >= 1")
         if prefetch is None:
             prefetch = max(2 * concurrency, 8)
         if prefetch < concurrency:
-            raise ValueError(f"prefetch ({prefetch}) must be >= concurrency ({concurrency})")
+            raise UsageError(f"prefetch ({prefetch}) must be >= concurrency ({concurrency})")
         if isinstance(bindings, str):
-            raise TypeError("bindings is a list of patterns, not one string")
+            raise ArgumentTypeError("bindings is a list of patterns, not one string")
         check_bus_name("queue", self.queue_name(name))
         patterns = [name] if bindings is None else list(bindings)
         sub = Subscription(
@@ -459,7 +474,7 @@ class EventBus:
             except BaseExceptionGroup as eg:
                 # A consumer that ended for good (its queue could not be restored, recovery
                 # gave up) or the block's own error: raise that one error, not a group.
-                single = _unwrap(eg)
+                single = single_error(eg)
                 if single is None:
                     raise
                 raise single from single.__cause__
@@ -590,21 +605,6 @@ class EventHandle:
         return f"<EventHandle {self.message_id!r} {self.handle!r}>"
 
 
-def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The one real error of a task-group failure (ignoring cancellations), or None."""
-    leaves: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for sub in e.exceptions:
-                walk(sub)
-        elif not isinstance(e, anyio.get_cancelled_exc_class()):
-            leaves.append(e)
-
-    walk(eg)
-    return leaves[0] if len(leaves) == 1 else None
-
-
 @asynccontextmanager
 async def connect(url: str | None = None, **options: Any) -> AsyncIterator[EventBus]:
     """Open an :class:`EventBus` for the block.
@@ -635,7 +635,7 @@ async def connect(url: str | None = None, **options: Any) -> AsyncIterator[Event
             finally:
                 await bus.aclose()
     except BaseExceptionGroup as eg:
-        single = _unwrap(eg)
+        single = single_error(eg)
         if single is None:
             raise
         raise single from single.__cause__

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .. import amqp
+from .._misuse import ArgumentTypeError
 from ._wire import CONTENT_BYTES, CONTENT_JSON
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ class Catalog:
 
         check_bus_name("queue", f"{self.queue_tag}{name}")
         if isinstance(bindings, str):
-            raise amqp.UsageError("bindings is a list of patterns, not one string")
+            raise ArgumentTypeError("bindings is a list of patterns, not one string")
         if name in self._subscribed:
             raise amqp.UsageError(f"subscription {name!r} is already in the catalog")
         patterns = (name,) if bindings is None else tuple(bindings)

@@ -22,6 +22,7 @@ import msgspec
 
 from .. import amqp
 from .._dead_letter_queue import DeadLetterQueue, died_at, latest_death
+from .._misuse import ArgumentTypeError
 from ._wire import H_ATTEMPT, H_DEAD_LETTERED_AT, H_ERROR, H_QUEUE, H_REASON, H_ROUTING_KEY
 
 
@@ -154,7 +155,7 @@ class EventDeadLetters:
         acked.  Malformed ones stay.  ``on_moved(n)`` reports progress, ``stop()`` ends
         early.  Returns how many moved."""
         if isinstance(ids, str):
-            raise amqp.UsageError(
+            raise ArgumentTypeError(
                 "ids must be a collection of message ids, not one str: write ids=[message_id]"
             )
         return await (await self._dlq()).move(
@@ -199,7 +200,7 @@ class EventDeadLetters:
         cutoff = None
         if older_than is not None:
             if isinstance(older_than, bool) or not isinstance(older_than, (int, float, timedelta)):
-                raise amqp.UsageError(
+                raise ArgumentTypeError(
                     f"older_than must be seconds or a timedelta, not {type(older_than).__name__}"
                 )
             age = older_than if isinstance(older_than, timedelta) else timedelta(seconds=older_than)

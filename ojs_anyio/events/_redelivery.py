@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._ladder import nearest_rung
+from .._misuse import UsageError
 
 __all__ = ["MAX_WAIT_QUEUES", "WAIT_LADDER_MS", "RedeliveryPolicy", "ladder_ms"]
 
@@ -66,22 +67,22 @@ class RedeliveryPolicy:
 
     def __post_init__(self) -> None:
         if not (self.initial_interval > 0 and math.isfinite(self.initial_interval)):
-            raise ValueError(f"initial_interval must be > 0 seconds, got {self.initial_interval!r}")
+            raise UsageError(f"initial_interval must be > 0 seconds, got {self.initial_interval!r}")
         if not (self.multiplier >= 1 and math.isfinite(self.multiplier)):
-            raise ValueError(f"multiplier must be >= 1, got {self.multiplier!r}")
+            raise UsageError(f"multiplier must be >= 1, got {self.multiplier!r}")
         if not (self.max_interval >= self.initial_interval and math.isfinite(self.max_interval)):
-            raise ValueError(
+            raise UsageError(
                 "max_interval must be >= initial_interval "
                 f"({self.max_interval!r} < {self.initial_interval!r})"
             )
         attempts = self.max_attempts
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
-            raise ValueError(f"max_attempts must be an int >= 0, got {self.max_attempts!r}")
+            raise UsageError(f"max_attempts must be an int >= 0, got {self.max_attempts!r}")
 
     def exact_delay(self, rejection: int) -> float:
         """The policy's wait in seconds after rejection number ``rejection`` (1-based)."""
         if rejection < 1:
-            raise ValueError(f"rejection must be >= 1, got {rejection!r}")
+            raise UsageError(f"rejection must be >= 1, got {rejection!r}")
         if rejection == 1:
             return 0.0
         growth = (rejection - 1) * math.log(self.multiplier)

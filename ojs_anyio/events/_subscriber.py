@@ -18,16 +18,19 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import typing
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Protocol
 
+import anyio
 import msgspec
+from opentelemetry import metrics
 
-from .. import amqp
+from .. import _pipeline, amqp
 from .._attempts import parse_attempt
 from .._ladder import ttl_queue_arguments
+from ._metrics import SubscriptionMetrics
 from ._redelivery import RedeliveryPolicy
 from ._wire import (
     CONTENT_JSON,
@@ -40,16 +43,24 @@ from ._wire import (
     consumer_span,
 )
 
-if TYPE_CHECKING:
-    from ._bus import EventBus
-
 __all__ = ["DeadLetter", "EventContext", "Handler", "Subscription"]
 
 log = logging.getLogger("ojs_anyio.events")
 
-Handler = Callable[..., Awaitable[None]]
+#: ``async def handler(payload[, ctx])``, or a plain ``def`` (it runs in a worker thread).
+Handler = Callable[..., Awaitable[None]] | Callable[..., None]
 
-_MAX_ERROR_TEXT: Final = 1000
+
+class BusView(Protocol):
+    """What a subscription uses of its bus (``EventBus`` is one; ``_bus.py`` imports this
+    module, not the other way round)."""
+
+    exchange: str
+    republish: amqp.RepublishPolicy
+    #: Where the subscriptions' instruments go (None: metrics off).
+    meter_provider: metrics.MeterProvider | None
+
+    def queue_name(self, name: str) -> str: ...
 
 
 class DeadLetter(Exception):
@@ -104,24 +115,23 @@ def _wants_context(fn: Callable[..., Any]) -> bool:
     return positional >= 2
 
 
-def _annotated_struct(fn: Callable[..., Any]) -> type[msgspec.Struct] | None:
-    """The Struct type of the handler's first parameter, if it is annotated with one."""
+def _annotated_payload(where: str, fn: Callable[..., Any]) -> Any:
+    """What the handler's first parameter is annotated with, as a payload type (None: not
+    annotated, ``Any`` or ``object``); the shared pipeline's rules (a dataclass, a
+    TypedDict, a Struct, a pydantic model, ``list[int]``…)."""
     try:
-        hints = typing.get_type_hints(fn)
-        first = next(iter(inspect.signature(fn).parameters))
-    except Exception:  # unresolvable annotations, no parameters: just no inference
+        first = next(iter(inspect.signature(fn).parameters.values()))
+    except (TypeError, ValueError, StopIteration):  # no signature, no parameter: no annotation
         return None
-    hint = hints.get(first)
-    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
-        return hint
-    return None
+    return _pipeline.target_type(where, first.name, first.annotation, _pipeline.namespace(fn))
 
 
 def _decoder(payload_type: Any) -> Callable[[bytes, str | None], Any]:
+    """``decode(body, content_type)``; every failure is a ``_pipeline.ConversionError``."""
     if payload_type is bytes:
         return lambda body, _ct: body
     if payload_type is None:
-        decode_any = msgspec.json.decode
+        decode_any = _pipeline.json_decoder(Any)
 
         def untyped(body: bytes, content_type: str | None) -> Any:
             if content_type == CONTENT_JSON:
@@ -129,12 +139,8 @@ def _decoder(payload_type: Any) -> Callable[[bytes, str | None], Any]:
             return body  # bytes events (application/octet-stream, or no content type)
 
         return untyped
-    decode_typed = msgspec.json.Decoder(payload_type).decode
+    decode_typed = _pipeline.json_decoder(payload_type)
     return lambda body, _ct: decode_typed(body)
-
-
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_TEXT]
 
 
 class Subscription:
@@ -142,7 +148,7 @@ class Subscription:
 
     def __init__(
         self,
-        bus: EventBus,
+        bus: BusView,
         name: str,
         handler: Handler,
         *,
@@ -159,9 +165,15 @@ class Subscription:
         self.dead_letter_queue = f"{self.queue}.dlq"
         self.bindings = bindings
         self.handler = handler
+        where = f"handler of subscription {name!r}"
+        self._is_async = _pipeline.check_callable(where, handler)
         if payload_type is None:
-            payload_type = _annotated_struct(handler)
+            payload_type = _annotated_payload(where, handler)
         self.payload_type = payload_type
+        #: Plain ``def`` handlers run in worker threads, as many at once as handlers may run.
+        self._limiter = None if self._is_async else anyio.CapacityLimiter(concurrency * consumers)
+        provider = bus.meter_provider
+        self._metrics = None if provider is None else SubscriptionMetrics(provider, self.queue)
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.consumers = consumers
@@ -229,7 +241,6 @@ class Subscription:
     async def pull(self, ch: amqp.Channel, deliveries: amqp.Consumer) -> None:
         """One of ``concurrency`` loops sharing a consumer's bounded delivery stream."""
         decode = self._decode
-        handler = self.handler
         wants_context = self._wants_context
         queue = self.queue
         async for msg in deliveries:
@@ -253,26 +264,25 @@ class Subscription:
                         continue
                 try:
                     payload = decode(msg.body, props.content_type)
-                except (
-                    msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError
-                ) as exc:  # fmt: skip
-                    error = _error_text(exc)
-                    await self._dead_letter(ch, msg, routing_key, attempt, "invalid_payload", error)
+                except _pipeline.ConversionError as exc:
+                    await self._dead_letter(ch, msg, routing_key, attempt, "invalid_payload", str(exc))
                     continue
-                try:
-                    with consumer_span(headers, queue, routing_key, props.message_id, attempt):
-                        if wants_context:
-                            await handler(payload, EventContext(msg, queue, routing_key, attempt))
-                        else:
-                            await handler(payload)
-                except DeadLetter as exc:
-                    await self._dead_letter(ch, msg, routing_key, attempt, "rejected", _error_text(exc))
+                if wants_context:
+                    args: tuple[Any, ...] = (payload, EventContext(msg, queue, routing_key, attempt))
+                else:
+                    args = (payload,)
+                failure = await self._call(args, headers, routing_key, props.message_id, attempt)
+                if isinstance(failure, DeadLetter):
+                    reason = _pipeline.error_text(failure)
+                    await self._dead_letter(ch, msg, routing_key, attempt, "rejected", reason, failure)
                     continue
-                except Exception as exc:
-                    await self._rejected(ch, msg, routing_key, attempt, exc)
+                if failure is not None:
+                    await self._rejected(ch, msg, routing_key, attempt, failure)
                     continue
                 await msg.ack()
                 self.handled += 1
+                if self._metrics is not None:
+                    self._metrics.handled()
                 if self._listeners:
                     self._report("handled", msg)
             except amqp.DELIVERY_LOST_ERRORS as exc:
@@ -292,6 +302,30 @@ class Subscription:
                 with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
                     await msg.reject(requeue=False)
 
+    async def _call(
+        self, args: tuple[Any, ...], headers: Any, routing_key: str, message_id: str | None, attempt: int
+    ) -> Exception | None:
+        """Run the handler once (in a thread if it is a plain ``def``); what it raised, or None."""
+        started = time.perf_counter()
+        failure: Exception | None = None
+        try:
+            with consumer_span(headers, self.queue, routing_key, message_id, attempt):
+                await _pipeline.call(self.handler, self._is_async, args, self._limiter)
+        except Exception as exc:
+            failure = exc
+        if self._metrics is not None:
+            self._metrics.finished(time.perf_counter() - started, failure)
+        return failure
+
+    def _log_extra(self, msg: amqp.IncomingMessage, routing_key: str, attempt: int) -> dict[str, Any]:
+        """The ``extra`` of every per-event log record."""
+        return {
+            "event_id": msg.properties.message_id,
+            "queue": self.queue,
+            "routing_key": routing_key,
+            "attempt": attempt,
+        }
+
     async def _reject_malformed(self, msg: amqp.IncomingMessage) -> None:
         """An event whose content header the codec let through as malformed
         (``msg.malformed``).  It cannot be published again with its headers (nor read with
@@ -308,6 +342,8 @@ class Subscription:
             )  # fmt: skip
             return
         self.dead_lettered += 1
+        if self._metrics is not None:
+            self._metrics.dead_lettered("invalid_payload")
         self._report("dead_lettered", msg)
         log.error(
             "event %s on %s dead-lettered (malformed, rejected into %s): %s",
@@ -318,11 +354,11 @@ class Subscription:
         self, ch: amqp.Channel, msg: amqp.IncomingMessage, routing_key: str, attempt: int, exc: Exception
     ) -> None:
         policy = self.redelivery
-        error = _error_text(exc)
+        error = _pipeline.error_text(exc)
         if policy.exhausted(attempt):
             await self._dead_letter(
                 ch, msg, routing_key, attempt, "max_attempts",
-                f"{error} (after {policy.max_attempts} redeliveries)",
+                f"{error} (after {policy.max_attempts} redeliveries)", exc,
             )  # fmt: skip
             return
         wait_ms = policy.wait_ms(attempt)
@@ -348,22 +384,26 @@ class Subscription:
         if published.final:
             await self._dead_letter(
                 ch, msg, routing_key, attempt, "max_attempts",
-                f"{error} (the redelivery cannot be queued: {published.reason})",
+                f"{error} (the redelivery cannot be queued: {published.reason})", exc,
             )  # fmt: skip
             return
         if published.gave_up:
             # A transient refusal is no verdict on the event: back to the broker, unchanged.
             await msg.reject(requeue=True)
-            log.warning(
-                "event %s on %s rejected (attempt %d): %s; the redelivery was not confirmed (%s): requeued",
+            _pipeline.log_failed_attempt(
+                log, exc, self._log_extra(msg, routing_key, attempt),
+                "event %s on %s failed (attempt %d): %s; the redelivery was not confirmed (%s): requeued",
                 msg.properties.message_id, self.queue, attempt, error, published.reason,
             )  # fmt: skip
             return
         await msg.ack()
         self.redelivered += 1
+        if self._metrics is not None:
+            self._metrics.redelivered()
         self._report("redelivered", msg)
-        log.info(
-            "event %s on %s rejected (attempt %d): %s; redelivered in %d ms",
+        _pipeline.log_failed_attempt(
+            log, exc, self._log_extra(msg, routing_key, attempt),
+            "event %s on %s failed (attempt %d): %s; redelivered in %d ms",
             msg.properties.message_id, self.queue, attempt, error, wait_ms,
         )  # fmt: skip
 
@@ -375,7 +415,10 @@ class Subscription:
         attempt: int,
         reason: str,
         error: str,
+        failure: BaseException | None = None,
     ) -> None:
+        """Copy the event into the DLQ with its reason (confirmed), then ack the original;
+        logged at ERROR, with the traceback of ``failure`` when a handler raised."""
         headers = dict(msg.properties.headers or {})
         headers.update(
             {
@@ -403,8 +446,11 @@ class Subscription:
             )  # fmt: skip
             await msg.reject(requeue=False)
         self.dead_lettered += 1
+        if self._metrics is not None:
+            self._metrics.dead_lettered(reason)
         self._report("dead_lettered", msg)
-        log.warning(
+        _pipeline.log_dead_letter(
+            log, failure, {**self._log_extra(msg, routing_key, attempt), "reason": reason},
             "event %s on %s dead-lettered (%s, attempt %d): %s",
             msg.properties.message_id, self.queue, reason, attempt, error,
         )  # fmt: skip

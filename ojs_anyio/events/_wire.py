@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import datetime
-import itertools
-import os
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
@@ -24,6 +22,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from .. import amqp
+from .._common import new_id, tracing_recording
+from .._misuse import ArgumentTypeError
 from .._trace_context import NO_SPAN, context_from, current_traceparent
 
 __all__ = [
@@ -62,26 +62,8 @@ _encode_json = msgspec.json.Encoder().encode
 
 # ----------------------------------------------------------------------------- ids, time
 
-# A UUIDv7-format id: 48-bit millisecond time, version 7, variant 10, and 74 other bits: a
-# per-process random part (42 bits) and a 32-bit counter.  Unique within the process by
-# the counter, across processes by the random part; the time prefix is formatted once per
-# millisecond, so an id costs one small int format (uuid6.uuid7() is ~10x dearer).
-_RANDOM_A: Final = f"{int.from_bytes(os.urandom(2), 'big') & 0xFFF:03x}"
-_RANDOM_B: Final = (int.from_bytes(os.urandom(4), "big") & 0x3FFFFFFF) | 0x80000000  # variant 10
-_MIDDLE: Final = f"-7{_RANDOM_A}-{_RANDOM_B >> 16:04x}-{_RANDOM_B & 0xFFFF:04x}"
-_counter = itertools.count()
-_id_ms = -1
-_id_prefix = ""
-
-
-def new_message_id() -> str:
-    global _id_ms, _id_prefix
-    ms = time.time_ns() // 1_000_000
-    if ms != _id_ms:
-        h = f"{ms & 0xFFFFFFFFFFFF:012x}"
-        _id_prefix = f"{h[:8]}-{h[8:]}{_MIDDLE}"
-        _id_ms = ms
-    return f"{_id_prefix}{next(_counter) & 0xFFFFFFFF:08x}"
+#: Event message ids: the library's one id generator (UUIDv7 text; see ``_common.new_id``).
+new_message_id = new_id
 
 
 _ts_second = -1
@@ -108,7 +90,7 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
     try:
         return _encode_json(payload), CONTENT_JSON
     except (TypeError, msgspec.EncodeError) as exc:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"cannot encode an event payload of type {type(payload).__name__}: {exc} "
             "(give a msgspec Struct, a dict, or bytes)"
         ) from None
@@ -119,27 +101,8 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
 tracer = trace.get_tracer("ojs_anyio.events", "0.1.0")
 
 
-_recording_known = False
-_recording_checked_at = -1.0
-
-
 def _recording() -> bool:
-    """Whether anything records spans (an SDK tracer provider is installed).
-
-    Asking OpenTelemetry reads the environment each time (microseconds, once per event),
-    so the answer is kept: "yes" for good (a global provider is set once), "no" for a
-    second, so that a provider installed later takes effect within a second.
-    """
-    global _recording_known, _recording_checked_at
-    if _recording_known:
-        return True
-    now = time.monotonic()
-    if now - _recording_checked_at < 1.0:
-        return False
-    _recording_checked_at = now
-    provider = trace.get_tracer_provider()
-    _recording_known = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-    return _recording_known
+    return tracing_recording(tracer)
 
 
 def trace_headers() -> dict[str, str] | None:

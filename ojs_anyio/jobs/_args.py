@@ -15,6 +15,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ojs_anyio.amqp import UsageError
+
+from ._errors import ArgumentTypeError
 from ._topology import _check_queue
 
 __all__ = ["check_json_args", "check_queue_names"]
@@ -40,21 +43,21 @@ _FIXES: dict[str, str] = {
 def check_queue_names(queues: object, where: str) -> list[str]:
     """``queues`` as a list of valid OJS queue names; a str (not a list) is refused."""
     if isinstance(queues, str | bytes):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{where} must be a list of queue names, not a string: write [{queues!r}] "
             f"(a string would be read as the queues {', '.join(repr(c) for c in str(queues)[:5])}…)"
         )
     if not isinstance(queues, Sequence | set | frozenset):
-        raise TypeError(f"{where} must be a list of queue names, not {type(queues).__name__}")
+        raise ArgumentTypeError(f"{where} must be a list of queue names, not {type(queues).__name__}")
     names = list(queues)
     if not names:
-        raise ValueError(f"{where} must name at least one queue")
+        raise UsageError(f"{where} must name at least one queue")
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(f"{where}: queue names are strings, got {type(name).__name__} ({name!r})")
+            raise ArgumentTypeError(f"{where}: queue names are strings, got {type(name).__name__} ({name!r})")
         _check_queue(name)
     if len(set(names)) != len(names):
-        raise ValueError(f"{where} names a queue twice: {names!r}")
+        raise UsageError(f"{where} names a queue twice: {names!r}")
     return names
 
 
@@ -72,13 +75,13 @@ def _check(value: Any, path: str, job_type: str, depth: int) -> None:
         return
     if cls is float:
         if math.isnan(value) or math.isinf(value):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{_where(path, job_type)} is {value!r}, which JSON cannot carry (it would arrive as null); "
                 "pass a finite number, None, or a string"
             )
         return
     if depth > 100:
-        raise TypeError(f"{_where(path, job_type)} is nested more than 100 levels deep")
+        raise ArgumentTypeError(f"{_where(path, job_type)} is nested more than 100 levels deep")
     if cls is list or cls is tuple:
         for i, item in enumerate(value):
             _check(item, f"{path}[{i}]", job_type, depth + 1)
@@ -86,7 +89,7 @@ def _check(value: Any, path: str, job_type: str, depth: int) -> None:
     if cls is dict:
         for key, item in value.items():
             if type(key) is not str:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"{_where(path, job_type)} has the key {key!r} ({type(key).__name__}): JSON object keys "
                     "are strings, so it would arrive as a different key; use str keys"
                 )
@@ -106,7 +109,9 @@ def _check(value: Any, path: str, job_type: str, depth: int) -> None:
             "msgspec.to_builtins(value) or dataclasses.asdict(value), and annotate the handler "
             "parameter with the type to get it back"
         )
-    raise TypeError(f"{_where(path, job_type)} is a {shown}, which JSON cannot carry faithfully; {fix}")
+    raise ArgumentTypeError(
+        f"{_where(path, job_type)} is a {shown}, which JSON cannot carry faithfully; {fix}"
+    )
 
 
 def _where(path: str, job_type: str) -> str:

@@ -9,14 +9,13 @@ properties (``_wire.job_properties``), publishes with ``amqp.Channel.publish``
 from __future__ import annotations
 
 import logging
-import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.abc
@@ -27,55 +26,31 @@ from ojs_anyio.amqp import UsageError
 from .. import amqp
 from . import _tracing
 from ._args import check_json_args
+from ._dead_letters import DeadJob, DeadLetters, return_to_queue
+from ._declarer import Declarer
 from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
-from ._dlq import died_at, requeue_properties
 from ._durations import DurationLike, duration_ms, duration_seconds
-from ._envelope import ErrorInfo, Job, check_job_id, encode_job, new_job, parse_timestamp
-from ._errors import ArgumentTypeError, DelayOutOfRangeError
-from ._exceptions import (
+from ._envelope import ErrorInfo, Job, check_job_id, error_info, new_job
+from ._errors import (
+    ArgumentTypeError,
+    DelayOutOfRangeError,
     PushError,
-    QueueNotFoundError,
     SchedulerUnavailableError,
-    TopologyConflictError,
 )
 from ._middleware import Middleware, build_push_chain, check_middleware, overrides
 from ._results import PendingResult, ResultRouter
 from ._retry import RetryPolicy, merge
+from ._route import Route, route
 from ._sending import SEND_FAILURES, UNAVAILABLE, SendDeadline, before_sending, push_error
 from ._topology import (
-    DELAY_LEVELS,
-    DLQ_MAX_AGE_MS,
-    DLQ_MAX_LENGTH,
     MAX_DELAY_MS,
-    Binding,
     Names,
     QueueOptions,
-    control_queue_arguments,
-    control_queue_binding,
-    delay_deliver_binding,
-    delay_landing_queue_arguments,
-    delay_level_bindings,
-    delay_level_queue_arguments,
-    delay_routing_key,
     delayed_exchange_arguments,
-    delayed_queue_binding,
-    dlx_queue_arguments,
-    dlx_queue_binding,
-    exchanges,
-    job_queue_arguments,
-    job_queue_binding,
-    quorum_queue_arguments,
-    retry_queue_arguments,
-    retry_queue_binding,
+    delayed_plugin_exchange,
 )
 from ._wire import (
-    H_ATTEMPT,
-    H_DEAD_LETTERED_AT,
-    H_ERROR_CODE,
-    H_ERROR_MESSAGE,
-    header_int,
-    job_properties,
-    with_headers,
+    job_message,
 )
 
 __all__ = [
@@ -106,14 +81,9 @@ DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 SYNC_CANCEL_DETAIL = (
     "cancel requested; the handler is synchronous and cannot be interrupted: it runs to completion"
 )
-#: A scheduled job due in this many milliseconds or less goes straight to its queue.
-#: Zero: a job must never run before its ``scheduled_at``.
-SCHEDULE_IMMEDIATE_MS = 0
 #: How scheduled jobs are delayed: the binary delay levels (no plugin), the
 #: delayed-message-exchange plugin, or the plugin when the broker has it (detected, never assumed).
 SCHEDULERS = ("levels", "plugin", "auto")
-#: The plugin's delay header (001 §9.1.2), in milliseconds.
-H_DELAY = "x-delay"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +143,13 @@ class Client:
         if scheduler not in SCHEDULERS:
             raise UsageError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+            raise ArgumentTypeError(
+                f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}"
+            )
         if retry is not None and retry.carries_classes():
-            raise TypeError(_CLASSES_ON_THE_WIRE.format(where="connect(retry=...)"))
+            raise ArgumentTypeError(_CLASSES_ON_THE_WIRE.format(where="connect(retry=...)"))
         if queue_options is not None and not isinstance(queue_options, QueueOptions | dict):
-            raise TypeError(
+            raise ArgumentTypeError(
                 "queue_options must be a QueueOptions, a dict of queue name -> QueueOptions, or None, "
                 f"not {type(queue_options).__name__}"
             )
@@ -194,28 +166,16 @@ class Client:
         #: "levels" or "plugin" once resolved; "auto" until the first scheduled push (or
         #: :meth:`resolve_scheduler`) has asked the broker.
         self.scheduler = scheduler
-        self._delayed_bound: set[str] = set()
-        self._landing_declared: set[str] = set()
-        self._delayed_declared = False
         #: Options for the short-lived connection of :meth:`detect_delayed_plugin`.
         self._probe_options: dict[str, Any] = {}
         self.names = names
         self.declare = declare
-        self._queue_options = queue_options
         #: The producer's retry defaults: the fields it sets are written into every job this
         #: client builds that does not set them itself (so they become the job's own policy).
         self.retry = retry
         self._channel: amqp.Channel | None = None
-        self._declared_queues: set[str] = set()
-        #: Job queues seen to exist by a passive declare (see :meth:`_require_job_queue`).
-        self._existing_queues: set[str] = set()
-        self._declared_retry: set[tuple[str, int]] = set()
-        self._declared_redelivered: set[str] = set()
-        #: Control queues this client sends to, checked (see _use_control_queue).
-        self._control_ready: set[str] = set()
-        self._base_declared = False
-        self._delay_declared = False
-        self._declare_lock = anyio.Lock()
+        #: The one place the job topology is declared (``_declarer.py``).
+        self.declarer = Declarer(conn, names, self.channel, queue_options)
         self._channel_lock = anyio.Lock()
         self._info_lock = anyio.Lock()
         #: INFO's reply queue: (its channel, the queue, its consumer, what closes them).
@@ -242,99 +202,45 @@ class Client:
             await ch.aclose()
 
     def queue_options(self, queue: str) -> QueueOptions | None:
-        opts = self._queue_options
-        if isinstance(opts, dict):
-            return opts.get(queue)
-        return opts
+        return self.declarer.queue_options(queue)
 
-    async def _declare_base(self, ch: amqp.Channel) -> None:
-        if self._base_declared:
-            return
-        for spec in exchanges(self.names)[:3]:  # direct, dlx, retry (AMQP-001/002)
-            await ch.exchange_declare(spec.name, spec.type, durable=True, arguments=spec.arguments or None)
-        self._base_declared = True
+    @property
+    def shared_queue_options(self) -> QueueOptions | None:
+        """The one :class:`QueueOptions` this client applies to every queue, or None (none,
+        or one per queue).  Queues shared by all job queues (delay levels, a scheduler's
+        leader queue) are quorum only when this says so."""
+        return self.declarer.shared_queue_options
+
+    # ------------------------------------------- topology (the Declarer's)
 
     async def declare_queue(self, queue: str) -> None:
         """Declare (idempotently) the exchanges, ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}`` and
         their bindings.  A queue that exists with other arguments raises
         :class:`TopologyConflictError` naming it and showing both argument sets."""
-        if queue in self._declared_queues:
-            return
-        async with self._declare_lock:
-            if queue in self._declared_queues:
-                return
-            ch = await self.channel()
-            await self._declare_base(ch)
-            names = self.names
-            options = self.queue_options(queue)
-            dlq_args = dlx_queue_arguments(names, queue, options)
-            await self._declare_checked(names.dlx_queue(queue), dlq_args)
-            await self._bind(dlx_queue_binding(names, queue))
-            args = job_queue_arguments(names, queue, options)
-            await self._declare_checked(names.job_queue(queue), args)
-            await self._bind(job_queue_binding(names, queue))
-            self._declared_queues.add(queue)
+        await self.declarer.declare_queue(queue)
 
     async def declare_redelivered_queue(self, queue: str, *, again: bool = False) -> None:
-        """Declare ``ojs.queue.redelivered.{q}`` (a worker's: see ``Worker(max_deliveries=)``),
-        with the job queue's own arguments, so a job rejected there is dead-lettered into
-        ``ojs.queue.dlx.{q}`` like one rejected from the job queue.  Once per client,
-        unless ``again`` (the broker returned a publish to it: it was deleted since)."""
-        if again:
-            self._declared_redelivered.discard(queue)
-        if queue in self._declared_redelivered:
-            return
-        await self.declare_queue(queue)
-        args = job_queue_arguments(self.names, queue, self.queue_options(queue))
-        await self._declare_checked(self.names.redelivered_queue(queue), args)
-        self._declared_redelivered.add(queue)
+        """Declare ``ojs.queue.redelivered.{q}`` (see :meth:`Declarer.declare_redelivered_queue`)."""
+        await self.declarer.declare_redelivered_queue(queue, again=again)
 
     async def use_existing_queue(self, queue: str) -> amqp.QueueInfo:
         """Check that ``ojs.queue.{q}`` exists and push to it as it is, without declaring
         it (so a queue declared with other :class:`QueueOptions` is not re-declared).
         Raises :class:`QueueNotFoundError` if the queue does not exist.  Used by
         ``ojs-anyio push``."""
-        info = await self._job_queue_info(queue)
-        self._declared_queues.add(queue)
-        return info
+        return await self.declarer.use_existing_queue(queue)
 
-    async def _job_queue_info(self, queue: str) -> amqp.QueueInfo:
-        """A passive declare of ``ojs.queue.{q}``, on a channel of its own (the 404 of a
-        missing queue closes that channel only).  Raises :class:`QueueNotFoundError`."""
-        name = self.names.job_queue(queue)
-        try:
-            async with self.conn.channel(confirms=False) as ch:
-                return await ch.queue_declare(name, passive=True)
-        except amqp.NotFound as exc:
-            raise QueueNotFoundError(f"queue {queue!r} does not exist ({name})", queue=queue) from exc
+    async def declare_retry_queue(self, queue: str, delay_ms: int, *, again: bool = False) -> None:
+        """Declare ``ojs.queue.retry.{q}.{delay_ms}`` exactly as 001 §8.2, bound to the retry exchange."""
+        await self.declarer.declare_retry_queue(queue, delay_ms, again=again)
 
-    async def _require_job_queue(self, queue: str) -> None:
-        """Raise :class:`QueueNotFoundError` unless ``ojs.queue.{q}`` exists: this client
-        declared it, or a passive declare finds it (remembered, so it is asked once)."""
-        if queue in self._declared_queues or queue in self._existing_queues:
-            return
-        await self._job_queue_info(queue)
-        self._existing_queues.add(queue)
+    async def declare_delay_levels(self) -> None:
+        """Declare the 32 binary delay levels shared by every queue (docs/scheduling.md)."""
+        await self.declarer.declare_delay_levels()
 
-    async def _declare_checked(self, name: str, arguments: dict[str, Any]) -> None:
-        ch = await self.channel()
-        try:
-            await ch.queue_declare(name, durable=True, arguments=arguments)
-        except amqp.PreconditionFailed as exc:
-            raise TopologyConflictError(
-                f"queue {name!r} already exists with other arguments; ours are {arguments!r}, "
-                f"the broker says: {exc.reply_text}.  Delete the queue or pass matching QueueOptions.",
-                queue=name,
-                ours=arguments,
-                broker_text=exc.reply_text,
-            ) from exc
-
-    async def _bind(self, binding: Binding) -> None:
-        ch = await self.channel()
-        if binding.to_exchange:
-            await ch.exchange_bind(binding.destination, binding.source, binding.routing_key)
-        else:
-            await ch.queue_bind(binding.destination, binding.source, binding.routing_key)
+    async def declare_control_queue(self, queue: str) -> None:
+        """The durable ``ojs.queue.control.{q}`` (see :meth:`Declarer.declare_control_queue`)."""
+        await self.declarer.declare_control_queue(queue)
 
     async def declare_eagerly(self, queues: Iterable[str]) -> None:
         """Eager declaration (001 §7.3): everything a queue needs, before the first job.
@@ -344,65 +250,11 @@ class Client:
         binary delay levels and each queue's landing queue.  Retry delay queues are declared
         on a job's first retry (each needs its delay).  Idempotent.
         """
-        ch = await self.channel()
-        await self._declare_base(ch)
         for queue in queues:
             await self.declare_queue(queue)
             await self.declare_control_queue(queue)
             if self.scheduler == "levels":
-                await self._declare_landing(queue)
-
-    async def declare_retry_queue(self, queue: str, delay_ms: int, *, again: bool = False) -> None:
-        """Declare ``ojs.queue.retry.{q}.{delay_ms}`` exactly as 001 §8.2, bound to the retry exchange.
-
-        Once per client, unless ``again`` (the broker returned a retry: the queue was
-        deleted since)."""
-        key = (queue, delay_ms)
-        if again:
-            self._declared_retry.discard(key)
-        if key in self._declared_retry:
-            return
-        ch = await self.channel()
-        await self._declare_base(ch)
-        args = retry_queue_arguments(self.names, queue, delay_ms)
-        args = quorum_queue_arguments(args, self.queue_options(queue))
-        await self._declare_checked(self.names.retry_queue(queue, delay_ms), args)
-        await self._bind(retry_queue_binding(self.names, queue, delay_ms))
-        self._declared_retry.add(key)
-
-    async def declare_delay_levels(self) -> None:
-        """Declare the 32 binary delay levels shared by every queue (docs/scheduling.md)."""
-        if self._delay_declared:
-            return
-        async with self._declare_lock:
-            if self._delay_declared:
-                return
-            ch = await self.channel()
-            for spec in exchanges(self.names)[3:]:
-                await ch.exchange_declare(
-                    spec.name, spec.type, durable=True, arguments=spec.arguments or None
-                )
-            for k in range(DELAY_LEVELS):
-                # Shared by every queue: quorum only when the client has one QueueOptions for all.
-                shared = self._queue_options if isinstance(self._queue_options, QueueOptions) else None
-                await self._declare_checked(
-                    self.names.delay_queue(k),
-                    quorum_queue_arguments(delay_level_queue_arguments(self.names, k), shared),
-                )
-            for binding in delay_level_bindings(self.names):
-                await self._bind(binding)
-            self._delay_declared = True
-
-    async def _declare_landing(self, queue: str) -> None:
-        """The delay levels, and ``queue``'s landing queue and its binding (once per client)."""
-        if queue in self._landing_declared:
-            return
-        await self.declare_delay_levels()
-        args = delay_landing_queue_arguments(self.names, queue)
-        args = quorum_queue_arguments(args, self.queue_options(queue))
-        await self._declare_checked(self.names.delay_landing_queue(queue), args)
-        await self._bind(delay_deliver_binding(self.names, queue))
-        self._landing_declared.add(queue)
+                await self.declarer.landing(queue)
 
     # ------------------------------------------- delayed-message-exchange plugin
 
@@ -440,7 +292,7 @@ class Client:
         Returns the scheduler in use, "levels" or "plugin".  ``"plugin"`` on a broker
         without the plugin raises :class:`SchedulerUnavailableError`.
         """
-        if self.scheduler == "levels" or (self.scheduler == "plugin" and self._delayed_declared):
+        if self.scheduler == "levels" or (self.scheduler == "plugin" and self.declarer.delayed_declared):
             return self.scheduler
         present = await self.detect_delayed_plugin()
         if self.scheduler == "plugin" and not present:
@@ -451,19 +303,11 @@ class Client:
                 "scheduler='levels' or 'auto'"
             )
         if present:
-            ch = await self.channel()
-            spec = exchanges(self.names, delayed_plugin=True)[-1]
-            await ch.exchange_declare(spec.name, spec.type, durable=True, arguments=spec.arguments)
-            self._delayed_declared = True
+            await self.declarer.declare_exchange(delayed_plugin_exchange(self.names))
+            self.declarer.delayed_declared = True
         self.scheduler = "plugin" if present else "levels"
         log.info("scheduled jobs use the %s", "delayed-message plugin" if present else "binary delay levels")
         return self.scheduler
-
-    async def _declare_delayed(self, queue: str) -> None:
-        """Bind ``ojs.queue.{q}`` to ``ojs.exchange.delayed`` with key ``q`` (001 §9.1.2)."""
-        if queue not in self._delayed_bound:
-            await self._bind(delayed_queue_binding(self.names, queue))
-            self._delayed_bound.add(queue)
 
     # --------------------------------------------------------------- PUSH
 
@@ -509,7 +353,9 @@ class Client:
             timeout = int(seconds)
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
-                raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+                raise ArgumentTypeError(
+                    f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}"
+                )
             _check_job_policy(retry)
         if self.retry is not None:
             retry = self.retry if retry is None else merge(retry, self.retry)
@@ -627,7 +473,7 @@ class Client:
         return self._results
 
     async def _push_through(
-        self, job: Job, idempotency_key: str | None, window: DurationLike, reply_to: str | None
+        self, job: Job, idempotency_key: str | None, window: DurationLike | None, reply_to: str | None
     ) -> Job:
         """One push, wrapped by the middleware's ``around_push`` hooks (if any)."""
         if not self._push_hooks:
@@ -648,9 +494,13 @@ class Client:
         job: Job,
         *,
         idempotency_key: str | None = None,
-        idempotency_window: DurationLike = DEFAULT_IDEMPOTENCY_WINDOW,
+        idempotency_window: DurationLike | None = DEFAULT_IDEMPOTENCY_WINDOW,
     ) -> Job:
-        """PUSH a job built with :meth:`build` (or :func:`new_job`); see :meth:`push`."""
+        """PUSH a job built with :meth:`build` (or :func:`new_job`); see :meth:`push`.
+
+        ``idempotency_window=None`` writes ``idempotency_key`` to ``x-ojs-idempotency-key``
+        as a label and claims nothing (the cron scheduler labels each tick so; its leader
+        lease, not the key, keeps a tick from firing twice)."""
         _check_pushable(job)
         return await self._push_through(job, idempotency_key, idempotency_window, None)
 
@@ -668,7 +518,7 @@ class Client:
         if idempotency_key is None or window is None:
             return await self._publish_job(job, idempotency_key, reply_to)
         if not isinstance(idempotency_key, str) or not idempotency_key:
-            raise TypeError(f"idempotency_key must be a non-empty str, got {idempotency_key!r}")
+            raise ArgumentTypeError(f"idempotency_key must be a non-empty str, got {idempotency_key!r}")
         window_ms = duration_ms(window, "idempotency_window", allow_zero=False)
         check_window(window_ms)
         lock = lock_queue(self.names.prefix, idempotency_key, window_ms)
@@ -676,8 +526,7 @@ class Client:
         try:
             with before_sending(deadline):
                 # Before the claim: a topology error keeps the key free.
-                if self.declare == "eager" or job.queue not in self._declared_queues:
-                    await self.declare_queue(job.queue)
+                await self.declare_queue(job.queue)
                 ch = await self.channel()
             # Not under the deadline: cut after its marker was sent, the key's state is unknown.
             await claim(ch, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
@@ -707,27 +556,24 @@ class Client:
             deadline = SendDeadline(self.conn)
         try:
             with before_sending(deadline):
-                if self.declare == "eager" or job.queue not in self._declared_queues:
-                    await self.declare_queue(job.queue)
+                route = await self._route(job)
         except UNAVAILABLE as exc:
             raise push_error(exc, job) from exc
         # The message's trace headers are written inside the PRODUCER span, so the worker's
         # CONSUMER span becomes its child (001 §12.2).
         with _tracing.producer_span(job, self.names.direct_exchange) as span:
             try:
+                props, body = self._message(job, route, idempotency_key, reply_to)
                 with before_sending(deadline):
-                    exchange, routing_key, props, body = await self._message(job, idempotency_key)
                     ch = await self.channel()
-                if reply_to is not None:
-                    props = msgspec.structs.replace(props, reply_to=reply_to)
-                if exchange != self.names.direct_exchange:
-                    span.set_attribute("messaging.destination.name", exchange)
+                if route.exchange != self.names.direct_exchange:
+                    span.set_attribute("messaging.destination.name", route.exchange)
                 await ch.publish(
                     body,
-                    exchange=exchange,
-                    routing_key=routing_key,
+                    exchange=route.exchange,
+                    routing_key=route.routing_key,
                     properties=props,
-                    mandatory=self._mandatory(exchange),
+                    mandatory=route.mandatory,
                     timeout=deadline.left(),
                     confirm_timeout=self.confirm_timeout,
                 )
@@ -764,16 +610,17 @@ class Client:
             with _tracing.producer_span(job, self.names.direct_exchange) as span:
                 try:
                     with before_sending(deadline):
-                        exchange, routing_key, props, body = await self._message(job, None)
-                    if exchange != self.names.direct_exchange:
-                        span.set_attribute("messaging.destination.name", exchange)
+                        route = await self._route(job)
+                    props, body = self._message(job, route, None, None)
+                    if route.exchange != self.names.direct_exchange:
+                        span.set_attribute("messaging.destination.name", route.exchange)
                     handles.append(
                         await window.publish(
                             body,
-                            exchange=exchange,
-                            routing_key=routing_key,
+                            exchange=route.exchange,
+                            routing_key=route.routing_key,
                             properties=props,
-                            mandatory=self._mandatory(exchange),
+                            mandatory=route.mandatory,
                             timeout=deadline.left(),
                         )
                     )
@@ -800,95 +647,34 @@ class Client:
 
         return await build_push_chain(self._push_hooks, record)(job)
 
-    def _mandatory(self, exchange: str) -> bool:
-        """Pushes are mandatory (an unbound queue raises), except through the plugin's
-        exchange, which routes only after the delay and so returns every mandatory message
-        as NO_ROUTE (rabbitmq-delayed-message-exchange#7)."""
-        return exchange != self.names.delayed_exchange
+    def _message(
+        self, job: Job, route: Route, idempotency_key: str | None, reply_to: str | None
+    ) -> tuple[amqp.BasicProperties, bytes]:
+        """The job's message along ``route`` (``_wire.job_message``; no I/O)."""
+        return job_message(
+            job, route, enqueued_at=datetime.now(UTC), idempotency_key=idempotency_key,
+            reply_to=reply_to, trace_headers=_tracing.inject_headers(),
+        )  # fmt: skip
 
-    async def _message(
-        self, job: Job, idempotency_key: str | None
-    ) -> tuple[str, str, amqp.BasicProperties, bytes]:
-        now = datetime.now(UTC)
-        # Only what the job itself set: a job without its own max_attempts carries no
-        # x-ojs-max-attempts, and the worker's policy decides (see docs/jobs.md).
-        own = job.retry.max_attempts if isinstance(job.retry, RetryPolicy) else None
-        props = job_properties(
-            job,
-            max_attempts=own if isinstance(own, int) else None,
-            enqueued_at=now,
-            idempotency_key=idempotency_key,
-            trace_headers=_tracing.inject_headers(),
-        )
-        body = encode_job(job)
-        exchange, routing_key = self.names.direct_exchange, job.queue
-        if isinstance(job.scheduled_at, str):
-            due = parse_timestamp(job.scheduled_at)
-            delay_ms = _delay_ms(due, now)
-            if delay_ms > SCHEDULE_IMMEDIATE_MS:
-                if delay_ms > MAX_DELAY_MS:
-                    raise DelayOutOfRangeError(
-                        f"job {job.id}: scheduled_at {job.scheduled_at} is {delay_ms} ms away, beyond the "
-                        f"longest delay RabbitMQ can hold, {MAX_DELAY_MS} ms (2**32-1 ms, about 49.7 days); "
-                        "nothing was published"
-                    )
-                plugin = self.scheduler != "levels" and await self.resolve_scheduler() == "plugin"
-                if plugin:
-                    await self._declare_delayed(job.queue)
-                else:
-                    await self._declare_landing(job.queue)
-                # Measured after declaring: a queue's first scheduled push declares topology,
-                # and that time must not be added to the job's wait.
-                delay_ms = _delay_ms(due, datetime.now(UTC))
-                if delay_ms > SCHEDULE_IMMEDIATE_MS:
-                    if plugin:
-                        props = with_headers(props, {H_DELAY: delay_ms})
-                        return self.names.delayed_exchange, job.queue, props, body
-                    routing_key = delay_routing_key(delay_ms, job.queue)
-                    exchange = self.names.delay_entry_exchange
-        return exchange, routing_key, props, body
+    async def _route(self, job: Job) -> Route:
+        """Where ``job`` goes now, with what it needs declared (the Declarer's).
+
+        A scheduled job's scheduler is settled first (``"auto"``: asked of the broker once);
+        a route whose entities were declared just now is worked out again, so the time
+        spent declaring is not added to the job's wait."""
+        scheduler = self.scheduler
+        if scheduler != "levels" and isinstance(job.scheduled_at, str):
+            scheduler = await self.resolve_scheduler()
+        resolved: Literal["levels", "plugin"] = "plugin" if scheduler == "plugin" else "levels"
+        found = route(job, datetime.now(UTC), resolved, self.names)
+        if await self.declarer.ensure(found.needs) and found.delay_ms:
+            found = route(job, datetime.now(UTC), resolved, self.names)
+        return found
 
     # ------------------------------------------------- control plane (001 §5.6-5.8)
 
-    async def declare_control_queue(self, queue: str) -> None:
-        """The durable ``ojs.queue.control.{q}`` (OJS AMQP binding §4.1): no arguments, as the
-        binding declares it, unless the queue's options make it quorum.
-
-        Only for a queue whose job queue exists (declared by this client, or found by a
-        passive declare); otherwise :class:`QueueNotFoundError`, and nothing is declared:
-        a mistyped queue name must not leave a durable control queue behind, holding the
-        messages sent to it for good."""
-        await self._require_job_queue(queue)
-        ch = await self.channel()
-        await self._declare_base(ch)
-        # Quorum too when the queue's options say so: a classic queue lives on one node, and
-        # while that node is down every worker's control relay would fail with it.
-        arguments = quorum_queue_arguments(control_queue_arguments(), self.queue_options(queue))
-        await self._declare_checked(self.names.control_queue(queue), arguments)
-        await self._bind(control_queue_binding(self.names, queue))
-
-    async def _use_control_queue(self, queue: str) -> None:
-        """The control queue as it is, for a client that sends to it (CANCEL, BEAT, INFO):
-        its workers declared it with their own options (quorum, say), which this client
-        may not know, so an existing one is never declared again (that would be a 406 for a
-        quorum queue); only its binding is made sure of.  A missing one is declared as
-        :meth:`declare_control_queue` does.  Checked once per queue."""
-        if queue in self._control_ready:
-            return
-        await self._require_job_queue(queue)
-        name = self.names.control_queue(queue)
-        try:
-            async with self.conn.channel(confirms=False) as probe:
-                await probe.queue_declare(name, passive=True)
-        except amqp.NotFound:
-            await self.declare_control_queue(queue)
-        else:
-            await self._declare_base(await self.channel())
-            await self._bind(control_queue_binding(self.names, queue))
-        self._control_ready.add(queue)
-
     async def _control_publish(self, queue: str, kind: str, body: dict[str, Any], **props: Any) -> None:
-        await self._use_control_queue(queue)
+        await self.declarer.use_control_queue(queue)
         ch = await self.channel()
         await ch.publish(
             _json.encode(body),
@@ -934,7 +720,7 @@ class Client:
         """
         check_job_id(job_id)
         timeout = duration_seconds(timeout, "timeout")
-        await self._use_control_queue(queue)
+        await self.declarer.use_control_queue(queue)
         correlation_id = uuid.uuid4().hex
         async with self._info_lock:
             reply_queue, replies = await self._reply_queue()
@@ -974,7 +760,7 @@ class Client:
                                 worker_id=data.get("worker_id"),
                                 started_at=data.get("started_at"),
                                 finished_at=data.get("finished_at"),
-                                error=_error_info(data.get("error")),
+                                error=error_info(data.get("error")),
                                 cancel_requested=data.get("cancel_requested") is True,
                                 interruptible=interruptible if isinstance(interruptible, bool) else None,
                                 detail=detail if isinstance(detail, str) else None,
@@ -1029,7 +815,7 @@ _CLASSES_ON_THE_WIRE = (
 
 def _check_job_policy(policy: RetryPolicy) -> None:
     if policy.carries_classes():
-        raise TypeError(_CLASSES_ON_THE_WIRE.format(where="the job's retry policy"))
+        raise ArgumentTypeError(_CLASSES_ON_THE_WIRE.format(where="the job's retry policy"))
     if policy.on_exhaustion == "discard":
         import warnings
 
@@ -1045,7 +831,9 @@ def _check_job_policy(policy: RetryPolicy) -> None:
 def _check_pushable(job: Job) -> None:
     """What push refuses in a job built elsewhere: unique policies, non-JSON args, classes."""
     if not isinstance(job, Job):
-        raise TypeError(f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}")
+        raise ArgumentTypeError(
+            f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}"
+        )
     if not isinstance(job.unique, msgspec.UnsetType):
         raise NotImplementedError(
             f"job {job.id}: unique jobs (the envelope's 'unique' policy) are not enforced by this binding: "
@@ -1056,252 +844,6 @@ def _check_pushable(job: Job) -> None:
     check_json_args(job.args, job.type)
     if isinstance(job.retry, RetryPolicy):
         _check_job_policy(job.retry)
-
-
-def _error_info(value: Any) -> ErrorInfo | None:
-    if not isinstance(value, dict):
-        return None
-    try:
-        return msgspec.convert(value, ErrorInfo)
-    except msgspec.ValidationError:
-        return None
-
-
-def _delay_ms(due: datetime, now: datetime) -> int:
-    """Milliseconds from ``now`` to ``due``, rounded up (a job never runs early)."""
-    return math.ceil((due - now).total_seconds() * 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class DeadJob:
-    """A job in a dead-letter queue, with why it died.
-
-    ``error_code`` / ``error_message`` are the ``x-ojs-error-*`` headers: the last retry's
-    reason, or the final reason in the opt-in annotated mode (a Nack cannot add headers;
-    the worker logs the final reason).  ``death_reason`` is RabbitMQ's (``rejected`` for a
-    discard, ``expired``, ``maxlen``) and ``died_at`` when it died.  ``malformed`` says why
-    its content header is malformed (``IncomingMessage.malformed``; ``job_id`` and
-    ``type`` are then shown with backslash escapes, and ``requeue`` leaves it where it is).
-    """
-
-    job_id: str | None
-    type: str | None
-    error_code: str | None
-    error_message: str | None
-    attempt: int
-    body: bytes
-    headers: dict[str, Any]
-    death_reason: str | None = None
-    died_at: datetime | None = None
-    malformed: str | None = None
-
-
-class DeadLetters:
-    """List, requeue and purge ``ojs.queue.dlx.{q}``."""
-
-    def __init__(self, client: Client, queue: str) -> None:
-        self.client = client
-        self.queue = queue
-        self.name = client.names.dlx_queue(queue)
-
-    async def count(self) -> int:
-        ch = await self.client.channel()
-        info = await ch.queue_declare(self.name, passive=True)
-        return info.message_count
-
-    async def peek(self, limit: int = 100) -> list[DeadJob]:
-        """Up to ``limit`` dead jobs, oldest first, left in the queue.
-
-        Implemented with Basic.Get + one Basic.Reject(requeue) per message on a private
-        channel, so it sets ``redelivered`` on them but never removes one.
-        """
-        out: list[DeadJob] = []
-        async with self.client.conn.channel(confirms=False) as ch:
-            held: list[amqp.IncomingMessage] = []
-            try:
-                for _ in range(limit):
-                    msg = await ch.get(self.name)
-                    if msg is None:
-                        break
-                    held.append(msg)
-                    out.append(_dead_job(msg))
-            finally:
-                await return_to_queue(held)
-        return out
-
-    async def requeue(
-        self, limit: int | None = None, *, ids: Collection[str] | None = None, reset_attempts: bool = True
-    ) -> int:
-        """Move dead jobs back to ``ojs.queue.{q}`` with the id kept and (``reset_attempts``)
-        the attempt reset to 1; only the jobs whose id is in ``ids``, when given.
-
-        Each move publishes with a confirm, then acks the dead copy: a failure in between
-        leaves a duplicate, never a loss.  A malformed message (``DeadJob.malformed``)
-        cannot be published again as it is, and a worker would only dead-letter it
-        again: it is held while the queue is scanned and put back, and not counted; so
-        are the jobs ``ids`` leaves out, in their order.  At most the messages present at
-        the start are looked at.
-        """
-        if isinstance(ids, str):
-            raise ArgumentTypeError("ids must be a collection of job ids, not one str: write ids=[job_id]")
-        client = self.client
-        await client.declare_queue(self.queue)
-        wanted = None if ids is None else set(ids)
-        moved = 0
-        async with client.conn.channel(confirms=True) as ch:
-            present = (await ch.queue_declare(self.name, passive=True)).message_count
-            held: list[amqp.IncomingMessage] = []
-            try:
-                for _ in range(present):
-                    if (limit is not None and moved >= limit) or wanted == set():
-                        break
-                    msg = await ch.get(self.name)
-                    if msg is None:
-                        break
-                    job_id = amqp.property_text(msg.properties.message_id) or ""
-                    if msg.malformed is not None or (wanted is not None and job_id not in wanted):
-                        held.append(msg)
-                        continue
-                    try:
-                        await self.republish(ch, msg, reset_attempts=reset_attempts)
-                    except BaseException:
-                        held.append(msg)
-                        raise
-                    await msg.ack()
-                    moved += 1
-                    if wanted is not None:
-                        wanted.discard(job_id)
-            finally:
-                await return_to_queue(held)
-        return moved
-
-    async def republish(
-        self, ch: amqp.Channel, msg: amqp.IncomingMessage, *, reset_attempts: bool = True
-    ) -> None:
-        """Publish one dead job (``msg``, got from this DLQ on ``ch``, a channel with
-        confirms) back to ``ojs.queue.{q}``: its body, with :func:`requeue_properties`,
-        through ``ojs.exchange.direct``, mandatory, and return once the broker confirmed
-        it.  The caller then acks ``msg`` (publish, confirm, then ack: never lost); if this
-        raises, ``msg`` is still unsettled.  A refusal by the broker is retried first
-        (:func:`amqp.republish`: a nack or a publish not written in time), and the copy
-        carries neither ``user_id`` nor ``expiration``; the last refusal is raised."""
-        published = await amqp.republish(
-            ch,
-            msg.body,
-            exchange=self.client.names.direct_exchange,
-            routing_key=self.queue,
-            properties=requeue_properties(msg.properties, reset_attempts=reset_attempts),
-            mandatory=True,
-        )
-        if not published.confirmed:
-            assert published.error is not None  # no refused_for_good check: an error each time
-            raise published.error
-
-    async def purge(self) -> int:
-        ch = await self.client.channel()
-        return await ch.queue_purge(self.name)
-
-    async def prune(
-        self,
-        older_than: DurationLike | None = timedelta(milliseconds=DLQ_MAX_AGE_MS),
-        *,
-        max_jobs: int | None = DLQ_MAX_LENGTH,
-        limit: int = 100_000,
-        on_dropped: Callable[[int], object] | None = None,
-        stop: Callable[[], bool] | None = None,
-    ) -> int:
-        """Enforce dead-letter retention: drop jobs that died more than ``older_than`` ago,
-        then the oldest beyond ``max_jobs``.  Defaults: the OJS 180 days and 10,000 jobs.
-
-        The dead-letter queue is declared without arguments, as the spec declares it, so
-        the broker bounds nothing: run this periodically (``ojs-anyio dlq prune``
-        or a task of your own).  The queue is FIFO by death, so it stops at the first job
-        young enough to keep while the count is within bounds; at most ``limit`` are
-        dropped per call.  A job's death time is :func:`died_at`'s: ``x-ojs-dead-lettered-at``
-        (annotated mode), or RabbitMQ's ``x-death`` time, or its ``timestamp``; a job whose
-        death time is unknown (none of them, or an unusable one) is never dropped for its
-        age, so the age rule stops there too.  ``on_dropped(n)`` is called after each drop
-        with the count so far (a progress report); ``stop()`` is asked before each job and
-        ends the call early when true.  Returns how many were dropped.
-
-        ``max_jobs`` and ``limit`` must be whole numbers, zero or more (a negative one is
-        refused before anything is touched: it would otherwise drop every job).
-        """
-        for value, name in ((max_jobs, "max_jobs"), (limit, "limit")):
-            if value is None and name == "max_jobs":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")
-            if value < 0:
-                raise UsageError(f"{name} must be zero or more, got {value}")
-        now = datetime.now(UTC)
-        cutoff = None
-        if older_than is not None:
-            seconds = duration_seconds(older_than, "older_than")
-            try:
-                cutoff = now - timedelta(seconds=seconds)
-            except OverflowError:  # before year 1: no job is that old
-                cutoff = None
-        dropped = 0
-        async with self.client.conn.channel(confirms=False) as ch:
-            excess = 0
-            if max_jobs is not None:
-                info = await ch.queue_declare(self.name, passive=True)
-                excess = max(0, info.message_count - max_jobs)
-            while dropped < limit and not (stop is not None and stop()):
-                msg = await ch.get(self.name)
-                if msg is None:
-                    break
-                if dropped >= excess:
-                    when = died_at(msg.properties, now=now)
-                    if cutoff is None or when is None or when >= cutoff:
-                        # The queue is oldest first: everything after this is kept too.
-                        with anyio.CancelScope(shield=True):
-                            await msg.reject(requeue=True)
-                        break
-                await msg.ack()
-                dropped += 1
-                if on_dropped is not None:
-                    on_dropped(dropped)
-        return dropped
-
-
-async def return_to_queue(held: Sequence[amqp.IncomingMessage]) -> None:
-    """Put messages taken with ``Basic.Get`` back in their queue, in order (``Basic.Reject``
-    with requeue), shielded from cancellation.  Once their channel or connection is gone
-    the broker has put them back itself, so that is not an error (the error that closed it
-    is the caller's to report)."""
-    with anyio.CancelScope(shield=True):
-        for msg in held:
-            try:
-                await msg.reject(requeue=True)
-            except (amqp.StaleDeliveryError, amqp.ConnectionLostError, amqp.ConnectionClosedError):
-                return
-
-
-def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
-    headers = dict(msg.properties.headers or {})
-    code = headers.get(H_ERROR_CODE)
-    message = headers.get(H_ERROR_MESSAGE)
-    # The broker's latest dead-lettering of it (x-death is most recent first); none for an
-    # annotated copy, which was published, not dead-lettered.
-    deaths = headers.get("x-death")
-    latest = deaths[0] if isinstance(deaths, list) and deaths else None
-    reason = None
-    if H_DEAD_LETTERED_AT not in headers and isinstance(latest, dict):
-        reason = latest.get("reason")
-    return DeadJob(
-        job_id=amqp.property_text(msg.properties.message_id),
-        type=amqp.property_text(msg.properties.type),
-        error_code=code if isinstance(code, str) else None,
-        error_message=message if isinstance(message, str) else None,
-        attempt=header_int(headers, H_ATTEMPT, 1),
-        body=msg.body,
-        headers=headers,
-        death_reason=reason if isinstance(reason, str) else None,
-        died_at=died_at(msg.properties),
-        malformed=msg.malformed,
-    )
 
 
 @asynccontextmanager

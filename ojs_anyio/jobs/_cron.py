@@ -102,8 +102,10 @@ the schedulers stop (it holds the record); delete it to forget what was fired.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
@@ -116,13 +118,14 @@ from croniter import CroniterBadDateError, croniter
 from ojs_anyio.amqp import AMQPError, UsageError
 
 from .. import amqp
+from .._common import single_error
 from ._client import Client
 from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp, new_job, parse_timestamp
-from ._exceptions import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
-from ._presence import announce_scheduler
+from ._errors import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
+from ._presence import MAX_LISTED, PRESENCE_INTERVAL, SchedulerPresence, ScheduleState, Wake, announce
 from ._retry import RetryPolicy
-from ._topology import Names, QueueOptions, quorum_queue_arguments
+from ._topology import Names, quorum_queue_arguments
 
 __all__ = [
     "Fired",
@@ -159,7 +162,7 @@ def leader_queue_name(names: Names, group: str) -> str:
 
 def _check_name(what: str, name: str) -> str:
     if not name or len(name.encode()) > _MAX_NAME or any(c.isspace() for c in name):
-        raise ValueError(f"{what} {name!r} must be 1-{_MAX_NAME} bytes without whitespace")
+        raise UsageError(f"{what} {name!r} must be 1-{_MAX_NAME} bytes without whitespace")
     return name
 
 
@@ -187,20 +190,20 @@ class Schedule:
     def __post_init__(self) -> None:
         _check_name("schedule name", self.name)
         if self.misfire not in _MISFIRE_POLICIES:
-            raise ValueError(f"misfire must be 'skip' or 'once', not {self.misfire!r}")
+            raise UsageError(f"misfire must be 'skip' or 'once', not {self.misfire!r}")
         if self.misfire_grace < timedelta(0):
-            raise ValueError("misfire_grace must not be negative")
+            raise UsageError("misfire_grace must not be negative")
         try:
             tz = ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown timezone {self.timezone!r}") from exc
+            raise UsageError(f"unknown timezone {self.timezone!r}") from exc
         object.__setattr__(self, "_tz", tz)
         if not croniter.is_valid(self.cron, hash_id=self.name.encode()):
-            raise ValueError(f"invalid cron expression {self.cron!r} for schedule {self.name!r}")
+            raise UsageError(f"invalid cron expression {self.cron!r} for schedule {self.name!r}")
         try:
             self.next_tick(datetime(2000, 1, 1, tzinfo=UTC))
         except CroniterBadDateError as exc:
-            raise ValueError(f"cron expression {self.cron!r} never matches a date") from exc
+            raise UsageError(f"cron expression {self.cron!r} never matches a date") from exc
 
     def _iter(self, start: datetime) -> croniter:
         return croniter(self.cron, start.astimezone(self._tz), hash_id=self.name.encode())
@@ -345,7 +348,7 @@ class Scheduler:
         self.name = _check_name("scheduler name", name)
         self._clock: SchedulerClock = clock or WallClock()
         if misfire not in _MISFIRE_POLICIES:
-            raise ValueError(f"misfire must be 'skip' or 'once', not {misfire!r}")
+            raise UsageError(f"misfire must be 'skip' or 'once', not {misfire!r}")
         self.misfire: Misfire = misfire
         # Durations: seconds, a timedelta or ISO 8601 (the forms every option takes).
         self.misfire_grace = timedelta(seconds=duration_seconds(misfire_grace, "misfire_grace"))
@@ -426,7 +429,7 @@ class Scheduler:
             meta=meta,
         )
         if schedule.name in self._schedules:
-            raise ValueError(f"scheduler {self.name!r} already has a schedule named {schedule.name!r}")
+            raise UsageError(f"scheduler {self.name!r} already has a schedule named {schedule.name!r}")
         self._schedules[schedule.name] = schedule
         self._wake()  # a running fire loop recomputes its next wake-up
         return schedule
@@ -492,7 +495,7 @@ class Scheduler:
         self._queue = leader_queue_name(client.names, self.name)
         # A quorum client (one QueueOptions for every queue) gets a quorum leader queue, so
         # leadership survives the loss of the node a classic queue would live on.
-        shared = client._queue_options if isinstance(client._queue_options, QueueOptions) else None
+        shared = client.shared_queue_options
         self._arguments = quorum_queue_arguments({"x-single-active-consumer": True}, shared)
         try:
             # Fail fast on a queue declared with other arguments (TopologyConflictError).
@@ -516,7 +519,7 @@ class Scheduler:
                         tg.start_soon(self._fire_loop, client, name="ojs-scheduler-fire")
                         tg.start_soon(announce_scheduler, self, client)  # for observers: docs/jobs.md
                 except BaseExceptionGroup as eg:
-                    raise _single(eg) from None
+                    raise (single_error(eg) or eg) from None
         finally:
             remove_listener()
             self._scope = None
@@ -859,9 +862,11 @@ class Scheduler:
                     retry=schedule.retry,
                     meta=dict(schedule.meta) if schedule.meta is not None else None,
                 )
-                # The key is a label of the tick (x-ojs-idempotency-key); the leader lease,
-                # not the key, is what keeps a tick from firing twice.
-                job = await client._push_job(built, idempotency_key=key)
+                # The public push path, so the client's around_push middleware sees every
+                # scheduled job.  The key is a label of the tick (x-ojs-idempotency-key,
+                # claimed by nobody: window None); the leader lease, not the key, is what
+                # keeps a tick from firing twice.
+                job = await client.push_job(built, idempotency_key=key, idempotency_window=None)
                 job_id = job.id
         except (PushOutcomeUnknownError, PushNotSentError) as exc:
             # Not sent, or maybe not: the tick is not recorded, and fires again.
@@ -896,16 +901,53 @@ class Scheduler:
         return True
 
 
-def _leaves(eg: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for exc in eg.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
+def scheduler_presence(scheduler: Scheduler, stopped: bool = False) -> SchedulerPresence:
+    """``scheduler``'s presence now: whether it leads, and its schedules."""
+    now = datetime.now(UTC)
+    since = scheduler.leader_since
+    stats = scheduler.statistics()
+    schedules = []
+    for s in scheduler.schedules[:MAX_LISTED]:
+        last = scheduler.last_fired(s.name)
+        schedules.append(
+            ScheduleState(
+                name=s.name,
+                cron=s.cron,
+                job_type=s.job_type,
+                queue=s.queue,
+                timezone=s.timezone,
+                last_fired=format_timestamp(last) if last is not None else None,
+                next_tick=format_timestamp(s.next_tick(now)),
+            )
+        )
+    return SchedulerPresence(
+        group=scheduler.name,
+        instance_id=scheduler.instance_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        leader=scheduler.is_leader and not stopped,
+        leader_since=format_timestamp(since) if since is not None and not stopped else None,
+        state="stopped" if stopped else "running",
+        interval=PRESENCE_INTERVAL,
+        sent_at=format_timestamp(now),
+        schedules=schedules,
+        fired=stats.fired,
+        failed=stats.failed,
+    )
 
 
-def _single(eg: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one real error of a task group (cancellations aside); the group if several."""
-    cancelled = anyio.get_cancelled_exc_class()
-    real = [e for e in _leaves(eg) if not isinstance(e, cancelled)]
-    return real[0] if len(real) == 1 else eg
+
+async def announce_scheduler(scheduler: Scheduler, client: Client) -> None:
+    """:func:`announce` for a scheduler: every :data:`PRESENCE_INTERVAL`, and at once
+    when it becomes leader or stops being leader (a failover shows without delay)."""
+    wake = Wake()
+    remove = scheduler.add_listener(lambda event: wake.set() if hasattr(event, "leader") else None)
+    try:
+        await announce(
+            client,
+            lambda stopped: scheduler_presence(scheduler, stopped=stopped),
+            PRESENCE_INTERVAL,
+            wake=wake,
+        )
+    finally:
+        remove()

@@ -40,7 +40,7 @@ class Verdict:
     """
 
     action: Action
-    code: str | None = None
+    code: ErrorCode | None = None
     message: str = ""
     delay_ms: int = 0
     #: The exception behind a failure (for the log's traceback and the OJS error object),
@@ -56,8 +56,8 @@ CANCELLED: Final = Verdict("cancelled")
 ABANDONED: Final = Verdict("abandoned")
 
 
-def dead_letter(code: str, message: str) -> Verdict:
-    return Verdict("dead_letter", str(code), message)
+def dead_letter(code: ErrorCode, message: str) -> Verdict:
+    return Verdict("dead_letter", code, message)
 
 
 def decide(
@@ -82,7 +82,7 @@ def decide(
     if isinstance(raised, Discard):
         return dead_letter(ErrorCode.DISCARDED, raised.reason)
     if isinstance(raised, DeadLetter):
-        return dead_letter("DEAD_LETTER", raised.reason)
+        return dead_letter(ErrorCode.DEAD_LETTER, raised.reason)
     failure: BaseException | None = raised
     if isinstance(raised, Retry):
         code, etype, message = ErrorCode.HANDLER_ERROR, "Retry", raised.reason or "handler asked for a retry"
@@ -112,16 +112,16 @@ def decide(
     retryable = code != ErrorCode.HANDLER_PANIC and (failure is None or is_retryable_error(policy, failure))
     if not retryable:
         code = ErrorCode.NON_RETRYABLE_ERROR if code == ErrorCode.HANDLER_ERROR else code
-        return Verdict("dead_letter", str(code), f"{etype}: {message}", 0, failure, etype, message)
+        return Verdict("dead_letter", code, f"{etype}: {message}", 0, failure, etype, message)
     if attempt >= max_attempts:
         text = f"{etype}: {message} (attempt {attempt} of {max_attempts}, retries exhausted)"
-        return Verdict("dead_letter", str(code), text, 0, failure, etype, message)
+        return Verdict("dead_letter", code, text, 0, failure, etype, message)
     if isinstance(raised, Retry) and raised.delay is not None:
         delay_ms = max(1, int(raised.delay * 1000))
     else:
         delay_ms = compute_delay_ms(policy, attempt, rng)
     ladder_ms = ladder_delay_ms(delay_ms, max_ms=max(policy.max_interval_ms, delay_ms))
-    return Verdict("retry", str(code), f"{etype}: {message}", ladder_ms, failure, etype, message)
+    return Verdict("retry", code, f"{etype}: {message}", ladder_ms, failure, etype, message)
 
 
 def error_type(exc: BaseException) -> str:

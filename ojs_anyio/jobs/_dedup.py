@@ -29,8 +29,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
+from ojs_anyio.amqp import UsageError
+
 from .. import amqp
-from ._exceptions import PushError
+from ._errors import PushError
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_WINDOW",
@@ -77,7 +79,7 @@ def lock_arguments(window_ms: int) -> dict[str, Any]:
 
 def check_window(window_ms: int) -> None:
     if not 1 <= window_ms <= MAX_WINDOW_MS:
-        raise ValueError(
+        raise UsageError(
             f"idempotency_window must be between 1 ms and {MAX_WINDOW_MS} ms (about 49.7 days, "
             f"RabbitMQ's longest message TTL), got {window_ms} ms"
         )

@@ -21,7 +21,9 @@ import math
 from datetime import timedelta
 from typing import TypeAlias
 
-from ._errors import InvalidDurationError
+from ojs_anyio.amqp import UsageError
+
+from ._errors import ArgumentTypeError, InvalidDurationError
 from ._iso_duration import format_duration_ms, parse_duration_ms
 
 __all__ = ["DurationLike", "duration_ms", "duration_seconds", "duration_text"]
@@ -39,7 +41,7 @@ def duration_seconds(value: object, name: str, *, allow_zero: bool = True) -> fl
     are refused, and so is zero unless ``allow_zero``.
     """
     if isinstance(value, bool):
-        raise TypeError(f"{name} must be {_FORMS}, not a bool ({value!r})")
+        raise ArgumentTypeError(f"{name} must be {_FORMS}, not a bool ({value!r})")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, timedelta):
@@ -48,13 +50,13 @@ def duration_seconds(value: object, name: str, *, allow_zero: bool = True) -> fl
         try:
             seconds = parse_duration_ms(value) / 1000
         except InvalidDurationError as exc:
-            raise ValueError(f"{name}: {exc}; accepted forms: {_FORMS}") from None
+            raise UsageError(f"{name}: {exc}; accepted forms: {_FORMS}") from None
     else:
-        raise TypeError(f"{name} must be {_FORMS}, not {type(value).__name__} ({value!r})")
+        raise ArgumentTypeError(f"{name} must be {_FORMS}, not {type(value).__name__} ({value!r})")
     if math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"{name} must be a finite duration, got {value!r}")
+        raise UsageError(f"{name} must be a finite duration, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'positive' if not allow_zero else 'zero or more'}, got {value!r}")
+        raise UsageError(f"{name} must be {'positive' if not allow_zero else 'zero or more'}, got {value!r}")
     return seconds
 
 

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import calendar
 import re
-import secrets
-import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Annotated, Any, Final, Literal, get_args
@@ -43,6 +41,9 @@ from typing import Annotated, Any, Final, Literal, get_args
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from ojs_anyio.amqp import UsageError
+
+from .._common import new_id
 from ._errors import ArgumentTypeError, InvalidDurationError, InvalidJobError
 from ._retry import Duration, EffectiveRetryPolicy, RetryPolicy, resolve_retry, validate_duration_syntax
 
@@ -96,19 +97,19 @@ def _timestamp_match(text: str) -> re.Match[str]:
     """Match an RFC 3339 timestamp and check its ranges (without building a datetime)."""
     match = _TIMESTAMP_RE.fullmatch(text)
     if match is None:
-        raise ValueError(f"{text!r} is not an RFC 3339 timestamp with a timezone ('2026-02-15T10:30:00Z')")
+        raise UsageError(f"{text!r} is not an RFC 3339 timestamp with a timezone ('2026-02-15T10:30:00Z')")
     year, month, day = int(match["y"]), int(match["mo"]), int(match["d"])
     if not (year >= 1 and 1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)):
-        raise ValueError(f"{text!r} is not a calendar date")
+        raise UsageError(f"{text!r} is not a calendar date")
     if int(match["h"]) > 23 or int(match["mi"]) > 59 or int(match["s"]) > 60:
-        raise ValueError(f"{text!r} is not a time of day")
+        raise UsageError(f"{text!r} is not a time of day")
     if not match["z"] and (int(match["oh"]) > 23 or int(match["om"]) > 59):
-        raise ValueError(f"{text!r} has an invalid UTC offset")
+        raise UsageError(f"{text!r} has an invalid UTC offset")
     if year in (1, 9999):  # only there can a leap second or an offset leave datetime's range
         try:
             _to_datetime(match).astimezone(UTC)
         except OverflowError:
-            raise ValueError(f"{text!r} is outside the range of timestamps (years 1 to 9999 UTC)") from None
+            raise UsageError(f"{text!r} is outside the range of timestamps (years 1 to 9999 UTC)") from None
     return match
 
 
@@ -145,7 +146,7 @@ def _to_datetime(match: re.Match[str]) -> datetime:
 def format_timestamp(moment: datetime) -> str:
     """Format an aware datetime as RFC 3339 UTC with milliseconds: ``2026-02-15T10:30:00.000Z``."""
     if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ValueError("timestamps must be timezone-aware (OJS JSON format §5.3)")
+        raise UsageError("timestamps must be timezone-aware (OJS JSON format §5.3)")
     utc = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
     # "2026-02-15T10:30:00.000+00:00" from C, with "Z" for the offset: a third faster than
     # formatting the seven fields in Python.
@@ -382,6 +383,16 @@ def job_from_dict(data: Mapping[str, Any]) -> Job:
         raise _invalid(exc) from exc
 
 
+def error_info(value: Any) -> ErrorInfo | None:
+    """``value`` as an :class:`ErrorInfo` (an INFO answer's or a dead job's error), else None."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return msgspec.convert(value, ErrorInfo)
+    except msgspec.ValidationError:
+        return None
+
+
 def job_to_dict(job: Job) -> dict[str, Any]:
     """The envelope as plain JSON values, extensions back at their place."""
     out: dict[str, Any] = msgspec.to_builtins(job)
@@ -483,21 +494,30 @@ def _timestamp_text(field: str, value: datetime | str) -> str:
     return value
 
 
-_last_uuid7_ms = 0
+def _plain(type: object, queue: object, id: object, created: datetime, options: Mapping[str, Any]) -> bool:
+    """Whether :func:`new_job` may build the struct directly: the memo in front of the one
+    validator (``job_from_dict``).  Only values that validator has passed before, or whose
+    type alone settles them, qualify; anything else goes the long way.  (Kept in step
+    with the Job struct's field rules by ``test_new_job_fast_and_slow_paths_agree``.)"""
+    meta, priority, timeout = options["meta"], options["priority"], options["timeout"]
+    return (
+        all(options[key] is None for key in _NOT_PLAIN)
+        and (priority is None or priority.__class__ is int)
+        and (timeout is None or (timeout.__class__ is int and timeout >= 0))
+        and (meta is None or all(key.__class__ is str for key in meta))
+        and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)
+        and _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128)
+        and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
+        and created.utcoffset() is not None
+    )
 
 
-def _uuid7() -> str:
-    """A new UUIDv7 as text: what ``str(uuid6.uuid7())`` gives (48-bit millisecond time, kept
-    strictly increasing as uuid6 does, then 74 random bits), without building a UUID object."""
-    global _last_uuid7_ms
-    ms = time.time_ns() // 1_000_000
-    if ms <= _last_uuid7_ms:
-        ms = _last_uuid7_ms + 1
-    _last_uuid7_ms = ms
-    # 76 random bits; version 7 in bits 76-79, variant 0b10 in bits 62-63 (as uuid.UUID sets them)
-    value = (ms & 0xFFFFFFFFFFFF) << 80 | 0x7 << 76 | secrets.randbits(76) & ~(0x3 << 62) | 0x2 << 62
-    h = f"{value:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+#: Options that always take the long way (nested objects, timestamps to check).
+_NOT_PLAIN: Final = ("scheduled_at", "expires_at", "retry", "unique", "schema")
+
+
+#: The job ids' generator under its former name (tests and tools import it from here).
+_uuid7 = new_id
 
 
 def new_job(
@@ -526,48 +546,6 @@ def new_job(
     if isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence):
         raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
     created = datetime.now(UTC) if now is None else now
-    if (
-        scheduled_at is None
-        and expires_at is None
-        and retry is None
-        and unique is None
-        and schema is None
-        and not extensions
-        and (priority is None or priority.__class__ is int)
-        and (timeout is None or (timeout.__class__ is int and timeout >= 0))
-        and (meta is None or (meta.__class__ is dict and all(key.__class__ is str for key in meta)))
-        and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)
-        and _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128)
-        and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
-        and created.tzinfo is not None
-        and created.utcoffset() is not None
-    ):
-        # (``type`` is a parameter here, hence ``__class__``.)
-        # The common case, every input already known valid: build the struct directly
-        # (what job_from_dict would give, without the dict round trip and per-field checks).
-        return Job(
-            specversion=SPEC_VERSION,
-            id=_uuid7() if id is None else id,
-            type=type,
-            queue=queue,
-            args=list(args),
-            meta=UNSET if meta is None else dict(meta),
-            priority=UNSET if priority is None else priority,
-            timeout=UNSET if timeout is None else timeout,
-            state="available",
-            attempt=0,
-            created_at=format_timestamp(created),
-        )
-    data: dict[str, Any] = {
-        "specversion": SPEC_VERSION,
-        "id": _uuid7() if id is None else id,
-        "type": type,
-        "queue": queue,
-        "args": list(args),
-        "state": "available",
-        "attempt": 0,
-        "created_at": _timestamp_text("created_at", created),
-    }
     options: dict[str, Any] = {
         "meta": None if meta is None else dict(meta),
         "priority": priority,
@@ -577,6 +555,33 @@ def new_job(
         "retry": None if retry is None else msgspec.to_builtins(retry),
         "unique": None if unique is None else msgspec.to_builtins(unique),
         "schema": schema,
+    }
+    if not extensions and _plain(type, queue, id, created, options):
+        # (``type`` is a parameter here, hence ``__class__``.)
+        # The common case, every input already known valid: build the struct directly
+        # (what job_from_dict would give, without the dict round trip and per-field checks).
+        return Job(
+            specversion=SPEC_VERSION,
+            id=new_id() if id is None else id,
+            type=type,
+            queue=queue,
+            args=list(args),
+            meta=UNSET if meta is None else options["meta"],
+            priority=UNSET if priority is None else priority,
+            timeout=UNSET if timeout is None else timeout,
+            state="available",
+            attempt=0,
+            created_at=format_timestamp(created),
+        )
+    data: dict[str, Any] = {
+        "specversion": SPEC_VERSION,
+        "id": new_id() if id is None else id,
+        "type": type,
+        "queue": queue,
+        "args": list(args),
+        "state": "available",
+        "attempt": 0,
+        "created_at": _timestamp_text("created_at", created),
     }
     data.update((key, value) for key, value in options.items() if value is not None)
     if extensions:

@@ -32,6 +32,8 @@ from typing import Any
 
 from ojs_anyio.amqp import AMQPError, UsageError
 
+from .._misuse import ArgumentTypeError
+
 __all__ = [
     "ArgumentTypeError",
     "DelayOutOfRangeError",
@@ -77,10 +79,6 @@ class TopologyError(UsageError):
 
 class DelayOutOfRangeError(TopologyError):
     """A delay is negative or longer than the binary delay levels can express."""
-
-
-class ArgumentTypeError(UsageError, TypeError):
-    """An argument has the wrong type (a :class:`UsageError` and a ``TypeError``)."""
 
 
 # ---------------------------------------------------------------- runtime failures
@@ -201,6 +199,8 @@ class ErrorCode(StrEnum):
     UNROUTABLE = "UNROUTABLE"
     EXPIRED = "EXPIRED"
     DISCARDED = "DISCARDED"
+    #: The handler raised :class:`DeadLetter`.
+    DEAD_LETTER = "DEAD_LETTER"
     MAX_ATTEMPTS_EXCEEDED = "MAX_ATTEMPTS_EXCEEDED"
     #: Delivered ``Worker(max_deliveries=...)`` times without ever being settled: a worker
     #: died (or lost its connection) running it each time.

@@ -8,14 +8,13 @@ A handler is ``fn(ctx, *args)``:
 * a plain ``def`` function (or bound method, or ``functools.partial`` of one) runs in a
   worker thread through ``anyio.to_thread.run_sync``, bounded by the worker's concurrency.
 
-Anything else (a class, a generator or async generator function, an object with a plain
-``__call__``, something not callable) is refused at registration with a :class:`TypeError`
-that says what to write instead.
+Anything else is refused at registration (``ojs_anyio._pipeline.check_callable``, the
+rule jobs and events share).
 
 Arguments arrive as JSON values.  When a handler's parameters after ``ctx`` are annotated,
-each argument is converted to and validated against its annotation with
-``msgspec.convert`` (``datetime`` and ``UUID`` from their strings, Structs, dataclasses,
-TypedDicts, ``list[int]``…); a mismatch is an :class:`ArgumentsError` naming the
+each argument is converted to and validated against its annotation by the shared pipeline
+(``datetime`` and ``UUID`` from their strings, Structs, dataclasses, TypedDicts,
+``list[int]``, pydantic models…); a mismatch is an :class:`ArgumentsError` naming the
 parameter, which the worker dead-letters as INVALID_ARGS.  ``Any``, ``object`` and missing
 annotations are left alone.  An annotation msgspec cannot build from JSON is refused at
 registration.
@@ -23,14 +22,14 @@ registration.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
+from .. import _pipeline
+from .._misuse import ArgumentTypeError
 
 __all__ = ["ArgumentsError", "HandlerSpec", "inspect_handler"]
 
@@ -62,7 +61,7 @@ class HandlerSpec:
 
     @property
     def name(self) -> str:
-        return getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", None) or repr(self.fn)
+        return _pipeline.handler_name(self.fn)
 
     def convert(self, args: list[Any]) -> list[Any]:
         """``args`` converted to the annotated types; raises :class:`ArgumentsError`."""
@@ -78,8 +77,8 @@ class HandlerSpec:
             if tp in _PLAIN and type(value) is tp:
                 continue
             try:
-                out[i] = msgspec.convert(value, tp)
-            except msgspec.ValidationError as exc:
+                out[i] = _pipeline.convert(value, tp)
+            except _pipeline.ConversionError as exc:
                 where = f"*{name}[{i - len(params)}]" if i >= len(params) else name
                 raise ArgumentsError(
                     f"parameter {where!r} (args[{i}]) of {self.name}: {exc} (the value was {_short(value)})"
@@ -92,92 +91,32 @@ def _short(value: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _target(fn: Any) -> Any:
-    """The function that will actually run: through partials, to ``__call__`` of instances."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return fn
-
-
 def inspect_handler(job_type: str, fn: Any) -> HandlerSpec:
     """Check ``fn`` as a handler for ``job_type`` and work out how to call it."""
     where = f"handler for {job_type!r}"
-    if not callable(fn):
-        raise TypeError(f"{where} must be an async def or def function, not {type(fn).__name__} ({fn!r})")
-    target = _target(fn)
-    if isinstance(target, type):
-        raise TypeError(
-            f"{where} is the class {target.__qualname__}: a handler must be a function; "
-            "register a function (or a method of an instance) instead"
-        )
-    if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
-        raise TypeError(
-            f"{where} ({getattr(target, '__qualname__', target)!r}) is a generator function: "
-            "a handler must return (or raise), not yield"
-        )
-    if inspect.iscoroutinefunction(fn):
-        is_async = True
-    elif inspect.isfunction(target) or inspect.ismethod(target) or inspect.isbuiltin(target):
-        is_async = False
-    elif inspect.iscoroutinefunction(getattr(type(target), "__call__", None)):  # noqa: B004
-        is_async = True
-    else:
-        raise TypeError(
-            f"{where} ({fn!r}) is neither a coroutine function (async def) nor a plain function (def); "
-            "wrap it: `async def handler(ctx, *args): ...` or `def handler(ctx, *args): ...`"
-        )
+    is_async = _pipeline.check_callable(where, fn)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{where}: cannot read its signature ({exc})") from None
+        raise ArgumentTypeError(f"{where}: cannot read its signature ({exc})") from None
     positional = [
         p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     var_param = next((p for p in signature.parameters.values() if p.kind is p.VAR_POSITIONAL), None)
     if not positional and var_param is None:
-        raise TypeError(f"{where} takes no positional parameter: it must accept the JobContext first")
-    namespace = _namespace(fn)
+        raise ArgumentTypeError(f"{where} takes no positional parameter: it must accept the JobContext first")
+    namespace = _pipeline.namespace(fn)
     params = tuple(_slot(where, p, namespace) for p in positional[1:])
     var = _slot(where, var_param, namespace) if var_param is not None else None
     converts = var is not None or any(slot is not None for slot in params)
     return HandlerSpec(fn, signature, _positional_arity(signature), is_async, params, var, converts)
 
 
-def _namespace(fn: Any) -> dict[str, Any]:
-    """The globals that string annotations (``from __future__ import annotations``) refer to."""
-    target = _target(fn)
-    if not (inspect.isfunction(target) or inspect.ismethod(target)):
-        target = getattr(type(target), "__call__", target)  # noqa: B004
-    target = inspect.unwrap(getattr(target, "__func__", target))
-    return dict(getattr(target, "__globals__", {}))
-
-
 def _slot(where: str, param: inspect.Parameter, namespace: dict[str, Any]) -> tuple[str, Any] | None:
     """What to convert ``param``'s argument to; only the parameters after ctx are looked at,
     so ctx's annotation may be anything (even a name imported under TYPE_CHECKING)."""
-    name, tp = param.name, param.annotation
-    if tp is param.empty:
-        return None
-    if isinstance(tp, str):
-        try:
-            tp = eval(tp, namespace)
-        except Exception as exc:
-            raise TypeError(
-                f"{where}: the annotation {param.annotation!r} of parameter {name!r} cannot be resolved "
-                f"({type(exc).__name__}: {exc}); arguments are converted to the annotated types, so the "
-                "name must exist at module level when the handler is registered (or annotate it Any)"
-            ) from None
-    if tp is Any or tp is object:
-        return None
-    try:
-        msgspec.json.Decoder(tp)  # refuses types msgspec cannot build
-    except TypeError as exc:
-        raise TypeError(
-            f"{where}: parameter {name!r} is annotated {tp!r}, which cannot be built from a JSON value "
-            f"({exc}); annotate it with a JSON-compatible type (str, int, datetime, UUID, a msgspec "
-            "Struct, a dataclass…) or Any"
-        ) from None
-    return (name, tp)
+    tp = _pipeline.target_type(where, param.name, param.annotation, namespace)
+    return None if tp is None else (param.name, tp)
 
 
 def _positional_arity(signature: inspect.Signature) -> tuple[int, float] | None:

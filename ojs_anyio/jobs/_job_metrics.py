@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 
+from .._pipeline import duration_histogram
 from ._middleware import HandlerNext, Middleware
 
 if TYPE_CHECKING:
-    from ._worker import JobContext, JobOutcome
+    from ._context import JobContext, JobOutcome
 
 __all__ = ["JobMetrics"]
 
@@ -97,19 +98,5 @@ class JobMetrics(Middleware):
             self._duration.record(outcome.duration, attrs)
 
 
-
-#: Bucket bounds for handler durations, in seconds (the SDK's default bounds suit
-#: milliseconds: every job under 5 s would share one bucket).
-DURATION_BUCKETS = (
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
-)  # fmt: skip
-
-
 def _duration_histogram(meter: metrics.Meter) -> metrics.Histogram:
-    name, unit, description = "ojs_job_duration_seconds", "s", "Handler duration per attempt"
-    try:
-        return meter.create_histogram(
-            name, unit=unit, description=description, explicit_bucket_boundaries_advisory=DURATION_BUCKETS
-        )
-    except TypeError:  # opentelemetry-api before 1.23 has no bucket advice
-        return meter.create_histogram(name, unit=unit, description=description)
+    return duration_histogram(meter, "ojs_job_duration_seconds", "Handler duration per attempt")

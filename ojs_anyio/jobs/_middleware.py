@@ -35,9 +35,11 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._errors import ArgumentTypeError
+
 if TYPE_CHECKING:
+    from ._context import JobContext, JobOutcome
     from ._envelope import Job
-    from ._worker import JobContext, JobOutcome
 
 __all__ = ["Middleware", "build_handler_chain", "build_push_chain"]
 
@@ -70,11 +72,13 @@ def check_middleware(middleware: Sequence[Middleware] | None) -> tuple[Middlewar
     if middleware is None:
         return ()
     if isinstance(middleware, Middleware) or not isinstance(middleware, Sequence):
-        raise TypeError("middleware must be a list of ojs_anyio.Middleware instances")
+        raise ArgumentTypeError("middleware must be a list of ojs_anyio.Middleware instances")
     for mw in middleware:
         if not isinstance(mw, Middleware):
             hint = " (an instance, not the class)" if isinstance(mw, type) else ""
-            raise TypeError(f"middleware items must be ojs_anyio.Middleware instances{hint}, got {mw!r}")
+            raise ArgumentTypeError(
+                f"middleware items must be ojs_anyio.Middleware instances{hint}, got {mw!r}"
+            )
     return tuple(middleware)
 
 

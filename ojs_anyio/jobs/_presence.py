@@ -27,9 +27,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
 import anyio
 import msgspec
@@ -40,8 +40,7 @@ from ._envelope import format_timestamp
 
 if TYPE_CHECKING:
     from ._client import Client
-    from ._cron import Scheduler
-    from ._worker import Worker
+    from ._context import JobContext
 
 __all__ = [
     "MAX_PRESENCE_BYTES",
@@ -56,9 +55,7 @@ __all__ = [
     "WorkerPresence",
     "Wake",
     "announce",
-    "announce_scheduler",
     "decode_presence",
-    "scheduler_presence",
     "worker_presence",
 ]
 
@@ -166,7 +163,23 @@ def _now() -> str:
     return format_timestamp(datetime.now(UTC))
 
 
-def worker_presence(worker: Worker, stopped: bool = False) -> WorkerPresence:
+class WorkerView(Protocol):
+    """What a presence message reads of a worker (``Worker`` is one)."""
+
+    worker_id: str
+    queues: list[str]
+    concurrency: int
+    heartbeat_interval: float
+    counts: dict[str, int]
+
+    @property
+    def active(self) -> Mapping[str, JobContext]: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+def worker_presence(worker: WorkerView, stopped: bool = False) -> WorkerPresence:
     """``worker``'s presence now (``stopped``: the last one, with no running job)."""
     now = time.time()
     active = [] if stopped else list(worker.active.values())
@@ -193,41 +206,6 @@ def worker_presence(worker: Worker, stopped: bool = False) -> WorkerPresence:
         ],
         running_total=len(active),
         counts=dict(worker.counts),
-    )
-
-
-def scheduler_presence(scheduler: Scheduler, stopped: bool = False) -> SchedulerPresence:
-    """``scheduler``'s presence now: whether it leads, and its schedules."""
-    now = datetime.now(UTC)
-    since = scheduler.leader_since
-    stats = scheduler.statistics()
-    schedules = []
-    for s in scheduler.schedules[:MAX_LISTED]:
-        last = scheduler.last_fired(s.name)
-        schedules.append(
-            ScheduleState(
-                name=s.name,
-                cron=s.cron,
-                job_type=s.job_type,
-                queue=s.queue,
-                timezone=s.timezone,
-                last_fired=format_timestamp(last) if last is not None else None,
-                next_tick=format_timestamp(s.next_tick(now)),
-            )
-        )
-    return SchedulerPresence(
-        group=scheduler.name,
-        instance_id=scheduler.instance_id,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        leader=scheduler.is_leader and not stopped,
-        leader_since=format_timestamp(since) if since is not None and not stopped else None,
-        state="stopped" if stopped else "running",
-        interval=PRESENCE_INTERVAL,
-        sent_at=format_timestamp(now),
-        schedules=schedules,
-        fired=stats.fired,
-        failed=stats.failed,
     )
 
 
@@ -265,22 +243,6 @@ class Wake:
         event = self._event = anyio.Event()
         with anyio.move_on_after(seconds):
             await event.wait()
-
-
-async def announce_scheduler(scheduler: Scheduler, client: Client) -> None:
-    """:func:`announce` for a scheduler: every :data:`PRESENCE_INTERVAL`, and at once
-    when it becomes leader or stops being leader (a failover shows without delay)."""
-    wake = Wake()
-    remove = scheduler.add_listener(lambda event: wake.set() if hasattr(event, "leader") else None)
-    try:
-        await announce(
-            client,
-            lambda stopped: scheduler_presence(scheduler, stopped=stopped),
-            PRESENCE_INTERVAL,
-            wake=wake,
-        )
-    finally:
-        remove()
 
 
 async def announce(

@@ -25,13 +25,7 @@ import anyio
 
 from .. import amqp
 from ._envelope import Job
-from ._exceptions import (
-    PushError,
-    PushNotSentError,
-    PushOutcomeUnknownError,
-    QueueFullError,
-    UnroutableJobError,
-)
+from ._errors import PushError, PushNotSentError, PushOutcomeUnknownError, QueueFullError, UnroutableJobError
 
 __all__ = ["SEND_FAILURES", "UNAVAILABLE", "SendDeadline", "before_sending", "push_error"]
 

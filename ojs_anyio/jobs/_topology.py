@@ -87,6 +87,9 @@ from .._ladder import ttl_queue_arguments
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, TopologyError
 
 __all__ = [
+    "base_exchanges",
+    "delay_level_exchanges",
+    "delayed_plugin_exchange",
     "CONTROL_MAX_LENGTH",
     "CONTROL_MESSAGE_TTL_MS",
     "DEAD_LETTER_HEADERS",
@@ -318,22 +321,34 @@ class ExchangeSpec(NamedTuple):
     arguments: dict[str, Any]
 
 
-def exchanges(names: Names, *, delayed_plugin: bool = False) -> list[ExchangeSpec]:
-    """Every exchange of the binding, in declaration order.
-
-    Direct, DLX and retry exchanges (direct, 001 §4.2, AMQP-001/002), the 32 delay-level
-    exchanges and the deliver exchange (topic), and the plugin's ``x-delayed-message``
-    exchange only when ``delayed_plugin`` (detected, not assumed).
-    """
-    specs = [
+def base_exchanges(names: Names) -> list[ExchangeSpec]:
+    """The direct, DLX and retry exchanges (direct, 001 §4.2, AMQP-001/002)."""
+    return [
         ExchangeSpec(names.direct_exchange, "direct", {}),
         ExchangeSpec(names.dlx_exchange, "direct", {}),
         ExchangeSpec(names.retry_exchange, "direct", {}),
+    ]
+
+
+def delay_level_exchanges(names: Names) -> list[ExchangeSpec]:
+    """The 32 delay-level exchanges and the deliver exchange (topic; docs/scheduling.md)."""
+    return [
         *(ExchangeSpec(names.delay_exchange(k), "topic", {}) for k in reversed(range(DELAY_LEVELS))),
         ExchangeSpec(names.delay_deliver_exchange, "topic", {}),
     ]
+
+
+def delayed_plugin_exchange(names: Names) -> ExchangeSpec:
+    """The plugin's ``x-delayed-message`` exchange (001 §9.1.2; detected, not assumed)."""
+    return ExchangeSpec(names.delayed_exchange, "x-delayed-message", delayed_exchange_arguments())
+
+
+def exchanges(names: Names, *, delayed_plugin: bool = False) -> list[ExchangeSpec]:
+    """Every exchange of the binding, in declaration order: :func:`base_exchanges`,
+    :func:`delay_level_exchanges`, and :func:`delayed_plugin_exchange` when ``delayed_plugin``."""
+    specs = [*base_exchanges(names), *delay_level_exchanges(names)]
     if delayed_plugin:
-        specs.append(ExchangeSpec(names.delayed_exchange, "x-delayed-message", delayed_exchange_arguments()))
+        specs.append(delayed_plugin_exchange(names))
     return specs
 
 

@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol
 
 import msgspec
 
+from ._errors import ArgumentTypeError
 from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from ._client import Client
+    from ._context import JobContext
     from ._envelope import Job
     from ._results import PendingResult
     from ._sync import SyncClient, SyncPendingResult
-    from ._worker import JobContext
 
 __all__ = ["JobDecorator", "JobHandle", "PushOptions"]
 
@@ -128,7 +129,7 @@ class JobHandle(Generic[P, R]):
         try:
             bound = self._signature.bind(None, *args, **kwargs)
         except TypeError as exc:
-            raise TypeError(f"job {self.type!r}: {exc}") from None
+            raise ArgumentTypeError(f"job {self.type!r}: {exc}") from None
         bound.apply_defaults()
         names = list(self._signature.parameters)[1:]
         return [
@@ -197,7 +198,7 @@ def json_form(value: Any, where: str) -> Any:
     try:
         return msgspec.to_builtins(value, enc_hook=_model_json)
     except (NotImplementedError, TypeError) as exc:
-        raise TypeError(f"argument {where}: {exc}") from None
+        raise ArgumentTypeError(f"argument {where}: {exc}") from None
 
 
 def check_typed_signature(job_type: str, signature: inspect.Signature) -> None:
@@ -207,12 +208,12 @@ def check_typed_signature(job_type: str, signature: inspect.Signature) -> None:
         inspect.Parameter.POSITIONAL_ONLY,
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
     ):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"job {job_type!r}: the handler's first parameter must take the JobContext positionally"
         )
     for p in params[1:]:
         if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"job {job_type!r}: parameter {p.name!r} is keyword-only; OJS job arguments are a "
                 "positional array, so a typed job's parameters must be positional (drop the '*')"
             )
@@ -221,7 +222,7 @@ def check_typed_signature(job_type: str, signature: inspect.Signature) -> None:
 def validate_options(options: dict[str, Any]) -> PushOptions:
     unknown = set(options) - _OPTION_NAMES
     if unknown:
-        raise TypeError(f"unknown push option(s): {', '.join(sorted(unknown))}")
+        raise ArgumentTypeError(f"unknown push option(s): {', '.join(sorted(unknown))}")
     return PushOptions({k: v for k, v in options.items() if v is not None})
 
 

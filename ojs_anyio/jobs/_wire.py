@@ -25,11 +25,14 @@ from msgspec import UnsetType
 from ojs_anyio.amqp import BasicProperties, Int32
 
 from .._attempts import header_number, parse_attempt
-from ._envelope import Job, format_timestamp, parse_timestamp
+from ._envelope import Job, encode_job, format_timestamp, parse_timestamp
 from ._errors import InvalidJobError
+from ._retry import RetryPolicy
+from ._route import Route
 from ._topology import priority_to_amqp
 
 __all__ = [
+    "job_message",
     "CONTENT_TYPE",
     "H_ATTEMPT",
     "H_CREATED_AT",
@@ -97,6 +100,34 @@ def _tags(job: Job) -> str | None:
     if isinstance(tags, str) and tags:
         return tags
     return None
+
+
+def job_message(
+    job: Job,
+    route: Route,
+    *,
+    enqueued_at: datetime,
+    idempotency_key: str | None,
+    reply_to: str | None,
+    trace_headers: dict[str, str] | None,
+) -> tuple[BasicProperties, bytes]:
+    """The properties and body a job is published with along ``route``.  No I/O.
+
+    ``x-ojs-max-attempts`` only when the job itself set it: a job without its own
+    ``max_attempts`` carries none, and the worker's policy decides (docs/jobs.md)."""
+    own = job.retry.max_attempts if isinstance(job.retry, RetryPolicy) else None
+    props = job_properties(
+        job,
+        max_attempts=own if isinstance(own, int) else None,
+        enqueued_at=enqueued_at,
+        idempotency_key=idempotency_key,
+        trace_headers=trace_headers,
+    )
+    if route.headers:
+        props = with_headers(props, dict(route.headers))
+    if reply_to is not None:
+        props = msgspec.structs.replace(props, reply_to=reply_to)
+    return props, encode_job(job)
 
 
 def job_properties(

@@ -29,7 +29,6 @@ import asyncio
 import builtins
 import contextlib
 import functools
-import inspect
 import logging
 import random
 import time
@@ -37,7 +36,6 @@ import uuid
 import warnings
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,11 +47,13 @@ import sniffio
 
 from ojs_anyio.amqp import Int32, UsageError
 
-from .. import amqp
+from .. import _pipeline, amqp
 from . import _tracing
 from ._args import check_queue_names
+from ._attempt import JOB_LINE, Attempt
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, SYNC_CANCEL_DETAIL, Client
-from ._dead_letter import dead_letter as settle_dead_letter
+from ._context import JobContext, JobOutcome, Outcome
+from ._dead_letters import dead_letter as settle_dead_letter
 from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
 from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
@@ -119,57 +119,6 @@ DEFAULT_UNKNOWN_TYPE_GRACE = 600.0
 DEFAULT_MAX_DELIVERIES = 5
 
 
-@dataclass(slots=True)
-class JobContext:
-    """What a handler receives first: the job, its attempt, and the worker."""
-
-    job: Job
-    attempt: int
-    max_attempts: int
-    queue: str
-    worker_id: str
-    message: amqp.IncomingMessage
-    started_at: float = field(default_factory=time.monotonic)
-    #: Wall-clock start (seconds since the epoch); :attr:`started_wall` formats it.
-    started_time: float = field(default_factory=time.time)
-    cancel_requested: bool = False
-    #: Set by a graceful stop whose grace period ran out: the job is left unacked.
-    abandoned: bool = False
-
-    @property
-    def started_wall(self) -> str:
-        """When the handler started, as an OJS timestamp."""
-        return format_timestamp(datetime.fromtimestamp(self.started_time, UTC))
-
-    @property
-    def id(self) -> str:
-        return self.job.id
-
-    @property
-    def args(self) -> list[Any]:
-        return self.job.args
-
-
-@dataclass(frozen=True, slots=True)
-class JobOutcome:
-    """One line of the worker's story: what happened to a job attempt."""
-
-    job_id: str | None
-    type: str | None
-    queue: str
-    attempt: int
-    #: completed | retried | dead_lettered | cancelled | abandoned | requeued | deferred
-    outcome: str
-    error_code: str | None = None
-    error_message: str | None = None
-    delay_ms: int | None = None
-    duration: float = 0.0
-    #: The OJS error object of a failed attempt: ``type``, ``message``, ``backtrace``.
-    error: dict[str, Any] | None = None
-    #: What the handler returned (completed attempts).
-    result: Any = None
-
-
 class Worker:
     """Consumes jobs from ``queues`` and runs their handlers.
 
@@ -210,9 +159,11 @@ class Worker:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UsageError(f"concurrency must be an int >= 1 (jobs at once per queue), got {concurrency!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}")
+            raise ArgumentTypeError(
+                f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}"
+            )
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
-            raise TypeError(f"worker_id must be a non-empty str or None, got {worker_id!r}")
+            raise ArgumentTypeError(f"worker_id must be a non-empty str or None, got {worker_id!r}")
         if isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int) or max_deliveries < 1:
             raise UsageError(f"max_deliveries must be an int >= 1, got {max_deliveries!r}")
         if not isinstance(republish, amqp.RepublishPolicy):
@@ -220,7 +171,7 @@ class Worker:
                 f"republish must be an ojs_anyio.RepublishPolicy, not {type(republish).__name__}"
             )
         if rng is not None and not isinstance(rng, random.Random):
-            raise TypeError(f"rng must be a random.Random or None, not {type(rng).__name__}")
+            raise ArgumentTypeError(f"rng must be a random.Random or None, not {type(rng).__name__}")
         _warn_policy(retry, "Worker(retry=...)")
         self.concurrency = concurrency
         self.retry = retry
@@ -319,7 +270,7 @@ class Worker:
         """
         if queue is None:
             if len(self.queues) != 1:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"job {job_type!r}: this worker consumes {len(self.queues)} queues; "
                     "say which one the job goes to with queue=..."
                 )
@@ -345,11 +296,11 @@ class Worker:
         so are parameter annotations that JSON arguments cannot be converted to.
         """
         if not isinstance(job_type, str) or not job_type:
-            raise TypeError(f"job_type must be a non-empty str, got {job_type!r}")
+            raise ArgumentTypeError(f"job_type must be a non-empty str, got {job_type!r}")
         spec = inspect_handler(job_type, fn)
         existing = self._handlers.get(job_type)
         if existing is not None:
-            raise ValueError(
+            raise UsageError(
                 f"a handler for {job_type!r} is already registered ({existing.name}); a job type has "
                 "one handler per worker: give the second one its own job type"
             )
@@ -389,9 +340,13 @@ class Worker:
             self._thread_limiter = anyio.CapacityLimiter(self.concurrency * len(self.queues))
             self._prepare_middleware()
             log.info(
-                "worker %s starting: queues=%s concurrency=%d backend=%s broker=%s",
-                self.worker_id, ",".join(self.queues), self.concurrency,
-                sniffio.current_async_library(), client.conn.url.redacted(),
+                "worker %(worker)s starting: queues=%(queues)s concurrency=%(concurrency)d "
+                "backend=%(backend)s broker=%(broker)s",
+                {
+                    "worker": self.worker_id, "queues": ",".join(self.queues),
+                    "concurrency": self.concurrency, "backend": sniffio.current_async_library(),
+                    "broker": client.conn.url.redacted(),
+                },
                 extra={"worker_id": self.worker_id, "queues": list(self.queues)},
             )  # fmt: skip
             async with anyio.create_task_group() as tg:
@@ -716,8 +671,9 @@ class Worker:
     # ---------------------------------------------------------- one job
 
     async def _handle(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
+        a = Attempt(client=client, ch=ch, queue=queue, msg=msg)
         try:
-            await self._handle_one(client, ch, queue, msg)
+            await self._handle_one(a)
         except amqp.DELIVERY_LOST_ERRORS as exc:
             # The connection or channel died while settling, or stayed away longer than
             # publish_timeout: the job was not acked, so the broker redelivers it
@@ -738,61 +694,97 @@ class Worker:
             with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
                 await msg.nack(requeue=False)
 
-    async def _handle_one(
-        self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage
-    ) -> None:
-        started = time.monotonic()
-        if msg.malformed is not None:
-            await self._reject_malformed(queue, msg, started)
+    async def _handle_one(self, a: Attempt) -> None:
+        """Admit the delivery (decode, checks), then run its handler and settle it."""
+        admitted = await self._admit(a)
+        if admitted is None:
             return
+        spec, policy, max_attempts = admitted
+        job = a.job
+        assert job is not None
+        ctx = JobContext(
+            job=job, attempt=a.number, max_attempts=max_attempts, queue=a.queue, worker_id=self.worker_id,
+            message=a.msg,
+        )  # fmt: skip
+        args = await self._arguments(a, spec, ctx)
+        if args is None:
+            return
+        timeout = self._timeout(job)
+        raised, result, cancelled_caught = await self._run(spec, ctx, args, timeout)
+        verdict = decide(
+            raised,
+            cancelled_caught=cancelled_caught,
+            cancel_requested=ctx.cancel_requested,
+            abandoned=ctx.abandoned,
+            timeout=timeout,
+            policy=policy,
+            attempt=a.number,
+            max_attempts=max_attempts,
+            rng=self._rng,
+        )
+        await self._settle(a, verdict, result)
+
+    async def _admit(self, a: Attempt) -> tuple[HandlerSpec, EffectiveRetryPolicy, int] | None:
+        """Everything before the handler runs: decode the job, count unsettled deliveries,
+        skip a cancelled job, find its handler and policy, refuse an expired one.  None when
+        the delivery was settled here (or moved)."""
+        msg = a.msg
+        if msg.malformed is not None:
+            await self._reject_malformed(a)
+            return None
         headers = msg.properties.headers or {}
         # (A header once made the worker reject a job unrun, with no log line and no outcome:
         # any vhost client could set it.  It means nothing now; `dlq requeue` still strips it.)
         try:
-            attempt = header_attempt(headers)
-            job = _decode_delivered(msg.body)
+            a.number = header_attempt(headers)
+            job = a.job = _decode_delivered(msg.body)
         except InvalidJobError as exc:
-            verdict = dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc))
-            await self._settle(client, ch, queue, msg, None, 1, verdict, started)
-            return
-        if msg.redelivered:
-            lost = unsettled_deliveries(headers) + 1
-            if lost >= self.max_deliveries:
-                verdict = dead_letter(
-                    ErrorCode.WORKER_LOST,
-                    f"delivered {lost} times, and each delivery ended without a settlement (a worker "
-                    f"died or lost its connection holding it); max_deliveries is {self.max_deliveries}",
-                )
-                await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
-                return
-            if await self._move_redelivered(client, ch, queue, msg, lost):
-                return  # the copy carries the count, and runs on its own when it comes
+            a.number = 1
+            await self._settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
+            return None
+        if msg.redelivered and await self._redelivered(a, headers):
+            return None
         if self._was_cancelled(job.id):
             await msg.ack()
             log.info(
                 "job %s type=%s queue=%s outcome=cancelled (cancelled before it started)",
-                job.id,
-                job.type,
-                queue,
-            )
-            self._report(JobOutcome(job.id, job.type, queue, attempt, "cancelled"))
-            return
+                job.id, job.type, a.queue,
+            )  # fmt: skip
+            self._report(a.outcome(Outcome.CANCELLED, timed=False))
+            return None
         spec = self._handlers.get(job.type)
         if spec is None:
-            await self._unknown_type(client, ch, queue, msg, job, attempt, started)
-            return
+            await self._unknown_type(a)
+            return None
         try:
-            policy = self._policy(job, client)
+            policy = self._policy(job, a.client)
             max_attempts = header_max_attempts(headers, policy.max_attempts)
         except InvalidJobError as exc:
-            verdict = dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc))
-            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
-            return
+            await self._settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
+            return None
         if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
-            verdict = dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}")
-            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
-            return
-        ctx = JobContext(job, attempt, max_attempts, queue, self.worker_id, msg)
+            await self._settle(a, dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}"))
+            return None
+        return spec, policy, max_attempts
+
+    async def _redelivered(self, a: Attempt, headers: dict[str, Any]) -> bool:
+        """A redelivered job: dead-lettered as WORKER_LOST past ``max_deliveries``, else
+        moved to the redelivered queue.  True when the delivery was settled here."""
+        lost = unsettled_deliveries(headers) + 1
+        if lost >= self.max_deliveries:
+            verdict = dead_letter(
+                ErrorCode.WORKER_LOST,
+                f"delivered {lost} times, and each delivery ended without a settlement (a worker "
+                f"died or lost its connection holding it); max_deliveries is {self.max_deliveries}",
+            )
+            await self._settle(a, verdict)
+            return True
+        return await self._move_redelivered(a, lost)  # the copy carries the count
+
+    async def _arguments(self, a: Attempt, spec: HandlerSpec, ctx: JobContext) -> list[Any] | None:
+        """The job's arguments converted for the handler; None (dead-lettered as
+        INVALID_ARGS) when they do not fit its parameters."""
+        job = ctx.job
         args = job.args
         try:
             # Checked against the arity worked out at registration; the full bind (which
@@ -800,17 +792,16 @@ class Worker:
             arity = spec.arity
             if arity is None or not arity[0] <= len(args) + 1 <= arity[1]:
                 spec.signature.bind(ctx, *args)
-            args = spec.convert(args)
+            return spec.convert(args)
         except TypeError as exc:
-            verdict = dead_letter(
-                ErrorCode.INVALID_ARGS, f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}"
-            )
-            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
-            return
+            why = f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}"
         except ArgumentsError as exc:
-            verdict = dead_letter(ErrorCode.INVALID_ARGS, str(exc))
-            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
-            return
+            why = str(exc)
+        await self._settle(a, dead_letter(ErrorCode.INVALID_ARGS, why))
+        return None
+
+    def _timeout(self, job: Job) -> float:
+        """The job's timeout in seconds, below the broker's consumer timeout."""
         own_timeout = isinstance(job.timeout, int) and job.timeout > 0
         timeout = float(job.timeout) if own_timeout else self.default_timeout  # type: ignore[arg-type]
         # The broker's clock starts at delivery, and a job may wait prefetched before its
@@ -823,7 +814,14 @@ class Worker:
                 "the broker would close the channel and redeliver it; it is capped at %.0fs",
                 job.id, timeout, self.broker_consumer_timeout, cap,
             )  # fmt: skip
-        timeout = min(timeout, cap)
+        return min(timeout, cap)
+
+    async def _run(
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], timeout: float
+    ) -> tuple[BaseException | None, Any, bool]:
+        """Run the handler (through the middleware) under its timeout; return what it
+        raised, what it returned, and whether its own scope was cancelled."""
+        job = ctx.job
         # One scope per job serves as its timeout (the deadline) and as the handle that
         # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
         backend = self._backend or _Backend()
@@ -862,50 +860,33 @@ class Worker:
                 entries[:] = [e for e in entries if e is not entry]
             if self._stopping:  # only _enforce_grace (started by stop()) waits on it
                 self._jobs_changed.set()
-        verdict = decide(
-            raised,
-            cancelled_caught=scope.cancelled_caught,
-            cancel_requested=ctx.cancel_requested,
-            abandoned=ctx.abandoned,
-            timeout=timeout,
-            policy=policy,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            rng=self._rng,
-        )
-        await self._settle(client, ch, queue, msg, job, attempt, verdict, started, result)
+        return raised, result, scope.cancelled_caught
 
-    async def _reject_malformed(self, queue: str, msg: amqp.IncomingMessage, started: float) -> None:
+    async def _reject_malformed(self, a: Attempt) -> None:
         """A delivery whose content header the codec let through as malformed
         (``msg.malformed``: a property or header key that is not UTF-8, headers nested too
         deep, a header larger than frame_max...).  Its properties cannot be trusted nor
         published again, so it is dead-lettered unrun with ``Basic.Nack(requeue=false)``:
         the job queue's dead-letter arguments take it to the DLQ as it is."""
+        msg = a.msg
         await msg.nack(requeue=False)
         job_id = amqp.property_text(msg.properties.message_id)
         job_type = amqp.property_text(msg.properties.type)
         message = f"malformed message: {msg.malformed}"
         log.error(
-            "job %s type=%s queue=%s outcome=dead_lettered code=%s: %s",
-            job_id, job_type, queue, ErrorCode.INVALID_PAYLOAD, message,
+            "job %(job_id)s type=%(job_type)s queue=%(queue)s outcome=dead_lettered "
+            "code=%(code)s: %(message)s",
+            {**a.fields(), "job_id": job_id, "job_type": job_type, "code": ErrorCode.INVALID_PAYLOAD,
+             "message": message},
         )  # fmt: skip
         self._report(
             JobOutcome(
-                job_id, job_type, queue, 1, "dead_lettered", ErrorCode.INVALID_PAYLOAD, message,
-                duration=time.monotonic() - started,
+                job_id=job_id, type=job_type, queue=a.queue, attempt=1, outcome=Outcome.DEAD_LETTERED,
+                error_code=ErrorCode.INVALID_PAYLOAD, error_message=message, duration=a.elapsed(),
             )
         )  # fmt: skip
 
-    async def _reply(
-        self,
-        client: Client,
-        ch: amqp.Channel,
-        msg: amqp.IncomingMessage,
-        job: Job,
-        reply_to: str,
-        verdict: Verdict,
-        result: Any,
-    ) -> None:
+    async def _reply(self, a: Attempt, job: Job, reply_to: str, verdict: Verdict, result: Any) -> None:
         """The job's final outcome to the pusher's result queue (``reply_to``, OJS AMQP binding
         §6.1).  Not mandatory: if the pusher has gone away its queue is gone and the broker
         drops the reply, so nothing here can hold the worker up beyond one confirm."""
@@ -918,18 +899,18 @@ class Worker:
         props = amqp.BasicProperties(
             content_type="application/json",
             message_id=job.id,
-            correlation_id=msg.properties.correlation_id,
+            correlation_id=a.msg.properties.correlation_id,
             type="ojs.result",
             app_id="ojs",
         )
-        if not await self._may_reply_to(client, reply_to):
+        if not await self._may_reply_to(a.client, reply_to):
             log.warning(
                 "job %s: reply_to %r is not a requester's own queue; the result is not sent there",
                 job.id, reply_to,
             )  # fmt: skip
             return
         try:
-            await ch.publish(body, exchange="", routing_key=reply_to, properties=props)
+            await a.ch.publish(body, exchange="", routing_key=reply_to, properties=props)
         except amqp.PublishError as exc:
             log.warning("job %s: the result reply to %r was refused: %s", job.id, reply_to, exc)
 
@@ -973,7 +954,7 @@ class Worker:
         # Tracing goes first, so its span covers every other hook, as it covered the whole
         # handler call when it was built in; without a tracer provider it is left out.
         has_tracing = any(isinstance(m, _tracing.Tracing) for m in middleware)
-        if self.tracing and not has_tracing and _tracing._recording():
+        if self.tracing and not has_tracing and _tracing.recording():
             middleware.insert(0, _tracing.Tracing())
         has_metrics = any(isinstance(m, JobMetrics) for m in middleware)
         if self.metrics and not has_metrics and amqp.sdk_meter_provider_installed():
@@ -984,57 +965,31 @@ class Worker:
         self._handler_chain = build_handler_chain(middleware)
         self._outcome_hooks = outcome_hooks(middleware)
 
-    async def _settle(
-        self,
-        client: Client,
-        ch: amqp.Channel,
-        queue: str,
-        msg: amqp.IncomingMessage,
-        job: Job | None,
-        attempt: int,
-        verdict: Verdict,
-        started: float,
-        result: Any = None,
-    ) -> None:
+    async def _settle(self, a: Attempt, verdict: Verdict, result: Any = None) -> None:
         """Carry out ``verdict`` on the broker, then report the outcome."""
         action = verdict.action
-        reply_to = msg.properties.reply_to
+        job = a.job
+        reply_to = a.msg.properties.reply_to
         if reply_to and job is not None and action in ("ack", "dead_letter"):
             try:
-                await self._reply(client, ch, msg, job, reply_to, verdict, result)
+                await self._reply(a, job, reply_to, verdict, result)
             except amqp.DELIVERY_LOST_ERRORS:
                 raise
             except Exception:  # a side channel: it never keeps the job from its settlement
                 log.exception("job %s: the result reply to %r failed; the job is settled all the same",
                               job.id, reply_to)  # fmt: skip
         if action == "ack" or action == "cancelled":
-            assert job is not None
-            await msg.ack()
-            outcome = "completed" if action == "ack" else "cancelled"
-            self._report(
-                JobOutcome(
-                    job.id, job.type, queue, attempt, outcome,
-                    duration=time.monotonic() - started, result=result,
-                )
-            )
+            await a.msg.ack()
+            outcome = Outcome.COMPLETED if action == "ack" else Outcome.CANCELLED
+            self._report(a.outcome(outcome, result=result))
         elif action == "abandoned":
             # Left unacked: the broker redelivers it when the channel closes.
-            assert job is not None
-            self._report(
-                JobOutcome(job.id, job.type, queue, attempt, "abandoned", duration=time.monotonic() - started)
-            )
+            self._report(a.outcome(Outcome.ABANDONED))
         elif action == "retry":
-            assert job is not None and verdict.code is not None
-            error = error_object(verdict.failure, verdict.error_type or "", verdict.detail)
-            await self._retry(
-                client, ch, queue, msg, job, attempt, verdict.code, verdict.message,
-                verdict.delay_ms, started, error, verdict.failure,
-            )  # fmt: skip
+            await self._retry(a, verdict)
         else:
             assert verdict.code is not None
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, verdict.code, verdict.message, started, verdict.failure
-            )
+            await self._dead_letter(a, verdict.code, verdict.message, verdict.failure)
 
     async def _run_sync(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
@@ -1044,7 +999,7 @@ class Worker:
         Not abandoned on cancel: a thread cannot be interrupted, so a timeout, CANCEL or
         the grace period waits for it to return (no thread outlives the worker), and what
         it returned or raised decides the job, as for a handler that finished in time."""
-        result = await anyio.to_thread.run_sync(_call, spec, ctx, args, limiter=self._thread_limiter)
+        result = await _pipeline.call(spec.fn, False, (ctx, *args), self._thread_limiter)
         late = anyio.current_time() >= scope.deadline
         if late or ctx.cancel_requested or ctx.abandoned:
             why = "its timeout" if late else "a CANCEL" if ctx.cancel_requested else "the grace period"
@@ -1054,57 +1009,38 @@ class Worker:
             )  # fmt: skip
         return result
 
-    async def _retry(
-        self,
-        client: Client,
-        ch: amqp.Channel,
-        queue: str,
-        msg: amqp.IncomingMessage,
-        job: Job,
-        attempt: int,
-        code: str,
-        message: str,
-        ladder_ms: int,
-        started: float,
-        error: dict[str, Any] | None = None,
-        failure: BaseException | None = None,
-    ) -> None:
+    async def _retry(self, a: Attempt, verdict: Verdict) -> None:
+        """Through the retry ladder with the attempt number + 1 and the error headers
+        (confirmed), then ack the original (001 §5.4)."""
+        job, code, message, failure = a.job, verdict.code, verdict.message, verdict.failure
+        assert job is not None and code is not None
+        error = error_object(failure, verdict.error_type or "", verdict.detail)
         headers = {
-            H_ATTEMPT: Int32(attempt + 1),
+            H_ATTEMPT: Int32(a.number + 1),
             H_ERROR_CODE: str(code),
             H_ERROR_MESSAGE: message[:1000],
             **(error_headers(error) if error else {}),
         }
         # The previous attempt's error type and backtrace go, unless replaced.
         moved = await self._through_retry_queue(
-            client, ch, queue, msg, job, attempt, started, ladder_ms, headers,
+            a, verdict.delay_ms, headers,
             drop=(H_ERROR_TYPE, H_ERROR_BACKTRACE), code=code, message=message, failure=failure,
         )  # fmt: skip
         if not moved:
             return
-        log.warning(
-            "job %s type=%s queue=%s attempt=%d outcome=retried code=%s delay=%dms: %s",
-            job.id, job.type, queue, attempt, code, ladder_ms, message,
-            exc_info=failure, extra=log_extra(job.id, job.type, queue, attempt),
-        )  # fmt: skip
-        self._report(
-            JobOutcome(
-                job.id,
-                job.type,
-                queue,
-                attempt,
-                "retried",
-                str(code),
-                message,
-                ladder_ms,
-                time.monotonic() - started,
-                error,
-            )
+        _pipeline.log_failed_attempt(
+            log, failure, a.log_extra(),
+            f"{JOB_LINE} outcome=retried code=%(code)s delay=%(delay)dms: %(message)s",
+            {**a.fields(), "code": code, "delay": verdict.delay_ms, "message": message},
         )
+        self._report(
+            a.outcome(
+                Outcome.RETRIED, error_code=str(code), error_message=message, delay_ms=verdict.delay_ms,
+                error=error,
+            )
+        )  # fmt: skip
 
-    async def _move_redelivered(
-        self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage, lost: int
-    ) -> bool:
+    async def _move_redelivered(self, a: Attempt, lost: int) -> bool:
         """A redelivered job: its earlier delivery ended without a settlement (a worker died
         or lost its connection holding it, or a graceful stop left it).  Which job of those
         a dying worker held killed it, nobody knows, so each goes, as a copy that counts
@@ -1114,27 +1050,21 @@ class Worker:
         grows, up to ``max_deliveries`` (then WORKER_LOST).  Confirmed, then the original
         is acked.  Only redelivered jobs pay this.  True when done; False (the job then
         runs now, uncounted) if the broker refused the copy."""
+        msg = a.msg
         props = with_headers(
             msg.properties, {H_UNSETTLED: lost}, drop=(H_DELIVERY_COUNT,),
             base=strip_dead_letter_headers(msg.properties.headers),
         )  # fmt: skip
         self._moving += 1
         try:
-            return await self._move(client, ch, queue, msg, lost, props)
+            return await self._move(a, lost, props)
         finally:
             self._moving -= 1
             if not self._moving and self._moved is not None:
                 self._moved.set()
 
-    async def _move(
-        self,
-        client: Client,
-        ch: amqp.Channel,
-        queue: str,
-        msg: amqp.IncomingMessage,
-        lost: int,
-        props: amqp.BasicProperties | None,
-    ) -> bool:
+    async def _move(self, a: Attempt, lost: int, props: amqp.BasicProperties | None) -> bool:
+        client, ch, queue, msg = a.client, a.ch, a.queue, a.msg
         published = await self._republish(
             ch, msg.body, exchange="", routing_key=client.names.redelivered_queue(queue),
             properties=props, mandatory=True,
@@ -1158,41 +1088,32 @@ class Worker:
         )  # fmt: skip
         return True
 
-    async def _unknown_type(
-        self,
-        client: Client,
-        ch: amqp.Channel,
-        queue: str,
-        msg: amqp.IncomingMessage,
-        job: Job,
-        attempt: int,
-        started: float,
-    ) -> None:
+    async def _unknown_type(self, a: Attempt) -> None:
         """A job of a type this worker has no handler for (a rolling deploy: pushed by new
         code before every worker runs it).  Within ``unknown_type_grace`` of the first time
         a worker met it, it goes back through the retry ladder, not counted as an attempt,
         so a worker that knows the type takes it once the delay passes; after that it is
         dead-lettered as ``INVALID_JOB_TYPE``."""
+        job = a.job
+        assert job is not None
         now_ms = int(time.time() * 1000)
         grace_ms = int(self.unknown_type_grace * 1000)
-        since = header_since(msg.properties.headers, H_UNKNOWN_TYPE_SINCE, now_ms)
+        since = header_since(a.msg.properties.headers, H_UNKNOWN_TYPE_SINCE, now_ms)
         waited_ms = now_ms - since
         reason = f"no handler registered for job type {job.type!r} on worker {self.worker_id}"
         if waited_ms >= grace_ms:
             if grace_ms:
                 grace = self.unknown_type_grace
                 reason += f" (for {waited_ms / 1000:.0f}s, past the {grace:g}s grace window)"
-            verdict = dead_letter(ErrorCode.INVALID_JOB_TYPE, reason)
-            await self._settle(client, ch, queue, msg, job, attempt, verdict, started)
+            await self._settle(a, dead_letter(ErrorCode.INVALID_JOB_TYPE, reason))
             return
         # Waits of about the time waited so far (1 s, 2 s, 5 s… at most a minute), on the
         # rungs of the retry ladder, never past the end of the window.
         ladder_ms = ladder_delay_ms(min(max(waited_ms, 1000), 60_000), max_ms=max(grace_ms - waited_ms, 1))
-        headers = {H_UNKNOWN_TYPE_SINCE: since, H_ATTEMPT: Int32(attempt)}
+        headers = {H_UNKNOWN_TYPE_SINCE: since, H_ATTEMPT: Int32(a.number)}
         moved = await self._through_retry_queue(
-            client, ch, queue, msg, job, attempt, started, ladder_ms, headers,
-            code=ErrorCode.INVALID_JOB_TYPE, message=reason,
-        )  # fmt: skip
+            a, ladder_ms, headers, code=ErrorCode.INVALID_JOB_TYPE, message=reason
+        )
         if not moved:
             return
         if job.type not in self._unknown_logged and len(self._unknown_logged) < 1000:
@@ -1201,35 +1122,30 @@ class Worker:
                 "job type %r on queue %s has no handler on worker %s: its jobs go back through the "
                 "retry queues for up to %gs (a worker that knows the type takes them), then to the "
                 "dead-letter queue (logged once per type)",
-                job.type, queue, self.worker_id, self.unknown_type_grace,
+                job.type, a.queue, self.worker_id, self.unknown_type_grace,
             )  # fmt: skip
         self._report(
-            JobOutcome(
-                job.id, job.type, queue, attempt, "deferred", str(ErrorCode.INVALID_JOB_TYPE), reason,
-                ladder_ms, time.monotonic() - started,
+            a.outcome(
+                Outcome.DEFERRED, error_code=str(ErrorCode.INVALID_JOB_TYPE), error_message=reason,
+                delay_ms=ladder_ms,
             )
         )  # fmt: skip
 
     async def _through_retry_queue(
         self,
-        client: Client,
-        ch: amqp.Channel,
-        queue: str,
-        msg: amqp.IncomingMessage,
-        job: Job,
-        attempt: int,
-        started: float,
+        a: Attempt,
         ladder_ms: int,
         headers: dict[str, Any],
         *,
         drop: tuple[str, ...] = (),
-        code: str,
+        code: ErrorCode,
         message: str,
         failure: BaseException | None = None,
     ) -> bool:
         """Publish the job again through ``ojs.queue.retry.{q}.{ladder_ms}`` with ``headers``
         (confirmed), then ack the original.  True when that happened; otherwise the
         delivery was settled by the rule for refusals (docs/failure-handling.md)."""
+        client, ch, queue, msg = a.client, a.ch, a.queue, a.msg
         await client.declare_retry_queue(queue, ladder_ms)
         props = with_headers(
             msg.properties, headers, drop=drop, base=strip_dead_letter_headers(msg.properties.headers)
@@ -1246,74 +1162,47 @@ class Worker:
         if published is None:
             return False  # the grace period ran out first: left for the broker to redeliver
         if published.final:
-            await self._dead_letter(
-                client, ch, queue, msg, job, attempt, code,
-                f"{message} (the retry cannot be published: {published.reason})", started, failure,
-            )  # fmt: skip
+            why = f"{message} (the retry cannot be published: {published.reason})"
+            await self._dead_letter(a, code, why, failure)
             return False
         if published.gave_up:
-            why = f"the retry was not confirmed: {published.reason}"
-            await self._requeue(msg, job, queue, attempt, started, why)
+            await self._requeue(a, f"the retry was not confirmed: {published.reason}")
             return False
         await msg.ack()
         return True
 
     async def _dead_letter(
-        self,
-        client: Client,
-        ch: amqp.Channel,
-        queue: str,
-        msg: amqp.IncomingMessage,
-        job: Job | None,
-        attempt: int,
-        code: str,
-        message: str,
-        started: float,
-        failure: BaseException | None = None,
+        self, a: Attempt, code: ErrorCode, message: str, failure: BaseException | None = None
     ) -> None:
-        job_id = job.id if job is not None else msg.properties.message_id
-        job_type = job.type if job is not None else msg.properties.type
+        """``Basic.Nack(requeue=false)`` (or the opt-in annotated copy; ``_dead_letter.py``),
+        an ERROR line with the failure's traceback, and the outcome."""
+        job_id = a.job_id
         await settle_dead_letter(
-            ch, msg, dlx_exchange=client.names.dlx_exchange, queue=queue, job_id=job_id,
+            a.ch, a.msg, dlx_exchange=a.client.names.dlx_exchange, queue=a.queue, job_id=job_id,
             code=str(code), message=message,
             republish=self._republish if self.annotate_dead_letters else None,
         )  # fmt: skip
-        log.error(
-            "job %s type=%s queue=%s attempt=%d outcome=dead_lettered code=%s: %s",
-            job_id, job_type, queue, attempt, code, message,
-            exc_info=failure, extra=log_extra(job_id, job_type, queue, attempt),
-        )  # fmt: skip
-        self._report(
-            JobOutcome(
-                job_id,
-                job_type,
-                queue,
-                attempt,
-                "dead_lettered",
-                str(code),
-                message,
-                None,
-                time.monotonic() - started,
-                error_object(failure, _error_type(failure) if failure else str(code), message),
-            )
+        _pipeline.log_dead_letter(
+            log, failure, a.log_extra(),
+            f"{JOB_LINE} outcome=dead_lettered code=%(code)s: %(message)s",
+            {**a.fields(), "code": code, "message": message},
         )
+        self._report(
+            a.outcome(
+                Outcome.DEAD_LETTERED, error_code=str(code), error_message=message,
+                error=error_object(failure, _error_type(failure) if failure else str(code), message),
+            )
+        )  # fmt: skip
 
-    async def _requeue(
-        self, msg: amqp.IncomingMessage, job: Job, queue: str, attempt: int, started: float, why: str
-    ) -> None:
+    async def _requeue(self, a: Attempt, why: str) -> None:
         """Give the delivery back to the broker unchanged (``Basic.Nack``, requeue): a
         transient refusal of a settling publish must not change the job's fate."""
-        await msg.nack(requeue=True)
+        await a.msg.nack(requeue=True)
         log.warning(
-            "job %s type=%s queue=%s attempt=%d outcome=requeued: %s; the broker delivers it again",
-            job.id, job.type, queue, attempt, why, extra=log_extra(job.id, job.type, queue, attempt),
+            f"{JOB_LINE} outcome=requeued: %(why)s; the broker delivers it again",
+            {**a.fields(), "why": why}, extra=a.log_extra(),
         )  # fmt: skip
-        self._report(
-            JobOutcome(
-                job.id, job.type, queue, attempt, "requeued",
-                error_message=why, duration=time.monotonic() - started,
-            )
-        )  # fmt: skip
+        self._report(a.outcome(Outcome.REQUEUED, error_message=why))
 
     async def _republish(self, ch: amqp.Channel, body: bytes, **publish: Any) -> amqp.Republished | None:
         """:func:`amqp.republish` under this worker's policy (``republish=``).
@@ -1349,10 +1238,12 @@ class Worker:
                 limit=1000,
             )
         if outcome.outcome in ("completed", "cancelled", "abandoned") and log.isEnabledFor(logging.INFO):
+            fields = {
+                "job_id": outcome.job_id, "job_type": outcome.type, "queue": outcome.queue,
+                "attempt": outcome.attempt, "outcome": str(outcome.outcome), "duration": outcome.duration,
+            }
             log.info(
-                "job %s type=%s queue=%s attempt=%d outcome=%s duration=%.3fs",
-                outcome.job_id, outcome.type, outcome.queue,
-                outcome.attempt, outcome.outcome, outcome.duration,
+                f"{JOB_LINE} outcome=%(outcome)s duration=%(duration).3fs", fields,
                 extra=log_extra(outcome.job_id, outcome.type, outcome.queue, outcome.attempt),
             )  # fmt: skip
         if not (self._outcome_hooks or self._listeners):
@@ -1456,19 +1347,6 @@ class _Backend:
             self.clock = trio.current_time  # likewise
         else:
             self.clock = anyio.current_time
-
-
-def _call(spec: HandlerSpec, ctx: JobContext, args: list[Any]) -> Any:
-    """Runs in the worker thread: the handler, and a check that it did not return an awaitable."""
-    result = spec.fn(ctx, *args)
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()  # never awaited: don't leave a "never awaited" warning behind
-        raise TypeError(
-            f"handler {spec.name} is a plain function that returned an awaitable "
-            f"({type(result).__name__}); declare it `async def` so the worker awaits it"
-        )
-    return result
 
 
 def _warn_policy(policy: RetryPolicy | None, where: str) -> None:

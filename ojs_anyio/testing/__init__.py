@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 
 from .. import Client, Job, JobOutcome, Names, Worker, connect, decode_job
+from .._misuse import ArgumentTypeError, UsageError
 from ..memory import MemoryBroker, VirtualClock
 from ._bus import BusTester, PublishedEvent, bus_tester
 from ._idle import QUIET, settle
@@ -210,7 +211,7 @@ class JobTester:
         """Move the virtual clock ``seconds`` ahead, step by step through every expiry on the
         way (each step lets the worker and clients react before time moves on)."""
         if not self.virtual:
-            raise TypeError("advance() needs job_tester(virtual_time=True)")
+            raise ArgumentTypeError("advance() needs job_tester(virtual_time=True)")
         await _advance(self.broker, seconds)
 
     async def drain(self, worker: Worker | None = None, *, timeout: float = 30.0) -> list[JobOutcome]:
@@ -219,7 +220,7 @@ class JobTester:
         return the outcomes reported meanwhile.  ``timeout`` bounds the real time spent."""
         worker = worker or self.worker
         if worker is None:
-            raise ValueError("drain() needs a worker: job_tester(worker=...) or drain(worker)")
+            raise UsageError("drain() needs a worker: job_tester(worker=...) or drain(worker)")
         outcomes: list[JobOutcome] = []
         remove = worker.add_listener(outcomes.append)
         remove_all = worker.add_listener(self.outcomes.append) if worker is not self.worker else None

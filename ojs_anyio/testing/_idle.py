@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import anyio
 
+from .._misuse import ArgumentTypeError
 from ..memory import MemoryBroker, VirtualClock
 
 __all__ = ["QUIET", "advance", "settle"]
@@ -30,7 +31,7 @@ async def advance(broker: MemoryBroker, seconds: float) -> None:
     every timer on the way, letting the clients react (:func:`settle`) after each step."""
     clock = broker.clock
     if not isinstance(clock, VirtualClock):
-        raise TypeError("advance() needs a broker with a virtual clock (virtual_time=True)")
+        raise ArgumentTypeError("advance() needs a broker with a virtual clock (virtual_time=True)")
     target = clock.now() + seconds
     await settle(broker)
     while True:

@@ -145,7 +145,7 @@ def proxy() -> Iterator[tuple[FaultProxy, BlockingPortal]]:
 STOPPED = re.compile(
     r"requeue stopped after moving (\d+) job\(s\) to ojs\.queue\.\S+; (.*?): lost the connection"
 )
-MAYBE_TWICE = re.compile(r"job (\S+) may be in both queues \(published, its dead copy not yet acked\)")
+MAYBE_TWICE = re.compile(r"job (\S+) may be in both queues \(published; its dead copy's ack not confirmed\)")
 
 
 def test_requeue_cut_off_says_how_many_moved_and_names_the_possible_duplicate(

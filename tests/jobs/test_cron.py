@@ -272,6 +272,53 @@ async def test_per_second_schedule_pushes_jobs_with_idempotency_keys(
     )
 
 
+class StampPush(ojs.Middleware):
+    """Marks every job it sees pushed (its meta) and remembers the job ids."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def around_push(self, job: ojs.Job, call_next: Any) -> ojs.Job:
+        self.seen.append(job.id)
+        stamped = msgspec.structs.replace(job, meta={**(job.meta or {}), "stamped": True})
+        return await call_next(stamped)  # type: ignore[no-any-return]
+
+
+@pytest.mark.anyio
+async def test_a_scheduled_job_passes_through_around_push_middleware(
+    q: str, cleanup: Cleanup, raw: amqp.Connection, client: ojs.Client
+) -> None:
+    """The scheduler pushes through the client's public push path (issue 25): the
+    ``around_push`` hooks that docs/job-api.md promises for every PUSH see each tick's job,
+    and what they change is what goes out."""
+    await client.declare_queue(q)
+    group = group_name()
+    register_leader_queue(cleanup, group)
+    sched = ojs.Scheduler(group)
+    sched.add("cron.stamped", EVERY_SECOND, queue=q, name=f"{group}.stamped")
+    stamp = StampPush()
+    async with anyio.create_task_group() as tg:
+
+        async def run(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            async with ojs.connect(current_url(), recovery=FAST, middleware=[stamp]) as sched_client:
+                task_status.started()
+                await sched.run(sched_client)
+
+        await tg.start(run)
+        with anyio.fail_after(WAIT):
+            async with (
+                raw.channel(confirms=False) as ch,
+                ch.consume(ojs.Names("").job_queue(q), prefetch=10) as jobs,
+            ):
+                msg = await jobs.__anext__()
+                await msg.ack()
+        tg.cancel_scope.cancel()
+    job = decode_job(msg.body)
+    assert job.type == "cron.stamped" and job.meta == {"stamped": True}
+    assert job.id in stamp.seen
+    assert msg.properties.headers["x-ojs-idempotency-key"].startswith(f"{group}.stamped:")
+
+
 # ====================================================================== broker: leadership
 
 

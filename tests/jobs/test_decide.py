@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from ojs_anyio.jobs._decide import ABANDONED, ACK, CANCELLED, Verdict, decide, error_type
-from ojs_anyio.jobs._exceptions import DeadLetter, Discard, Retry
 from ojs_anyio.jobs._retry import RetryPolicy, resolve_retry
+from ojs_anyio.jobs._verdicts import DeadLetter, Discard, Retry
 
 
 class AuthForbidden(Exception):

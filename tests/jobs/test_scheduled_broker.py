@@ -17,7 +17,9 @@ from ojs_anyio import amqp
 from ojs_anyio.amqp import _metrics
 from ojs_anyio.jobs._client import Client
 from ojs_anyio.jobs._envelope import parse_timestamp
+from ojs_anyio.jobs._route import route
 from ojs_anyio.jobs._topology import MAX_DELAY_MS
+from ojs_anyio.jobs._wire import job_message
 
 from .broker_support import WAIT, Outcomes, current_url, running
 
@@ -205,26 +207,31 @@ def test_bad_scheduler_name_is_refused() -> None:
         Client(None, names=ojs.Names(), scheduler="cron")  # type: ignore[arg-type]
 
 
-async def test_plugin_message_shape_without_a_broker() -> None:
+def test_plugin_message_shape_without_a_broker() -> None:
     """With the plugin in use, a scheduled job goes to ojs.exchange.delayed with routing key
     = its queue and ``x-delay`` = the delay in ms (001 §9.1.2), not mandatory (the plugin
     routes only after the delay, so it would return every mandatory message); a job due
-    now still goes to ojs.exchange.direct.  (No broker here has the plugin: the client is
-    marked as having declared the exchange and bound the queue already.)"""
+    now still goes to ojs.exchange.direct.  (Pure: ``route()`` and the message it implies;
+    no broker here has the plugin.)"""
     names = ojs.Names("tenant1.")
     client = Client(None, names=names, scheduler="plugin")  # type: ignore[arg-type]
-    client._delayed_declared = True
-    client._delayed_bound.add("email")
     job = client.build("email.send", [], queue="email", delay=timedelta(seconds=90))
-    exchange, routing_key, props, _body = await client._message(job, None)
-    assert exchange == "tenant1.ojs.exchange.delayed"
-    assert routing_key == "email"
+    now = datetime.now(UTC)
+    found = route(job, now, "plugin", names)
+    props, _body = job_message(
+        job, found, enqueued_at=now, idempotency_key=None, reply_to=None, trace_headers=None
+    )
+    assert found.exchange == "tenant1.ojs.exchange.delayed"
+    assert found.routing_key == "email"
     headers = props.headers or {}
     assert 89_000 < headers["x-delay"] <= 90_000
     assert headers["x-ojs-scheduled-at"] == job.scheduled_at
-    assert client._mandatory(exchange) is False
+    assert found.mandatory is False
     now_job = client.build("email.send", [], queue="email")
-    exchange, routing_key, props, _body = await client._message(now_job, None)
-    assert (exchange, routing_key) == ("tenant1.ojs.exchange.direct", "email")
+    found = route(now_job, now, "plugin", names)
+    props, _body = job_message(
+        now_job, found, enqueued_at=now, idempotency_key=None, reply_to=None, trace_headers=None
+    )
+    assert (found.exchange, found.routing_key) == ("tenant1.ojs.exchange.direct", "email")
     assert "x-delay" not in (props.headers or {})
-    assert client._mandatory(exchange) is True
+    assert found.mandatory is True

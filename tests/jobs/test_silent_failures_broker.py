@@ -389,7 +389,7 @@ async def test_4_a_failed_push_frees_its_idempotency_key(client: ojs.Client, cle
     with pytest.raises(ojs.UnroutableJobError):
         await client.push("a.job", [], queue=missing, idempotency_key=key)
     await client.declare_queue(missing)
-    client._declared_queues.discard(missing)
+    client.declarer.declared_queues.discard(missing)
     await client.push("a.job", [], queue=missing, idempotency_key=key)  # not a duplicate
 
 
