@@ -19,6 +19,7 @@ from urllib.parse import quote
 import anyio
 import msgspec
 
+import ojs_anyio as ojs
 from ojs_anyio import events
 
 EXCHANGE = "beds.events"
@@ -37,6 +38,12 @@ SERVICES = {
     "adminLogsBroker": ("log",),  # the log consumer: only the admin node persists logs
     "whBroker": ("mig",),
 }
+
+
+#: BEDS sizes its log queue generously and relies on "nothing is lost until the queue
+#: fills": a million events, and then the publisher is refused (events.QueueFullError)
+#: instead of the oldest logs being dropped.
+LOG_QUEUE = ojs.QueueOptions(max_length=1_000_000, overflow="reject-publish", max_priority=None)
 
 
 class DataEvent(msgspec.Struct):
@@ -83,7 +90,8 @@ async def run_environment(url: str, tag: str) -> dict[str, list[DataEvent]]:
         # Each service declares its own queues as it starts: a queue's presence = "service ready".
         for name, keys in SERVICES.items():
             for key in keys:
-                await stack.enter_async_context(bus.subscribe(key, service(name)))
+                options = LOG_QUEUE if key == "log" else None
+                await stack.enter_async_context(bus.subscribe(key, service(name), queue=options))
         env = tag.rstrip("_")
         await bus.publish_many((key, DataEvent(env, key)) for key in ROUTING_KEYS)
         with anyio.fail_after(30):

@@ -20,7 +20,17 @@ publisher channel pool and a subscriber connection pool with a per-connection
 subscription limit, all recovering after a connection loss.  See ``docs/events.md``.
 """
 
-from ._bus import DEFAULT_URL, DEVELOPMENT_URL, RESERVED_PREFIXES, EventBus, EventHandle, EventWindow, connect
+from .._queue_options import QueueOptions
+from ._bus import (
+    DEFAULT_URL,
+    DEVELOPMENT_URL,
+    RESERVED_PREFIXES,
+    EventBus,
+    EventHandle,
+    EventWindow,
+    QueueFullError,
+    connect,
+)
 from ._catalog import ASYNCAPI_VERSION, Catalog
 from ._dead_letters import DeadEvent, EventDeadLetters
 from ._redelivery import MAX_WAIT_QUEUES, WAIT_LADDER_MS, RedeliveryPolicy, ladder_ms
@@ -59,6 +69,8 @@ __all__ = [
     "H_ROUTING_KEY",
     "Handler",
     "MAX_WAIT_QUEUES",
+    "QueueFullError",
+    "QueueOptions",
     "RESERVED_PREFIXES",
     "RedeliveryPolicy",
     "Subscription",

@@ -26,6 +26,7 @@ from opentelemetry import metrics as otel_metrics
 from .. import amqp
 from .._common import single_error
 from .._misuse import ArgumentTypeError, UsageError
+from .._queue_options import QueueOptions
 from ._dead_letters import EventDeadLetters
 from ._redelivery import RedeliveryPolicy
 from ._subscriber import Handler, Subscription
@@ -48,6 +49,35 @@ log = logging.getLogger("ojs_anyio.events")
 #: ``callback(routing_key, message_id, body, content_type, headers)``: see
 #: :meth:`EventBus.add_publish_listener`.
 PublishListener = Callable[[str, str, bytes, str, "dict[str, Any] | None"], None]
+
+
+class QueueFullError(amqp.PublishNackedError):
+    """QUEUE_FULL: the broker refused an event (``Basic.Nack``): a queue its routing key
+    reaches is at its ``max_length`` / ``max_length_bytes`` with ``overflow="reject-publish"``,
+    or a quorum queue had no leader at that moment.  The queues that did accept it keep it
+    (RabbitMQ nacks when any one refuses); the refusing queue does not have it.  Publish it
+    again later (with the same ``message_id`` if duplicates matter).  Also an
+    ``amqp.PublishNackedError``."""
+
+    code = "QUEUE_FULL"
+
+    def __init__(self, message: str, *, exchange: str, routing_key: str, message_id: str) -> None:
+        super().__init__(message, exchange=exchange, routing_key=routing_key)
+        self.message_id = message_id
+
+
+def queue_full(exc: amqp.PublishNackedError, message_id: str) -> QueueFullError:
+    """The bus's error for a nacked event."""
+    error = QueueFullError(
+        f"QUEUE_FULL: event {message_id} ({exc.routing_key!r} on {exc.exchange!r}) was refused by the "
+        "broker: a queue it routes to is full with overflow reject-publish, or a quorum queue had no "
+        "leader; queues that accepted it keep it",
+        exchange=exc.exchange,
+        routing_key=exc.routing_key,
+        message_id=message_id,
+    )
+    error.__cause__ = exc
+    return error
 
 
 def check_bus_name(what: str, name: str) -> None:
@@ -300,15 +330,18 @@ class EventBus:
         ch = await self._channel()
         with producer_span(self.exchange, routing_key, mid):
             props = event_properties(content_type, mid, self._headers(headers))
-            await ch.publish(
-                body,
-                exchange=self.exchange,
-                routing_key=routing_key,
-                properties=props,
-                mandatory=self.mandatory if mandatory is None else mandatory,
-                timeout=timeout,
-                confirm_timeout=self.confirm_timeout,
-            )
+            try:
+                await ch.publish(
+                    body,
+                    exchange=self.exchange,
+                    routing_key=routing_key,
+                    properties=props,
+                    mandatory=self.mandatory if mandatory is None else mandatory,
+                    timeout=timeout,
+                    confirm_timeout=self.confirm_timeout,
+                )
+            except amqp.PublishNackedError as exc:
+                raise queue_full(exc, mid) from exc
         if self._publish_listeners:
             self._published(routing_key, mid, body, content_type, headers)
         return mid
@@ -333,7 +366,7 @@ class EventBus:
         failed = await window.wait_all(self.confirm_timeout)
         if failed:
             error = failed[0].error
-            assert error is not None
+            assert error is not None  # EventHandle.error: a nack is already a QueueFullError
             error.add_note(f"{len(failed)} of {len(ids)} events failed")
             raise error
         return ids
@@ -368,6 +401,7 @@ class EventBus:
         consumers: int = 1,
         redelivery: RedeliveryPolicy | None = None,
         grace_period: float = 10.0,
+        queue: QueueOptions | None = None,
     ) -> AsyncIterator[Subscription]:
         """Consume queue ``{queue_tag}{name}`` with ``handler`` for the duration of the block.
 
@@ -396,6 +430,14 @@ class EventBus:
         dead-letter queue); ``raise DeadLetter(reason)`` dead-letters it at once; a body
         that does not decode is dead-lettered as ``invalid_payload``.
 
+        ``queue``: a :class:`~ojs_anyio.QueueOptions` for the queue (length and byte limits
+        with an overflow policy, message TTL, ``QueueOptions.quorum()`` for a cluster; its
+        DLQ bounds apply to ``{queue}.dlq``, and with a quorum queue the DLQ and wait queues
+        are quorum too; ``max_priority`` does not apply: events have no priorities).  With
+        ``overflow="reject-publish"`` a full queue makes :meth:`publish` raise
+        :class:`QueueFullError`.  Options must match the queue's existing arguments
+        (RabbitMQ refuses a redeclare with others: 406).
+
         Leaving the block normally stops the consumers (events buffered but not started go
         back to the queue) and lets the running handlers finish within ``grace_period``
         seconds; then, or when the block fails or is cancelled, the handlers still running
@@ -421,6 +463,7 @@ class EventBus:
             prefetch=prefetch,
             consumers=consumers,
             redelivery=redelivery or self.redelivery,
+            queue_options=queue,
         )
         async with AsyncExitStack() as stack:
             declared: set[int] = set()
@@ -592,7 +635,10 @@ class EventHandle:
 
     @property
     def error(self) -> BaseException | None:
-        return self.handle.error
+        error = self.handle.error
+        if isinstance(error, amqp.PublishNackedError) and not isinstance(error, QueueFullError):
+            return queue_full(error, self.message_id)
+        return error
 
     @property
     def routing_key(self) -> str:

@@ -30,6 +30,12 @@ from opentelemetry import metrics
 from .. import _pipeline, amqp
 from .._attempts import parse_attempt
 from .._ladder import ttl_queue_arguments
+from .._queue_options import (
+    QueueOptions,
+    dead_letter_queue_arguments,
+    queue_arguments,
+    quorum_queue_arguments,
+)
 from ._metrics import SubscriptionMetrics
 from ._redelivery import RedeliveryPolicy
 from ._wire import (
@@ -158,9 +164,12 @@ class Subscription:
         prefetch: int,
         consumers: int,
         redelivery: RedeliveryPolicy,
+        queue_options: QueueOptions | None = None,
     ) -> None:
         self.bus = bus
         self.name = name
+        #: The queue's limits, overflow, TTL and type (``subscribe(queue=...)``).
+        self.queue_options = QueueOptions() if queue_options is None else queue_options
         self.queue = bus.queue_name(name)
         self.dead_letter_queue = f"{self.queue}.dlq"
         self.bindings = bindings
@@ -212,12 +221,19 @@ class Subscription:
     async def declare(self, ch: amqp.Channel) -> None:
         """Exchange, DLQ, queue and bindings, idempotently (recorded for recovery)."""
         bus = self.bus
+        options = self.queue_options
         await ch.exchange_declare(bus.exchange, "topic", durable=True)
-        await ch.queue_declare(self.dead_letter_queue, durable=True)
+        dlq_arguments = dead_letter_queue_arguments(options)
+        await ch.queue_declare(self.dead_letter_queue, durable=True, arguments=dlq_arguments or None)
         await ch.queue_declare(
             self.queue,
             durable=True,
-            arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": self.dead_letter_queue},
+            arguments=queue_arguments(
+                options,
+                dead_letter_exchange="",
+                dead_letter_routing_key=self.dead_letter_queue,
+                priorities=False,
+            ),
         )
         for pattern in self.bindings:
             await ch.queue_bind(self.queue, bus.exchange, pattern)
@@ -229,8 +245,9 @@ class Subscription:
             await ch.queue_declare(
                 name,
                 durable=True,
-                arguments=ttl_queue_arguments(
-                    wait_ms, dead_letter_exchange="", dead_letter_routing_key=self.queue
+                arguments=quorum_queue_arguments(
+                    ttl_queue_arguments(wait_ms, dead_letter_exchange="", dead_letter_routing_key=self.queue),
+                    self.queue_options,
                 ),
             )
             self._wait_declared.add(key)

@@ -33,6 +33,7 @@ from typing import Any
 from ojs_anyio.amqp import AMQPError, UsageError
 
 from .._misuse import ArgumentTypeError
+from .._queue_options import TopologyError
 
 __all__ = [
     "ArgumentTypeError",
@@ -73,8 +74,6 @@ class InvalidDurationError(UsageError):
     """An ISO 8601 duration string is malformed or has no fixed length (years, months)."""
 
 
-class TopologyError(UsageError):
-    """A queue, exchange or binding request that the broker or the OJS naming would refuse."""
 
 
 class DelayOutOfRangeError(TopologyError):

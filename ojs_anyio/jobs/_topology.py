@@ -84,6 +84,13 @@ from typing import Any, Final, Literal, NamedTuple
 import msgspec
 
 from .._ladder import ttl_queue_arguments
+from .._queue_options import (
+    MAX_TTL_MS,
+    QueueOptions,
+    dead_letter_queue_arguments,
+    queue_arguments,
+    quorum_queue_arguments,
+)
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, TopologyError
 
 __all__ = [
@@ -126,7 +133,6 @@ __all__ = [
 ]
 
 #: Largest ``x-message-ttl`` RabbitMQ accepts (its ``MAX_EXPIRY_TIMER``): 2**32 - 1 ms, 49.7 days.
-MAX_TTL_MS: Final = 2**32 - 1
 #: Number of binary delay levels; level k waits 2**k ms.
 DELAY_LEVELS: Final = 32
 #: Longest delay the levels express: all 32 bits set, 2**32 - 1 ms (49.7 days).
@@ -357,95 +363,6 @@ def delayed_exchange_arguments() -> dict[str, Any]:
     return {"x-delayed-type": "direct"}
 
 
-class QueueOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Options of a job queue and its dead-letter queue; ``None`` means "not set".
-
-    ``max_priority`` defaults to 10 (001 §15.1); quorum queues need ``max_priority=None``.
-    ``dlq_max_age_ms`` and ``dlq_max_length`` are opt-in broker-side bounds on the
-    dead-letter queue (``x-message-ttl``, ``x-max-length``); by default the DLQ is declared
-    exactly as the spec declares it, with no arguments, and retention is the job of
-    ``DeadLetters.prune``.  Setting them makes the DLQ incompatible with another OJS
-    implementation that declares it plainly.
-
-    Quorum queues (RabbitMQ 3.10+, replicated with Raft; see docs/scaling.md): use
-    :meth:`quorum`.  With ``queue_type="quorum"`` the job queue's retry queues, delay
-    landing queue and dead-letter queue are quorum queues too (and the shared delay levels,
-    when these options are the client's only ones); ``dead_letter_strategy="at-least-once"``
-    makes every dead-letter hop between them (retry, scheduled, dead job) survive a node
-    loss, and needs ``overflow="reject-publish"``.  ``delivery_limit`` sets
-    ``x-delivery-limit``: after that many redeliveries (a worker or node died holding the
-    job) RabbitMQ dead-letters the job instead of delivering it again.
-    """
-
-    max_length: int | None = None
-    max_length_bytes: int | None = None
-    overflow: Literal["reject-publish", "drop-head", "reject-publish-dlx"] | None = None
-    message_ttl_ms: int | None = None
-    queue_type: Literal["classic", "quorum"] | None = None
-    max_priority: int | None = 10
-    dlq_max_age_ms: int | None = None
-    dlq_max_length: int | None = None
-    dead_letter_strategy: Literal["at-most-once", "at-least-once"] | None = None
-    delivery_limit: int | None = None
-
-    @classmethod
-    def quorum(cls, *, delivery_limit: int | None = None, **options: Any) -> QueueOptions:
-        """Quorum queues with at-least-once dead-lettering through the whole topology.
-
-        ``queue_type="quorum"``, no priority, ``overflow="reject-publish"`` and
-        ``dead_letter_strategy="at-least-once"``; other options as keywords.
-        """
-        defaults: dict[str, Any] = {
-            "queue_type": "quorum",
-            "max_priority": None,
-            "overflow": "reject-publish",
-            "dead_letter_strategy": "at-least-once",
-        }
-        return cls(delivery_limit=delivery_limit, **{**defaults, **options})
-
-    def __post_init__(self) -> None:
-        limits = ("max_length", "max_length_bytes", "message_ttl_ms", "dlq_max_age_ms", "dlq_max_length")
-        for name in (*limits, "delivery_limit"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise TopologyError(f"QueueOptions.{name} must be a non-negative int or None, got {value!r}")
-        if self.message_ttl_ms is not None and self.message_ttl_ms > MAX_TTL_MS:
-            raise TopologyError(f"QueueOptions.message_ttl_ms exceeds RabbitMQ's maximum of {MAX_TTL_MS} ms")
-        if self.max_priority is not None and (
-            isinstance(self.max_priority, bool)
-            or not isinstance(self.max_priority, int)
-            or not 1 <= self.max_priority <= 255
-        ):
-            raise TopologyError(f"QueueOptions.max_priority must be 1..255 or None: {self.max_priority!r}")
-        _check_quorum(self)
-        _check_quorum_only(self)
-
-
-def _check_quorum(options: QueueOptions) -> None:
-    if options.queue_type != "quorum":
-        return
-    if options.max_priority is not None:
-        raise TopologyError(
-            "quorum queues on RabbitMQ 3.10 have no priorities (x-max-priority is classic-only); "
-            "pass max_priority=None with queue_type='quorum', or use a classic queue"
-        )
-    if options.overflow == "reject-publish-dlx":
-        raise TopologyError("quorum queues do not support x-overflow=reject-publish-dlx; use reject-publish")
-
-
-def _check_quorum_only(options: QueueOptions) -> None:
-    quorum = options.queue_type == "quorum"
-    if options.dead_letter_strategy is not None and not quorum:
-        raise TopologyError("dead_letter_strategy applies to quorum queues only (queue_type='quorum')")
-    if options.delivery_limit is not None and not quorum:
-        raise TopologyError("delivery_limit (x-delivery-limit) applies to quorum queues only")
-    if options.dead_letter_strategy == "at-least-once" and options.overflow != "reject-publish":
-        raise TopologyError(
-            "at-least-once dead-lettering needs overflow='reject-publish' (RabbitMQ falls back to "
-            "at-most-once with any other overflow); use QueueOptions.quorum()"
-        )
-
-
 def job_queue_arguments(names: Names, queue: str, options: QueueOptions | None = None) -> dict[str, Any]:
     """``Queue.Declare`` arguments of ``ojs.queue.{q}`` (durable, not exclusive, not auto-delete).
 
@@ -454,49 +371,9 @@ def job_queue_arguments(names: Names, queue: str, options: QueueOptions | None =
     option is set.
     """
     options = QueueOptions() if options is None else options
-    _check_quorum(options)
-    args: dict[str, Any] = {
-        "x-dead-letter-exchange": names.dlx_exchange,
-        "x-dead-letter-routing-key": _check_queue(queue),
-    }
-    if options.max_priority is not None:
-        args["x-max-priority"] = options.max_priority
-    if options.max_length is not None:
-        args["x-max-length"] = options.max_length
-    if options.max_length_bytes is not None:
-        args["x-max-length-bytes"] = options.max_length_bytes
-    if options.overflow is not None:
-        args["x-overflow"] = options.overflow
-    if options.message_ttl_ms is not None:
-        args["x-message-ttl"] = options.message_ttl_ms
-    if options.queue_type is not None:
-        args["x-queue-type"] = options.queue_type
-    if options.dead_letter_strategy is not None:
-        args["x-dead-letter-strategy"] = options.dead_letter_strategy
-    if options.delivery_limit is not None:
-        args["x-delivery-limit"] = options.delivery_limit
-    return args
-
-
-def quorum_queue_arguments(arguments: Mapping[str, Any], options: QueueOptions | None) -> dict[str, Any]:
-    """``arguments`` of a retry, delay-level or landing queue, made quorum when ``options`` say so.
-
-    Unchanged (a copy) unless ``options.queue_type == "quorum"``: then ``x-queue-type:
-    quorum`` is added, and for a queue that dead-letters (every one of these does: that is
-    how a message leaves it), ``x-dead-letter-strategy`` and ``x-overflow: reject-publish``
-    when ``options.dead_letter_strategy`` is set.  Opt-in only: these queues differ from
-    the spec's declarations (OJS AMQP binding §8.2), so another implementation sharing the
-    broker must declare them the same way.
-    """
-    args = dict(arguments)
-    if options is None or options.queue_type != "quorum":
-        return args
-    args["x-queue-type"] = "quorum"
-    if options.dead_letter_strategy is not None and "x-dead-letter-exchange" in args:
-        args["x-dead-letter-strategy"] = options.dead_letter_strategy
-        if options.dead_letter_strategy == "at-least-once":
-            args["x-overflow"] = "reject-publish"
-    return args
+    return queue_arguments(
+        options, dead_letter_exchange=names.dlx_exchange, dead_letter_routing_key=_check_queue(queue)
+    )
 
 
 def job_queue_binding(names: Names, queue: str) -> Binding:
@@ -513,16 +390,8 @@ def dlx_queue_arguments(names: Names, queue: str, options: QueueOptions | None =
     The OJS retention defaults (180 days, 10,000 jobs) are enforced by
     ``DeadLetters.prune``.
     """
-    options = QueueOptions() if options is None else options
     _check_queue(queue)
-    args: dict[str, Any] = {}
-    if options.dlq_max_age_ms is not None and options.dlq_max_age_ms <= MAX_TTL_MS:
-        args["x-message-ttl"] = options.dlq_max_age_ms
-    if options.dlq_max_length is not None:
-        args["x-max-length"] = options.dlq_max_length
-    if options.queue_type is not None:
-        args["x-queue-type"] = options.queue_type
-    return args
+    return dead_letter_queue_arguments(QueueOptions() if options is None else options)
 
 
 def dlx_queue_binding(names: Names, queue: str) -> Binding:
