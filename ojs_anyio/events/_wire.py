@@ -118,12 +118,12 @@ def producer_span(exchange: str, routing_key: str, message_id: str) -> AbstractC
     if not _recording():
         return NO_SPAN
     return tracer.start_as_current_span(
-        f"{exchange} publish",
+        f"send event {routing_key}",
         kind=SpanKind.PRODUCER,
         attributes={
             "messaging.system": "rabbitmq",
-            "messaging.operation.type": "publish",
-            "messaging.operation.name": "publish",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
             "messaging.destination.name": exchange,
             "messaging.rabbitmq.destination.routing_key": routing_key,
             "messaging.message.id": message_id,
@@ -151,7 +151,7 @@ def consumer_span(
     if message_id:
         attributes["messaging.message.id"] = message_id
     return tracer.start_as_current_span(
-        f"{queue} process", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
+        f"process event {routing_key}", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
     )
 
 

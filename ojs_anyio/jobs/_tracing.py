@@ -4,11 +4,14 @@ The summary page's ``x-ojs-traceparent`` header is written too, and either is re
 
 Only ``opentelemetry-api`` is used: with no SDK configured every span is a cheap no-op.
 
-* PUSH opens a PRODUCER span ``{queue} publish`` and writes the W3C ``traceparent`` into
+* PUSH opens a PRODUCER span ``send job {type}`` (OpenTelemetry's messaging conventions:
+  ``messaging.operation.type`` ``send``; the job type in the name, so one queue's jobs are
+  told apart in a waterfall, and "job" tells them from the event bus's spans) and writes
+  the W3C ``traceparent`` into
   ``x-ojs-trace-id`` (001) and ``x-ojs-traceparent`` (000), and ``tracestate`` into
   ``x-ojs-trace-state``.
 * The worker reads either header and runs the handler in a CONSUMER span
-  ``{queue} process`` whose parent is the producer's span.  That is the :class:`Tracing`
+  ``process job {type}`` whose parent is the producer's span.  That is the :class:`Tracing`
   middleware, which the worker puts first (outermost) at ``run()`` when a tracer provider
   is installed (``Worker(tracing=False)`` leaves it out).  The PRODUCER span stays in the
   client's publish path: its headers are written while the message is built, inside the
@@ -78,12 +81,12 @@ def producer_span(job: Job, exchange: str) -> AbstractContextManager[trace.Span]
     if not recording():
         return NO_SPAN  # no generator, no span: this runs once per push
     return tracer.start_as_current_span(
-        f"{job.queue} publish",
+        f"send job {job.type}",
         kind=SpanKind.PRODUCER,
         attributes={
             "messaging.system": "rabbitmq",
-            "messaging.operation.type": "publish",
-            "messaging.operation.name": "publish",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
             "messaging.destination.name": exchange,
             "messaging.rabbitmq.destination.routing_key": job.queue,
             "messaging.message.id": job.id,
@@ -112,12 +115,12 @@ def consumer_span(
     if job_type:
         attributes["ojs.job.type"] = job_type
     return tracer.start_as_current_span(
-        f"{queue} process", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
+        f"process job {job_type or '-'}", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
     )
 
 
 class Tracing(Middleware):
-    """Runs each handler call in a CONSUMER span ``{queue} process``, a child of the span
+    """Runs each handler call in a CONSUMER span ``process job {type}``, a child of the span
     whose context the job's headers carry, so jobs pushed from the handler join the trace.
 
     The worker adds one itself, first in the chain, when a tracer provider is installed as

@@ -335,3 +335,37 @@ async def test_leaving_the_block_lets_running_handlers_finish(names: Names) -> N
         async with amqp.connect(URL) as conn, conn.channel() as ch:
             info = await ch.queue_declare(f"{names.tag}{name}", passive=True)
         assert info.message_count == 1  # the cancelled one is back in the queue
+
+
+async def test_spans_follow_the_messaging_conventions_and_name_the_event(
+    names: Names, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from ojs_anyio.events import _wire
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(_wire, "tracer", provider.get_tracer("ojs_anyio.events"))
+    seen = Seen()
+
+    async def handler(event: dict[str, int]) -> None:
+        seen.add(event["n"])
+
+    async with (
+        events.connect(URL, **names.bus_options()) as bus,
+        bus.subscribe(names.sub("rec.read"), handler),
+    ):
+        await bus.publish("rec.read", {"n": 1})
+        await seen.wait(1)
+    provider.shutdown()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    send, process = spans["send event rec.read"], spans["process event rec.read"]
+    assert send.attributes is not None and process.attributes is not None
+    assert send.attributes["messaging.operation.type"] == "send"
+    assert process.attributes["messaging.operation.type"] == "process"
+    assert process.parent is not None and send.context is not None
+    assert process.parent.span_id == send.context.span_id

@@ -103,8 +103,15 @@ class Snapshot:
         return None
 
 
-def by_name(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
-    return [s for s in exporter.get_finished_spans() if s.name == name]
+def job_spans(exporter: InMemorySpanExporter, operation: str, queue: str) -> list[ReadableSpan]:
+    """The ``send`` (PRODUCER) or ``process`` (CONSUMER) spans of the jobs of ``queue``."""
+    return [
+        s
+        for s in exporter.get_finished_spans()
+        if s.attributes is not None
+        and s.attributes.get("messaging.operation.type") == operation
+        and s.attributes.get("ojs.job.queue") == queue
+    ]
 
 
 # --------------------------------------------------------------------------- traces
@@ -140,8 +147,8 @@ async def test_consumer_span_is_child_of_producer_span(
                 job = await client.push("traced.job", [], queue=q)
         await outcomes.wait_final(job.id)
 
-    [producer] = by_name(spans, f"{q} publish")
-    [consumer] = by_name(spans, f"{q} process")
+    [producer] = job_spans(spans, "send", q)
+    [consumer] = job_spans(spans, "process", q)
     pctx, cctx = producer.context, consumer.context
     assert producer.kind is SpanKind.PRODUCER and consumer.kind is SpanKind.CONSUMER
     assert producer.parent is not None and producer.parent.span_id == parent.get_span_context().span_id
@@ -159,7 +166,8 @@ async def test_consumer_span_is_child_of_producer_span(
 
     assert producer.attributes is not None and consumer.attributes is not None
     assert producer.attributes["messaging.system"] == "rabbitmq"
-    assert producer.attributes["messaging.operation.type"] == "publish"
+    assert producer.attributes["messaging.operation.type"] == "send"
+    assert (producer.name, consumer.name) == ("send job traced.job", "process job traced.job")
     assert producer.attributes["messaging.destination.name"] == client.names.direct_exchange
     assert producer.attributes["messaging.rabbitmq.destination.routing_key"] == q
     assert producer.attributes["messaging.message.id"] == job.id
@@ -188,7 +196,7 @@ async def test_no_trace_state_header_without_tracestate(
             job = await client.push("traced.job", [], queue=q)
         await outcomes.wait_final(job.id)
     h = seen[0].properties.headers or {}
-    [producer] = by_name(spans, f"{q} publish")
+    [producer] = job_spans(spans, "send", q)
     assert h["x-ojs-trace-id"] == h["x-ojs-traceparent"]
     assert h["x-ojs-trace-id"].split("-")[2] == f"{producer.context.span_id:016x}"
     assert "x-ojs-trace-state" not in h
@@ -214,8 +222,8 @@ async def test_retried_attempts_join_the_original_trace(
         final = await outcomes.wait_final(job.id)
     assert final.outcome == "completed" and final.attempt == 2
 
-    [producer] = by_name(spans, f"{q} publish")
-    consumers = sorted(by_name(spans, f"{q} process"), key=lambda s: s.start_time or 0)
+    [producer] = job_spans(spans, "send", q)
+    consumers = sorted(job_spans(spans, "process", q), key=lambda s: s.start_time or 0)
     assert len(consumers) == 2
     for span, attempt in zip(consumers, (1, 2), strict=True):
         assert span.context.trace_id == producer.context.trace_id
@@ -254,8 +262,8 @@ async def test_tracing_middleware_is_outermost_and_follows_pushes_from_handlers(
             job = await client.push("parent.job", [], queue=q)
         await outcomes.wait_final(job.id)
         await outcomes.wait_for(lambda o: o.type == "child.job" and o.outcome == "completed")
-    producers = sorted(by_name(spans, f"{q} publish"), key=lambda s: s.start_time or 0)
-    consumers = sorted(by_name(spans, f"{q} process"), key=lambda s: s.start_time or 0)
+    producers = sorted(job_spans(spans, "send", q), key=lambda s: s.start_time or 0)
+    consumers = sorted(job_spans(spans, "process", q), key=lambda s: s.start_time or 0)
     assert len(producers) == 2 and len(consumers) == 2
     trace_ids = {s.context.trace_id for s in producers + consumers}
     assert len(trace_ids) == 1  # one trace from the first push to the child's handler
@@ -281,8 +289,8 @@ async def test_worker_tracing_false_records_no_consumer_span(
         with anyio.fail_after(WAIT):
             job = await client.push("untraced.job", [], queue=q)
         await outcomes.wait_final(job.id)
-    assert len(by_name(spans, f"{q} publish")) == 1
-    assert by_name(spans, f"{q} process") == []
+    assert len(job_spans(spans, "send", q)) == 1
+    assert job_spans(spans, "process", q) == []
 
 
 # -------------------------------------------------------------------------- metrics
@@ -494,12 +502,13 @@ async def test_dead_letter_reason_in_span_and_metric(
         assert (await outcomes.wait_final(job.id)).outcome == "dead_lettered"
     by_name = {s.name: s for s in spans.get_finished_spans()}
     dead = by_name[f"{q} dead_letter"]
+    [producer] = job_spans(spans, "send", q)
     assert dead.attributes is not None
     assert dead.attributes["ojs.error.code"] == "DISCARDED"
     assert dead.attributes["ojs.error.message"] == "no longer wanted"
     assert dead.attributes["messaging.message.id"] == job.id
     assert dead.status.status_code is StatusCode.ERROR
-    assert dead.context is not None and dead.context.trace_id == by_name[f"{q} publish"].context.trace_id
+    assert dead.context is not None and dead.context.trace_id == producer.context.trace_id
     data = metric_reader.get_metrics_data()
     assert data is not None
     attrs = {"messaging.system": "rabbitmq", "messaging.destination.name": q, "ojs.job.type": "doomed.job"}
