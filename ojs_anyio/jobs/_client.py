@@ -527,9 +527,8 @@ class Client:
             with before_sending(deadline):
                 # Before the claim: a topology error keeps the key free.
                 await self.declare_queue(job.queue)
-                ch = await self.channel()
             # Not under the deadline: cut after its marker was sent, the key's state is unknown.
-            await claim(ch, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
+            await claim(self.conn, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
         except SEND_FAILURES as exc:
             raise push_error(exc, job) from exc
         try:

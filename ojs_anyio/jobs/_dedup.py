@@ -3,8 +3,9 @@
 RabbitMQ cannot look a key up, but it can refuse a publish.  For a push with
 ``idempotency_key=k`` the client first claims ``k``:
 
-* it declares ``{prefix}ojs.idempotency.{digest}`` (the digest is SHA-256 of the window and
-  the key), a transient classic queue with ``x-max-length: 1``,
+* it declares ``{prefix}ojs.idempotency.{digest}`` (the digest is SHA-256 of the key alone:
+  the scope of a key is the key), a durable classic queue (RabbitMQ 3.13 and later deprecate
+  transient non-exclusive queues) with ``x-max-length: 1``,
   ``x-overflow: reject-publish``, ``x-message-ttl: window`` and ``x-expires: window + 60 s``;
 * it publishes one marker (the job id) to it through the default exchange, with a confirm.
 
@@ -18,7 +19,10 @@ declared it for ``window + 60 s``.
 If publishing the job fails after the claim, the claim is released (the marker purged), so
 a retry of the push may go through.  Limits, documented in ``docs/jobs.md``:
 
-* the lock queues are transient: a broker restart forgets every key;
+* a key pushed again with another window finds its lock declared with the first window's
+  arguments: while the first marker lives the push is a duplicate; once it expired the lock
+  is deleted and declared again with the new window (three more round trips, on the rare
+  push that changes a key's window);
 * each key holds one queue for its window, and each keyed push costs two extra round trips
   (declare, confirmed marker publish);
 * the window must fit RabbitMQ's TTL (at most 2**32-1 ms, about 49.7 days).
@@ -63,8 +67,11 @@ class DuplicateJobError(PushError):
         super().__init__(message, job_id=job_id, queue=queue)
 
 
-def lock_queue(prefix: str, key: str, window_ms: int) -> str:
-    digest = hashlib.sha256(f"{window_ms}\n{key}".encode()).hexdigest()[:40]
+def lock_queue(prefix: str, key: str, window_ms: int | None = None) -> str:
+    """The lock queue of ``key``: its name depends on the key alone (the scope of a key is
+    the key, whatever window each push gives).  ``window_ms`` is accepted and unused."""
+    del window_ms
+    digest = hashlib.sha256(key.encode()).hexdigest()[:40]
     return f"{prefix}ojs.idempotency.{digest}"
 
 
@@ -85,19 +92,46 @@ def check_window(window_ms: int) -> None:
         )
 
 
-async def claim(ch: amqp.Channel, name: str, window_ms: int, *, key: str, job_id: str, queue: str) -> None:
-    """Claim the key (see the module docstring); raise :class:`DuplicateJobError` if taken."""
-    await ch.queue_declare(name, durable=False, arguments=lock_arguments(window_ms))
-    try:
-        await ch.publish(job_id.encode(), exchange="", routing_key=name, mandatory=True)
-    except amqp.PublishNackedError:
-        raise DuplicateJobError(
-            f"job {job_id} was not pushed: idempotency key {key!r} was already used on this broker "
-            f"within the last {window_ms / 1000:g} s (idempotency_window)",
-            job_id=job_id,
-            queue=queue,
-            key=key,
-        ) from None
+async def claim(
+    conn: amqp.Connection, name: str, window_ms: int, *, key: str, job_id: str, queue: str
+) -> None:
+    """Claim the key (see the module docstring); raise :class:`DuplicateJobError` if taken.
+
+    On a channel of its own: a lock queue that exists with another window's arguments (the
+    same key pushed with another ``idempotency_window``) makes the broker close the channel
+    (406).  Then the lock is looked at passively: a marker in it means the key is taken; an
+    empty one (its marker expired) is deleted and declared again with this window."""
+    async with conn.channel(confirms=True) as ch:
+        try:
+            await ch.queue_declare(name, durable=True, arguments=lock_arguments(window_ms))
+        except amqp.PreconditionFailed:
+            declared = False
+        else:
+            declared = True
+    if not declared:
+        async with conn.channel(confirms=False) as ch:
+            taken = (await ch.queue_declare(name, passive=True)).message_count
+        if taken:
+            raise _duplicate(key, job_id, queue, window_ms)
+        async with conn.channel(confirms=False) as ch:
+            await ch.queue_delete(name, if_empty=True)
+    async with conn.channel(confirms=True) as ch:
+        if not declared:
+            await ch.queue_declare(name, durable=True, arguments=lock_arguments(window_ms))
+        try:
+            await ch.publish(job_id.encode(), exchange="", routing_key=name, mandatory=True)
+        except amqp.PublishNackedError:
+            raise _duplicate(key, job_id, queue, window_ms) from None
+
+
+def _duplicate(key: str, job_id: str, queue: str, window_ms: int) -> DuplicateJobError:
+    return DuplicateJobError(
+        f"job {job_id} was not pushed: idempotency key {key!r} was already used on this broker "
+        f"within its window (this push's idempotency_window: {window_ms / 1000:g} s)",
+        job_id=job_id,
+        queue=queue,
+        key=key,
+    )
 
 
 async def release(ch: amqp.Channel, name: str) -> None:

@@ -47,7 +47,7 @@ async def test_amqp_005_010_011_012_013_015_018_message_as_delivered(
     001 §6.1 (010 content_type, 011 delivery_mode 2, 012 message_id), every header of
     §6.2 that applies (018 x-ojs-attempt as int 1), the body is the job as JSON (013)."""
     retry = ojs.RetryPolicy(max_attempts=5)
-    cleanup.queue(lock_queue("", f"order-42-{q}", 86_400_000))  # the key's lock queue
+    cleanup.queue(lock_queue("", f"order-42-{q}"))  # the key's lock queue
     span = NonRecordingSpan(SpanContext(TRACE_ID, SPAN_ID, is_remote=False, trace_flags=TraceFlags(1)))
     with trace.use_span(span), anyio.fail_after(WAIT):
         job = await client.push(
