@@ -28,7 +28,7 @@ from . import _tracing
 from ._args import check_json_args
 from ._dead_letters import DeadJob, DeadLetters, return_to_queue
 from ._declarer import Declarer
-from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
+from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, DuplicateJobError, check_window, claim, lock_queue, release
 from ._durations import DurationLike, duration_ms, duration_seconds
 from ._envelope import ErrorInfo, Job, check_job_id, error_info, new_job
 from ._errors import (
@@ -49,6 +49,7 @@ from ._topology import (
     delayed_exchange_arguments,
     delayed_plugin_exchange,
 )
+from ._unique import unique_lock
 from ._wire import (
     job_message,
 )
@@ -515,6 +516,11 @@ class Client:
         """The push itself.  With a ``window``, the ``idempotency_key`` is claimed first (a
         duplicate raises); without one (the scheduler's label for a tick) it is only written
         to ``x-ojs-idempotency-key``."""
+        ignore = False
+        if not isinstance(job.unique, msgspec.UnsetType):
+            if idempotency_key is not None and window is not None:
+                raise UsageError(f"job {job.id}: give a unique policy or an idempotency_key, not both")
+            idempotency_key, window, ignore = unique_lock(job)  # the fingerprint, for the period
         if idempotency_key is None or window is None:
             return await self._publish_job(job, idempotency_key, reply_to)
         if not isinstance(idempotency_key, str) or not idempotency_key:
@@ -529,6 +535,10 @@ class Client:
                 await self.declare_queue(job.queue)
             # Not under the deadline: cut after its marker was sent, the key's state is unknown.
             await claim(self.conn, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
+        except DuplicateJobError as exc:
+            if ignore and exc.existing_job_id:  # unique on_conflict="ignore": the existing job
+                return msgspec.structs.replace(job, id=exc.existing_job_id)
+            raise
         except SEND_FAILURES as exc:
             raise push_error(exc, job) from exc
         try:
@@ -834,12 +844,7 @@ def _check_pushable(job: Job) -> None:
             f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}"
         )
     if not isinstance(job.unique, msgspec.UnsetType):
-        raise NotImplementedError(
-            f"job {job.id}: unique jobs (the envelope's 'unique' policy) are not enforced by this binding: "
-            "they depend on the states of the jobs already queued or running, which RabbitMQ cannot look "
-            "up, so nothing would stop a duplicate. Remove 'unique' and pass an idempotency_key (a key per "
-            "time window, enforced by the broker), or make the handler idempotent"
-        )
+        unique_lock(job)  # refuses, with the reason, a policy a broker cannot enforce
     check_json_args(job.args, job.type)
     if isinstance(job.retry, RetryPolicy):
         _check_job_policy(job.retry)

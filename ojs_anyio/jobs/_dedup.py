@@ -33,6 +33,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
+import anyio
+
 from ojs_anyio.amqp import UsageError
 
 from .. import amqp
@@ -62,8 +64,12 @@ class DuplicateJobError(PushError):
 
     code = "DUPLICATE"
 
-    def __init__(self, message: str, *, job_id: str, queue: str, key: str) -> None:
+    def __init__(
+        self, message: str, *, job_id: str, queue: str, key: str, existing_job_id: str | None = None
+    ) -> None:
         self.key = key
+        #: The id of the job that holds the key, when the lock could be read (else None).
+        self.existing_job_id = existing_job_id
         super().__init__(message, job_id=job_id, queue=queue)
 
 
@@ -104,33 +110,54 @@ async def claim(
     async with conn.channel(confirms=True) as ch:
         try:
             await ch.queue_declare(name, durable=True, arguments=lock_arguments(window_ms))
-        except amqp.PreconditionFailed:
-            declared = False
+        except amqp.PreconditionFailed:  # declared with another window: this channel is gone
+            refused = None
         else:
-            declared = True
-    if not declared:
+            refused = await _mark(ch, name, job_id)
+    if refused is None:
         async with conn.channel(confirms=False) as ch:
             taken = (await ch.queue_declare(name, passive=True)).message_count
-        if taken:
-            raise _duplicate(key, job_id, queue, window_ms)
-        async with conn.channel(confirms=False) as ch:
-            await ch.queue_delete(name, if_empty=True)
-    async with conn.channel(confirms=True) as ch:
-        if not declared:
-            await ch.queue_declare(name, durable=True, arguments=lock_arguments(window_ms))
-        try:
-            await ch.publish(job_id.encode(), exchange="", routing_key=name, mandatory=True)
-        except amqp.PublishNackedError:
-            raise _duplicate(key, job_id, queue, window_ms) from None
+        if not taken:
+            async with conn.channel(confirms=True) as ch:
+                await ch.queue_delete(name, if_empty=True)
+                await ch.queue_declare(name, durable=True, arguments=lock_arguments(window_ms))
+                refused = await _mark(ch, name, job_id)
+    if refused is not False:
+        raise _duplicate(key, job_id, queue, window_ms, await _holder(conn, name))
 
 
-def _duplicate(key: str, job_id: str, queue: str, window_ms: int) -> DuplicateJobError:
+async def _mark(ch: amqp.Channel, name: str, job_id: str) -> bool:
+    """Publish the marker; whether the broker refused it (the lock is held)."""
+    try:
+        await ch.publish(job_id.encode(), exchange="", routing_key=name, mandatory=True)
+    except amqp.PublishNackedError:
+        return True
+    return False
+
+
+async def _holder(conn: amqp.Connection, name: str) -> str | None:
+    """The id of the job whose marker holds the lock (read and put back), if still there."""
+    async with conn.channel(confirms=False) as ch:
+        marker = await ch.get(name)
+        if marker is None:
+            return None
+        with anyio.CancelScope(shield=True):
+            await marker.reject(requeue=True)
+    try:
+        return marker.body.decode("utf-8") or None
+    except UnicodeDecodeError:
+        return None
+
+
+def _duplicate(key: str, job_id: str, queue: str, window_ms: int, holder: str | None) -> DuplicateJobError:
+    held = f" (by job {holder})" if holder else ""
     return DuplicateJobError(
-        f"job {job_id} was not pushed: idempotency key {key!r} was already used on this broker "
+        f"job {job_id} was not pushed: idempotency key {key!r} was already used on this broker{held} "
         f"within its window (this push's idempotency_window: {window_ms / 1000:g} s)",
         job_id=job_id,
         queue=queue,
         key=key,
+        existing_job_id=holder,
     )
 
 

@@ -316,15 +316,18 @@ def test_4_on_exhaustion_discard_warns_at_construction() -> None:
 
 
 @pytest.mark.anyio
-async def test_4_discard_warns_at_push_and_unique_is_refused(
+async def test_4_discard_warns_at_push_and_unenforceable_unique_policies_are_refused(
     client: ojs.Client, raw: amqp.Connection, q: str
 ) -> None:
     await client.declare_queue(q)
     with pytest.warns(UserWarning, match="on_exhaustion='discard'"):
         await client.push("a.job", [], queue=q, retry=ojs.RetryPolicy(on_exhaustion="discard"))
-    job = ojs.new_job("a.job", [], queue=q, unique=ojs.UniquePolicy(keys=("type",)))
-    with pytest.raises(NotImplementedError, match="unique jobs"):
-        await client.push_job(job)
+    no_period = ojs.new_job("a.job", [], queue=q, unique=ojs.UniquePolicy(keys=("type",)))
+    with pytest.raises(ojs.UsageError, match="needs a 'period'"):
+        await client.push_job(no_period)
+    replace = ojs.UniquePolicy(period="PT1M", on_conflict="replace")
+    with pytest.raises(ojs.UsageError, match="cannot be taken back out"):
+        await client.push_job(ojs.new_job("a.job", [], queue=q, unique=replace))
     assert await job_count(raw, client.names.job_queue(q)) == 1  # only the first went out
 
 
