@@ -30,7 +30,7 @@ from ._dead_letters import DeadJob, DeadLetters, return_to_queue
 from ._declarer import Declarer
 from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, DuplicateJobError, check_window, claim, lock_queue, release
 from ._durations import DurationLike, duration_ms, duration_seconds
-from ._envelope import ErrorInfo, Job, check_job_id, error_info, new_job
+from ._envelope import ErrorInfo, Job, check_job_id, error_info, format_timestamp, new_job
 from ._errors import (
     ArgumentTypeError,
     DelayOutOfRangeError,
@@ -534,7 +534,10 @@ class Client:
                 # Before the claim: a topology error keeps the key free.
                 await self.declare_queue(job.queue)
             # Not under the deadline: cut after its marker was sent, the key's state is unknown.
-            await claim(self.conn, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
+            await claim(
+                self.conn, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue,
+                record_holder=ignore,
+            )  # fmt: skip
         except DuplicateJobError as exc:
             if ignore and exc.existing_job_id:  # unique on_conflict="ignore": the existing job
                 return msgspec.structs.replace(job, id=exc.existing_job_id)
@@ -572,7 +575,9 @@ class Client:
         # CONSUMER span becomes its child (001 §12.2).
         with _tracing.producer_span(job, self.names.direct_exchange) as span:
             try:
-                props, body = self._message(job, route, idempotency_key, reply_to)
+                enqueued_at = datetime.now(UTC)
+                pushed = as_enqueued(job, route, enqueued_at)  # what the body carries, and push returns
+                props, body = self._message(pushed, route, idempotency_key, reply_to, enqueued_at)
                 with before_sending(deadline):
                     ch = await self.channel()
                 if route.exchange != self.names.direct_exchange:
@@ -588,7 +593,7 @@ class Client:
                 )
             except SEND_FAILURES as exc:
                 raise push_error(exc, job) from exc
-        return job
+        return pushed
 
     async def push_batch(self, jobs: Iterable[Job], *, max_in_flight: int = 1024) -> list[PushResult]:
         """PUSH many jobs pipelined on one channel (one round trip's latency, not one per job).
@@ -615,14 +620,18 @@ class Client:
             return [PushResult(job, push_error(exc, job)) for job in jobs]
         window = ch.publish_window(max_in_flight=max_in_flight)
         handles: list[amqp.PublishHandle | PushError] = []
+        sent: list[Job] = []
         for job in jobs:
             with _tracing.producer_span(job, self.names.direct_exchange) as span:
                 try:
                     with before_sending(deadline):
                         route = await self._route(job)
-                    props, body = self._message(job, route, None, None)
+                    enqueued_at = datetime.now(UTC)
+                    pushed = as_enqueued(job, route, enqueued_at)
+                    props, body = self._message(pushed, route, None, None, enqueued_at)
                     if route.exchange != self.names.direct_exchange:
                         span.set_attribute("messaging.destination.name", route.exchange)
+                    sent.append(pushed)
                     handles.append(
                         await window.publish(
                             body,
@@ -635,10 +644,13 @@ class Client:
                     )
                     deadline.restart()
                 except SEND_FAILURES as exc:
+                    if len(sent) > len(handles):
+                        sent.pop()  # built, not sent
+                    sent.append(job)
                     handles.append(push_error(exc, job))
         await window.wait_all(self.confirm_timeout)
         results: list[PushResult] = []
-        for job, handle in zip(jobs, handles, strict=True):
+        for job, handle in zip(sent, handles, strict=True):
             if isinstance(handle, PushError):
                 results.append(PushResult(job, handle))
             elif handle.error is not None:
@@ -657,11 +669,16 @@ class Client:
         return await build_push_chain(self._push_hooks, record)(job)
 
     def _message(
-        self, job: Job, route: Route, idempotency_key: str | None, reply_to: str | None
+        self,
+        job: Job,
+        route: Route,
+        idempotency_key: str | None,
+        reply_to: str | None,
+        enqueued_at: datetime,
     ) -> tuple[amqp.BasicProperties, bytes]:
         """The job's message along ``route`` (``_wire.job_message``; no I/O)."""
         return job_message(
-            job, route, enqueued_at=datetime.now(UTC), idempotency_key=idempotency_key,
+            job, route, enqueued_at=enqueued_at, idempotency_key=idempotency_key,
             reply_to=reply_to, trace_headers=_tracing.inject_headers(),
         )  # fmt: skip
 
@@ -835,6 +852,19 @@ def _check_job_policy(policy: RetryPolicy) -> None:
             UserWarning,
             stacklevel=4,
         )
+
+
+def as_enqueued(job: Job, route: Route, enqueued_at: datetime) -> Job:
+    """``job`` as push returns it: with ``enqueued_at``, ``created_at`` (as the message
+    carries it) and its ``state`` (``scheduled`` when it waits for its time, else
+    ``available``), as the OJS conformance suite expects of a PUSH's answer."""
+    stamp = format_timestamp(enqueued_at)
+    return msgspec.structs.replace(
+        job,
+        enqueued_at=stamp,
+        created_at=job.created_at if isinstance(job.created_at, str) else stamp,
+        state="scheduled" if route.delay_ms else "available",
+    )
 
 
 def _check_pushable(job: Job) -> None:

@@ -99,14 +99,27 @@ def check_window(window_ms: int) -> None:
 
 
 async def claim(
-    conn: amqp.Connection, name: str, window_ms: int, *, key: str, job_id: str, queue: str
+    conn: amqp.Connection,
+    name: str,
+    window_ms: int,
+    *,
+    key: str,
+    job_id: str,
+    queue: str,
+    record_holder: bool = False,
 ) -> None:
     """Claim the key (see the module docstring); raise :class:`DuplicateJobError` if taken.
 
     On a channel of its own: a lock queue that exists with another window's arguments (the
     same key pushed with another ``idempotency_window``) makes the broker close the channel
     (406).  Then the lock is looked at passively: a marker in it means the key is taken; an
-    empty one (its marker expired) is deleted and declared again with this window."""
+    empty one (its marker expired) is deleted and declared again with this window.
+
+    The lock itself is never read: a marker taken with ``Basic.Get`` would not count
+    against ``x-max-length`` while held, and a second claim could win meanwhile.  With
+    ``record_holder`` (``unique`` with ``on_conflict="ignore"``), the winner also writes its
+    job id to ``{lock}.holder``, and a refused claim reads the holder's id from there (the
+    error's ``existing_job_id``; None when the winner did not record it or not yet)."""
     async with conn.channel(confirms=True) as ch:
         try:
             await ch.queue_declare(name, durable=True, arguments=lock_arguments(window_ms))
@@ -115,15 +128,30 @@ async def claim(
         else:
             refused = await _mark(ch, name, job_id)
     if refused is None:
-        async with conn.channel(confirms=False) as ch:
-            taken = (await ch.queue_declare(name, passive=True)).message_count
-        if not taken:
-            async with conn.channel(confirms=True) as ch:
-                await ch.queue_delete(name, if_empty=True)
-                await ch.queue_declare(name, durable=True, arguments=lock_arguments(window_ms))
-                refused = await _mark(ch, name, job_id)
-    if refused is not False:
-        raise _duplicate(key, job_id, queue, window_ms, await _holder(conn, name))
+        refused = await _claim_again(conn, name, window_ms, job_id)
+    if refused:
+        holder = await _read_holder(conn, name) if record_holder else None
+        raise _duplicate(key, job_id, queue, window_ms, holder)
+    if record_holder:
+        await _write_holder(conn, name, window_ms, job_id)
+
+
+async def _claim_again(conn: amqp.Connection, name: str, window_ms: int, job_id: str) -> bool:
+    """The lock exists with another window: taken if it holds a marker, else replaced by one
+    with this window.  Whether the claim was refused."""
+    async with conn.channel(confirms=False) as ch:
+        if (await ch.queue_declare(name, passive=True)).message_count:
+            return True
+    try:
+        async with conn.channel(confirms=True) as ch:
+            await ch.queue_delete(name, if_empty=True)
+            await ch.queue_delete(holder_queue(name))
+            await ch.queue_declare(name, durable=True, arguments=lock_arguments(window_ms))
+            return await _mark(ch, name, job_id)
+    except (amqp.PreconditionFailed, amqp.UnroutableError):
+        # Another claim got there in between (its marker made the delete refuse, or it
+        # deleted the queue this one was about to mark): it holds the key.
+        return True
 
 
 async def _mark(ch: amqp.Channel, name: str, job_id: str) -> bool:
@@ -135,16 +163,50 @@ async def _mark(ch: amqp.Channel, name: str, job_id: str) -> bool:
     return False
 
 
-async def _holder(conn: amqp.Connection, name: str) -> str | None:
-    """The id of the job whose marker holds the lock (read and put back), if still there."""
-    async with conn.channel(confirms=False) as ch:
-        marker = await ch.get(name)
-        if marker is None:
-            return None
-        with anyio.CancelScope(shield=True):
-            await marker.reject(requeue=True)
+def holder_queue(lock: str) -> str:
+    """Where the winner of ``lock`` records its job id (``unique`` with ``ignore``)."""
+    return f"{lock}.holder"
+
+
+async def _write_holder(conn: amqp.Connection, name: str, window_ms: int, job_id: str) -> None:
+    arguments = {"x-max-length": 1, "x-message-ttl": window_ms, "x-expires": window_ms + EXPIRY_SLACK_MS}
     try:
-        return marker.body.decode("utf-8") or None
+        async with conn.channel(confirms=True) as ch:
+            await ch.queue_declare(holder_queue(name), durable=True, arguments=arguments)
+            await ch.publish(job_id.encode(), exchange="", routing_key=holder_queue(name), mandatory=True)
+    except amqp.PreconditionFailed:  # a record of another window, expiring: none this time
+        return
+
+
+async def _read_holder(conn: amqp.Connection, name: str) -> str | None:
+    """The job id the winner recorded, or None.  The winner writes it just after its marker
+    was accepted, so a claim refused at the same moment may find none yet: looked for for
+    at most :data:`HOLDER_WAIT` seconds (the broker's state: there is no event to wait on)."""
+    with anyio.move_on_after(HOLDER_WAIT):
+        while True:
+            found = await _get_holder(conn, name)
+            if found is not None:
+                return found
+            await anyio.sleep(0.02)
+    return None
+
+
+#: How long a refused ``unique`` claim with ``on_conflict="ignore"`` looks for the winner's id.
+HOLDER_WAIT: Final = 0.5
+
+
+async def _get_holder(conn: amqp.Connection, name: str) -> str | None:
+    try:
+        async with conn.channel(confirms=False) as ch:
+            record = await ch.get(holder_queue(name))
+            if record is None:
+                return None
+            with anyio.CancelScope(shield=True):
+                await record.reject(requeue=True)
+    except amqp.ChannelLevelError:  # no record queue (404)
+        return None
+    try:
+        return record.body.decode("utf-8") or None
     except UnicodeDecodeError:
         return None
 
@@ -162,5 +224,6 @@ def _duplicate(key: str, job_id: str, queue: str, window_ms: int, holder: str | 
 
 
 async def release(ch: amqp.Channel, name: str) -> None:
-    """Forget a claim whose job could not be published."""
+    """Forget a claim whose job could not be published (its holder record, if any, expires
+    with the window; a later winner's record replaces it: ``x-max-length: 1``, drop-head)."""
     await ch.queue_purge(name)

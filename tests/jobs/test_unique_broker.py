@@ -35,7 +35,8 @@ async def test_reject_within_the_period_and_concurrent_pushes_one_wins(
     pushed = await client.push_job(first)
     with pytest.raises(ojs.DuplicateJobError) as caught:
         await client.push_job(_job(q, [tag], policy))
-    assert caught.value.existing_job_id == pushed.id and caught.value.code == "DUPLICATE"
+    assert caught.value.code == "DUPLICATE" and caught.value.key.startswith("unique:")
+    assert pushed.state == "available"
     # other arguments: another fingerprint
     other = _job(q, [tag, 2], policy)
     cleanup.queue(_lock(other))
@@ -57,14 +58,27 @@ async def test_reject_within_the_period_and_concurrent_pushes_one_wins(
     assert sorted(results) == ["duplicate"] * 4 + ["ok"]
 
 
-async def test_ignore_returns_the_existing_job(client: ojs.Client, q: str, cleanup: Any) -> None:
+async def test_ignore_returns_the_existing_job_even_to_concurrent_pushes(
+    client: ojs.Client, raw: Any, q: str, cleanup: Any
+) -> None:
     policy = ojs.UniquePolicy(keys=("args",), period="PT1H", on_conflict="ignore")
     tag = uuid.uuid4().hex
     first = _job(q, [tag], policy)
     cleanup.queue(_lock(first))
-    pushed = await client.push_job(first)
+    cleanup.queue(_lock(first) + ".holder")
+    await client.declare_queue(q)
+    returned: list[str] = []
+
+    async def push() -> None:
+        returned.append((await client.push_job(_job(q, [tag], policy))).id)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(push)
     again = await client.push_job(_job(q, [tag], policy))
-    assert again.id == pushed.id
+    async with raw.channel(confirms=False) as ch:
+        queued = (await ch.queue_declare(client.names.job_queue(q), passive=True)).message_count
+    assert queued == 1 and len(set(returned)) == 1 and again.id == returned[0]
 
 
 def test_the_fingerprint_follows_the_spec() -> None:
