@@ -26,6 +26,7 @@ from ojs_anyio.amqp import UsageError
 from .. import amqp
 from . import _tracing
 from ._args import check_json_args
+from ._control import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, SYNC_CANCEL_DETAIL
 from ._dead_letters import DeadJob, DeadLetters, return_to_queue
 from ._declarer import Declarer
 from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
@@ -54,6 +55,7 @@ from ._wire import (
 )
 
 __all__ = [
+    "SYNC_CANCEL_DETAIL",
     "CONTROL_CANCEL",
     "CONTROL_HEARTBEAT",
     "CONTROL_INFO",
@@ -70,17 +72,10 @@ R = TypeVar("R")
 
 log = logging.getLogger("ojs_anyio.jobs")
 
-CONTROL_CANCEL = "ojs.control.cancel"
-CONTROL_HEARTBEAT = "ojs.control.heartbeat"
-CONTROL_INFO = "ojs.control.info"
 _json = msgspec.json.Encoder()
 _json_decode = msgspec.json.Decoder()
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
-#: What INFO says of a running sync handler that was asked to cancel.
-SYNC_CANCEL_DETAIL = (
-    "cancel requested; the handler is synchronous and cannot be interrupted: it runs to completion"
-)
 #: How scheduled jobs are delayed: the binary delay levels (no plugin), the
 #: delayed-message-exchange plugin, or the plugin when the broker has it (detected, never assumed).
 SCHEDULERS = ("levels", "plugin", "auto")
