@@ -551,14 +551,15 @@ class Client:
             deadline = SendDeadline(self.conn)
         try:
             with before_sending(deadline):
-                route = await self._route(job)
+                now = datetime.now(UTC)
+                route = await self._route(job, now)
         except UNAVAILABLE as exc:
             raise push_error(exc, job) from exc
         # The message's trace headers are written inside the PRODUCER span, so the worker's
         # CONSUMER span becomes its child (001 §12.2).
         with _tracing.producer_span(job, self.names.direct_exchange) as span:
             try:
-                props, body = self._message(job, route, idempotency_key, reply_to)
+                props, body = self._message(job, route, idempotency_key, reply_to, now)
                 with before_sending(deadline):
                     ch = await self.channel()
                 if route.exchange != self.names.direct_exchange:
@@ -605,8 +606,9 @@ class Client:
             with _tracing.producer_span(job, self.names.direct_exchange) as span:
                 try:
                     with before_sending(deadline):
-                        route = await self._route(job)
-                    props, body = self._message(job, route, None, None)
+                        now = datetime.now(UTC)
+                        route = await self._route(job, now)
+                    props, body = self._message(job, route, None, None, now)
                     if route.exchange != self.names.direct_exchange:
                         span.set_attribute("messaging.destination.name", route.exchange)
                     handles.append(
@@ -643,15 +645,15 @@ class Client:
         return await build_push_chain(self._push_hooks, record)(job)
 
     def _message(
-        self, job: Job, route: Route, idempotency_key: str | None, reply_to: str | None
+        self, job: Job, route: Route, idempotency_key: str | None, reply_to: str | None, now: datetime
     ) -> tuple[amqp.BasicProperties, bytes]:
         """The job's message along ``route`` (``_wire.job_message``; no I/O)."""
         return job_message(
-            job, route, enqueued_at=datetime.now(UTC), idempotency_key=idempotency_key,
+            job, route, enqueued_at=now, idempotency_key=idempotency_key,
             reply_to=reply_to, trace_headers=_tracing.inject_headers(),
         )  # fmt: skip
 
-    async def _route(self, job: Job) -> Route:
+    async def _route(self, job: Job, now: datetime) -> Route:
         """Where ``job`` goes now, with what it needs declared (the Declarer's).
 
         A scheduled job's scheduler is settled first (``"auto"``: asked of the broker once);
@@ -661,8 +663,9 @@ class Client:
         if scheduler != "levels" and isinstance(job.scheduled_at, str):
             scheduler = await self.resolve_scheduler()
         resolved: Literal["levels", "plugin"] = "plugin" if scheduler == "plugin" else "levels"
-        found = route(job, datetime.now(UTC), resolved, self.names)
-        if await self.declarer.ensure(found.needs) and found.delay_ms:
+        found = route(job, now, resolved, self.names)
+        declarer = self.declarer
+        if declarer.missing(found.needs) and await declarer.ensure(found.needs) and found.delay_ms:
             found = route(job, datetime.now(UTC), resolved, self.names)
         return found
 

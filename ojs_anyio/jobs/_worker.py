@@ -477,7 +477,7 @@ class Worker:
     # ---------------------------------------------------------- one job
 
     async def _handle(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
-        a = Attempt(client=client, ch=ch, queue=queue, msg=msg)
+        a = Attempt(client, ch, queue, msg)
         try:
             await self._handle_one(a)
         except amqp.DELIVERY_LOST_ERRORS as exc:
@@ -512,14 +512,52 @@ class Worker:
             job=job, attempt=a.number, max_attempts=max_attempts, queue=a.queue, worker_id=self.worker_id,
             message=a.msg,
         )  # fmt: skip
-        args = await self._arguments(a, spec, ctx)
-        if args is None:
+        args = self._arguments(spec, ctx)
+        if isinstance(args, Verdict):
+            await self._settle(a, args)
             return
         timeout = self._timeout(job)
-        raised, result, cancelled_caught = await self._run(spec, ctx, args, timeout)
+        # One scope per job serves as its timeout (the deadline) and as the handle that
+        # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
+        backend = self._backend or _Backend()
+        scope = backend.scope_type(deadline=backend.clock() + timeout)
+        entry = (scope, ctx)
+        same_id = self._running.get(job.id)
+        if same_id is None:
+            self._running[job.id] = [entry]
+        else:
+            same_id.append(entry)
+        raised: BaseException | None = None
+        result: Any = None
+        try:
+            with scope:  # tracing is middleware (_tracing.Tracing, added by _prepare_middleware)
+                chain = self._handler_chain
+                if chain is not None:
+                    result = await chain(ctx, functools.partial(self._call_handler, spec, ctx, args, scope))
+                elif spec.is_async:
+                    result = await spec.fn(ctx, *args)
+                else:
+                    result = await self._run_sync(spec, ctx, args, scope)
+        except backend.cancelled:
+            raise  # the worker itself is being cancelled: leave the job unacked
+        except KeyboardInterrupt:
+            raise  # Ctrl-C reached the handler: the process is stopping, the job stays unacked
+        except BaseException as exc:  # whatever the handler raised, decided on below
+            # SystemExit included: a handler's sys.exit() (argparse inside a job) is the
+            # handler's failure (HANDLER_PANIC), not a request to end the worker.  A signal
+            # stops the worker gracefully through stop(), never through SystemExit.
+            raised = exc
+        finally:
+            entries = self._running[job.id]
+            if len(entries) == 1:
+                del self._running[job.id]
+            else:
+                entries[:] = [e for e in entries if e is not entry]
+            if self._stopping:  # only _enforce_grace (started by stop()) waits on it
+                self._jobs_changed.set()
         verdict = decide(
             raised,
-            cancelled_caught=cancelled_caught,
+            cancelled_caught=scope.cancelled_caught,
             cancel_requested=ctx.cancel_requested,
             abandoned=ctx.abandoned,
             timeout=timeout,
@@ -587,9 +625,10 @@ class Worker:
             return True
         return await self._move_redelivered(a, lost)  # the copy carries the count
 
-    async def _arguments(self, a: Attempt, spec: HandlerSpec, ctx: JobContext) -> list[Any] | None:
-        """The job's arguments converted for the handler; None (dead-lettered as
-        INVALID_ARGS) when they do not fit its parameters."""
+    @staticmethod
+    def _arguments(spec: HandlerSpec, ctx: JobContext) -> list[Any] | Verdict:
+        """The job's arguments converted for the handler, or the INVALID_ARGS dead-letter
+        verdict when they do not fit its parameters."""
         job = ctx.job
         args = job.args
         try:
@@ -603,8 +642,7 @@ class Worker:
             why = f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}"
         except ArgumentsError as exc:
             why = str(exc)
-        await self._settle(a, dead_letter(ErrorCode.INVALID_ARGS, why))
-        return None
+        return dead_letter(ErrorCode.INVALID_ARGS, why)
 
     def _timeout(self, job: Job) -> float:
         """The job's timeout in seconds, below the broker's consumer timeout."""
@@ -621,52 +659,6 @@ class Worker:
                 job.id, timeout, self.broker_consumer_timeout, cap,
             )  # fmt: skip
         return min(timeout, cap)
-
-    async def _run(
-        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], timeout: float
-    ) -> tuple[BaseException | None, Any, bool]:
-        """Run the handler (through the middleware) under its timeout; return what it
-        raised, what it returned, and whether its own scope was cancelled."""
-        job = ctx.job
-        # One scope per job serves as its timeout (the deadline) and as the handle that
-        # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
-        backend = self._backend or _Backend()
-        scope = backend.scope_type(deadline=backend.clock() + timeout)
-        entry = (scope, ctx)
-        same_id = self._running.get(job.id)
-        if same_id is None:
-            self._running[job.id] = [entry]
-        else:
-            same_id.append(entry)
-        raised: BaseException | None = None
-        result: Any = None
-        try:
-            with scope:  # tracing is middleware (_tracing.Tracing, added by _prepare_middleware)
-                chain = self._handler_chain
-                if chain is not None:
-                    result = await chain(ctx, functools.partial(self._call_handler, spec, ctx, args, scope))
-                elif spec.is_async:
-                    result = await spec.fn(ctx, *args)
-                else:
-                    result = await self._run_sync(spec, ctx, args, scope)
-        except backend.cancelled:
-            raise  # the worker itself is being cancelled: leave the job unacked
-        except KeyboardInterrupt:
-            raise  # Ctrl-C reached the handler: the process is stopping, the job stays unacked
-        except BaseException as exc:  # whatever the handler raised, decided on below
-            # SystemExit included: a handler's sys.exit() (argparse inside a job) is the
-            # handler's failure (HANDLER_PANIC), not a request to end the worker.  A signal
-            # stops the worker gracefully through stop(), never through SystemExit.
-            raised = exc
-        finally:
-            entries = self._running[job.id]
-            if len(entries) == 1:
-                del self._running[job.id]
-            else:
-                entries[:] = [e for e in entries if e is not entry]
-            if self._stopping:  # only _enforce_grace (started by stop()) waits on it
-                self._jobs_changed.set()
-        return raised, result, scope.cancelled_caught
 
     async def _reject_malformed(self, a: Attempt) -> None:
         """A delivery whose content header the codec let through as malformed
