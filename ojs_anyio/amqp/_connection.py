@@ -317,7 +317,7 @@ class Connection:
                 await self._transport.force_close()
                 err = ConnectionClosedError("connection closed")
                 for ch in list(self._channels):
-                    ch._on_connection_gone(err, final=True)
+                    ch.on_connection_gone(err, final=True)
                 self._events.close()
                 # Stops reader, heartbeats and recovery; the caller's block carries on.
                 if self._service_scope is not None:
@@ -346,6 +346,23 @@ class Connection:
             raise ConnectionClosedError(f"connection failed: {self._fatal}") from self._fatal
         if self._closed or self._closing:
             raise ConnectionClosedError("connection is closed")
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[Connection]:
+        """Connected for the duration of the block, in a task group of its own (see
+        :func:`connect`); a failure for good cancels the block and exits with that error."""
+        try:
+            async with anyio.create_task_group() as tg:
+                try:
+                    await self._start(tg)
+                    yield self
+                finally:
+                    await self.aclose()
+        except BaseExceptionGroup as eg:
+            err = _unwrap(eg, self._fatal)
+            raise err from err.__cause__  # not the group; keep why (RecoveryFailedError: the last error)
+        if self._fatal is not None:
+            raise self._fatal
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
         self._tg = tg
@@ -415,32 +432,32 @@ class Connection:
     def _ev_delivery(self, ev: Delivery) -> None:
         ch = self._by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_delivery(ev)
+            ch.on_delivery(ev)
 
     def _ev_confirmed(self, ev: Confirmed) -> None:
         ch = self._by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_confirmed(ev)
+            ch.on_confirmed(ev)
 
     def _ev_reply(self, ev: MethodReply | GetOk | ChannelOpened) -> None:
         ch = self._by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_reply(ev)
+            ch.on_reply(ev)
 
     def _ev_channel_closed(self, ev: ChannelClosed | ChannelCloseOk) -> None:
         ch = self._by_id.pop(ev.channel_id, None)
         if ch is not None:
-            ch._on_closed(ev)
+            ch.on_closed(ev)
 
     def _ev_consumer_cancelled(self, ev: ConsumerCancelled) -> None:
         ch = self._by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_consumer_cancelled(ev.consumer_tag)
+            ch.on_consumer_cancelled(ev.consumer_tag)
 
     def _ev_returned(self, ev: Returned) -> None:
         ch = self._by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_returned(ev)
+            ch.on_returned(ev)
 
     def _ev_channel_flow(self, ev: ChannelFlow) -> None:
         pass  # RabbitMQ never sends Channel.Flow; the codec already answered Flow-Ok
@@ -579,7 +596,7 @@ class Connection:
         try:
             await replay_topology(self._link)
             for ch in list(self._channels):
-                await ch._recover()
+                await ch.recover()
         except AMQPError as exc:
             log.warning("recovery of %s interrupted: %s", self.url.redacted(), exc)
             if t.error is None:
@@ -612,7 +629,7 @@ class Connection:
             self._events.emit(ConnectionLost(error=err))
         self._by_id.clear()
         for ch in list(self._channels):
-            ch._on_connection_gone(err, final=False)
+            ch.on_connection_gone(err, final=False)
         if not self._unblocked.is_set():
             self.blocked_reason = None
             self._unblocked.set()
@@ -621,7 +638,7 @@ class Connection:
         self._fatal = err
         self._closing = True
         for ch in list(self._channels):
-            ch._on_connection_gone(err, final=True)
+            ch.on_connection_gone(err, final=True)
         # Wake the waiters of the old event so they see the failure; not connected any more.
         connected, self._connected = self._connected, anyio.Event()
         connected.set()
@@ -683,18 +700,7 @@ async def connect(
     ``max_message_size``, ``ssl_context``, ``name``.
     """
     parsed = url if isinstance(url, AMQPURL) else parse_url(url)
-    conn = Connection(parsed, **options)
-    try:
-        async with anyio.create_task_group() as tg:
-            try:
-                await conn._start(tg)
-                yield conn
-            finally:
-                await conn.aclose()
-    except BaseExceptionGroup as eg:
-        err = _unwrap(eg, conn._fatal)
-        raise err from err.__cause__  # not the group; keep why (RecoveryFailedError: the last error)
-    if conn._fatal is not None:
-        raise conn._fatal
+    async with Connection(parsed, **options)._running() as conn:
+        yield conn
 
 

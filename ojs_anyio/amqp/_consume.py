@@ -267,7 +267,7 @@ class Consumer:
             self._since_yield = 0
             if not buffer:
                 # About to wait for the broker: send the acks batched meanwhile first.
-                await self.channel._link.flush_deferred()
+                await feed.link.flush_deferred()
             if buffer:
                 await anyio.lowlevel.checkpoint()
             while not buffer:
@@ -418,6 +418,7 @@ class ConsumingChannel(PublishingChannel):
         _metrics.track_queue(queue)
         consumer = ConsumerFeed(
             self,
+            self._link,
             queue,
             consumer_tag=consumer_tag or f"{_TAG_PREFIX}{next(_tag_counter)}",
             prefetch=prefetch,

@@ -189,4 +189,4 @@ class ChannelLink:
 
     def queue_consumed(self, queue: str) -> bool:
         """Whether any open channel of this connection has a consumer of ``queue``."""
-        return any(ch._consumes(queue) for ch in self.channels)
+        return any(ch.consumes(queue) for ch in self.channels)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -50,11 +51,14 @@ class PublishHandle:
 
     __slots__ = ("_event", "_result", "_waiter", "_window", "exchange", "routing_key", "sent_at", "tag")
 
-    def __init__(self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None) -> None:
+    def __init__(
+        self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None, *, done: bool = False
+    ) -> None:
         self.tag = tag
         self.exchange = exchange
         self.routing_key = routing_key
-        self._result: BaseException | bool | None = None
+        #: ``True`` once acked (at once with ``done``: a publish without confirms), or the error.
+        self._result: BaseException | bool | None = True if done else None
         #: The task waiting for the confirm (see _park): no Event per publish.
         self._waiter: Any = None
         #: Only when a second task waits on the same handle.
@@ -103,6 +107,32 @@ def _resolve(outcomes: list[Outcome]) -> None:
         handle._resolve(outcome)
 
 
+_PublishNowait = Callable[
+    [bytes, str, str, "BasicProperties | None", bool, "float | None", "PublishWindow | None"],
+    Awaitable["PublishHandle"],
+]
+
+
+class WindowOps:
+    """What a :class:`PublishWindow` may do with its channel (its bound methods)."""
+
+    __slots__ = ("flush", "give_up", "link", "publish_nowait")
+
+    def __init__(
+        self,
+        *,
+        publish_nowait: _PublishNowait,
+        flush: Callable[[], Awaitable[None]],
+        give_up: Callable[[PublishWindow, float], None],
+        link: ChannelLink,
+    ) -> None:
+        self.publish_nowait = publish_nowait
+        self.flush = flush
+        #: Every publish of the window still without a confirm fails "outcome unknown".
+        self.give_up = give_up
+        self.link = link
+
+
 class PublishWindow:
     """Keep up to ``max_in_flight`` publishes unconfirmed from one task, without a task per message.
 
@@ -121,6 +151,8 @@ class PublishWindow:
         if max_in_flight < 1:
             raise UsageError("max_in_flight must be >= 1")
         self.channel = cast("Channel", channel)
+        #: The channel's verbs for a window (publish without waiting, flush, give up).
+        self._ops = channel._window_ops
         self.max_in_flight = max_in_flight
         self.in_flight = 0
         self.failures: list[PublishHandle] = []
@@ -139,16 +171,16 @@ class PublishWindow:
     ) -> PublishHandle:
         if self.in_flight >= self.max_in_flight:
             await self._wait_below(self.max_in_flight - 1)
-        ch = self.channel
-        handle = await ch._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
-        if handle._result is None:
+        ops = self._ops
+        handle = await ops.publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
+        if not handle.done:
             self.in_flight += 1
-        if ch._link.outbound_size >= _FLUSH_THRESHOLD:
-            await ch._flush_publish()
+        if ops.link.outbound_size >= _FLUSH_THRESHOLD:
+            await ops.flush()
         return handle
 
     async def flush(self) -> None:
-        await self.channel._flush_publish()
+        await self._ops.flush()
 
     async def wait_all(self, timeout: float | None = None) -> list[PublishHandle]:
         """Flush, wait until no publish of this window is pending; return the failed ones.
@@ -165,8 +197,7 @@ class PublishWindow:
             with anyio.move_on_after(timeout):
                 await self._wait_below(0)
             if self.in_flight:
-                ch = self.channel
-                ch._give_up_confirms([h for h in ch._confirms.pending.values() if h._window is self], timeout)
+                self._ops.give_up(self, timeout)
         failed, self.failures = self.failures, []
         return failed
 
@@ -176,12 +207,12 @@ class PublishWindow:
             # find it, or nothing would wake us once the last one is in.
             wakeup = self._wakeup = anyio.Event()
             self._wake_at = limit
-            await self.channel._flush_publish()
+            await self._ops.flush()
             await wakeup.wait()
 
     def _on_done(self, handle: PublishHandle) -> None:
         self.in_flight -= 1
-        if isinstance(handle._result, BaseException):
+        if handle.error is not None:
             self.failures.append(handle)
         if self._wakeup is not None and self.in_flight <= self._wake_at:
             self._wakeup.set()
@@ -196,6 +227,12 @@ class PublishingChannel(ChannelCore):
         #: The publishes waiting for their confirm (pure: it returns what to resolve).
         self._confirms = ConfirmTracker()
         self._returns_without_confirm: list[Returned] = []
+        self._window_ops = WindowOps(
+            publish_nowait=self._publish_nowait,
+            flush=self._flush_publish,
+            give_up=self._give_up_window,
+            link=link,
+        )
         #: Time publishes for the confirm-latency histogram (an SDK is installed).
         self._timing = False
         self._next_sample = 0.0
@@ -210,6 +247,9 @@ class PublishingChannel(ChannelCore):
     def _give_up_confirms(self, handles: list[PublishHandle], timeout: float) -> None:
         """Stop waiting for these handles' confirms (see ConfirmTracker.give_up)."""
         _resolve(self._confirms.give_up(handles, timeout))
+
+    def _give_up_window(self, window: PublishWindow, timeout: float) -> None:
+        self._give_up_confirms([h for h in self._confirms.pending.values() if h._window is window], timeout)
 
     # -------------------------------------------------- events from the reader
 
@@ -267,15 +307,13 @@ class PublishingChannel(ChannelCore):
         tag = link.publish(
             self._state.cid, exchange, routing_key, body, properties, mandatory=mandatory
         )
-        handle = PublishHandle(tag, exchange, routing_key, window)
+        handle = PublishHandle(tag, exchange, routing_key, window, done=not tag)
         q = routing_key if routing_key in _KNOWN_QUEUES else _OTHER  # bounded labels, see _metrics
         _PUBLISHED[q] = _PUBLISHED.get(q, 0) + 1
         if tag:
             if self._timing:
                 handle.sent_at = time.monotonic()
             self._confirms.track(tag, handle)
-        else:
-            handle._result = True
         return handle
 
     async def _ready_to_publish(self, limit: float | None) -> None:
@@ -317,9 +355,9 @@ class PublishingChannel(ChannelCore):
                 self._confirms.forget(handle.tag)
             raise PublishOutcomeUnknownError(f"connection failed while sending the publish: {exc}") from exc
         if handle.tag:
-            if confirm_timeout is not None and handle._result is None:
+            if confirm_timeout is not None and not handle.done:
                 await _park.wait(handle, confirm_timeout)  # the confirm, or the time is up
-                if handle._result is None:
+                if not handle.done:
                     self._give_up_confirms([handle], confirm_timeout)
             await handle.wait()
 
