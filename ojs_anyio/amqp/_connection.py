@@ -430,32 +430,32 @@ class Connection:
     # The reader's events, one handler per type (the table is made in __init__).
 
     def _ev_delivery(self, ev: Delivery) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
             ch.on_delivery(ev)
 
     def _ev_confirmed(self, ev: Confirmed) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
             ch.on_confirmed(ev)
 
     def _ev_reply(self, ev: MethodReply | GetOk | ChannelOpened) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
             ch.on_reply(ev)
 
     def _ev_channel_closed(self, ev: ChannelClosed | ChannelCloseOk) -> None:
-        ch = self._by_id.pop(ev.channel_id, None)
+        ch = self._link.by_id.pop(ev.channel_id, None)
         if ch is not None:
             ch.on_closed(ev)
 
     def _ev_consumer_cancelled(self, ev: ConsumerCancelled) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
             ch.on_consumer_cancelled(ev.consumer_tag)
 
     def _ev_returned(self, ev: Returned) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
             ch.on_returned(ev)
 

@@ -98,9 +98,8 @@ class IncomingMessage:
         consumer: ConsumerFeed | None,
         ev: Delivery | GetOk,
         settled: bool,
-        queue: str = "",
-        label: str = _metrics.OTHER,
-        *,
+        queue: str,
+        label: str,
         state: ChannelState,
         link: ChannelLink,
     ) -> None:
@@ -326,7 +325,7 @@ class ConsumingChannel(PublishingChannel):
     # -------------------------------------------------- events from the reader
 
     def _on_delivery(self, ev: Delivery) -> None:
-        consumer = self._consumers.get(ev.consumer_tag)
+        consumer = self._consumers.by_tag.get(ev.consumer_tag)
         if consumer is None or not consumer.active:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
@@ -334,7 +333,7 @@ class ConsumingChannel(PublishingChannel):
             return
         q = consumer.label
         msg = IncomingMessage(
-            self, consumer, ev, consumer.no_ack, consumer.queue, q, state=self._state, link=self._link
+            self, consumer, ev, consumer.no_ack, consumer.queue, q, self._state, self._link
         )
         if consumer.push(msg, consumer.no_ack):
             _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
@@ -377,7 +376,7 @@ class ConsumingChannel(PublishingChannel):
                 self._state.get_unacked[label] = self._state.get_unacked.get(label, 0) + 1
                 _metrics.consumers.add(self._state)
             return IncomingMessage(
-                self, None, reply, no_ack, queue, label, state=self._state, link=self._link
+                self, None, reply, no_ack, queue, label, self._state, self._link
             )
         return None
 
