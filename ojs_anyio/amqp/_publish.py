@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -52,7 +53,7 @@ class PublishHandle:
     __slots__ = ("_event", "_result", "_waiter", "_window", "exchange", "routing_key", "sent_at", "tag")
 
     def __init__(
-        self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None, *, done: bool = False
+        self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None, done: bool = False
     ) -> None:
         self.tag = tag
         self.exchange = exchange
@@ -83,7 +84,7 @@ class PublishHandle:
         if self._event is not None:
             self._event.set()
         if self._window is not None:
-            self._window._on_done(self)
+            self._window._on_done(self, result)
 
     async def wait(self) -> None:
         if self._result is None:
@@ -101,7 +102,7 @@ class PublishHandle:
         return f"<PublishHandle tag={self.tag} {self.exchange!r}/{self.routing_key!r} {state}>"
 
 
-def _resolve(outcomes: list[Outcome]) -> None:
+def _resolve(outcomes: Iterable[Outcome]) -> None:
     """Resolve what the confirm tracker returned (wakes the tasks waiting on each)."""
     for handle, outcome in outcomes:
         handle._resolve(outcome)
@@ -173,7 +174,7 @@ class PublishWindow:
             await self._wait_below(self.max_in_flight - 1)
         ops = self._ops
         handle = await ops.publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
-        if not handle.done:
+        if handle.tag:  # awaits a confirm (none can have come yet: nothing awaited since)
             self.in_flight += 1
         if ops.link.outbound_size >= _FLUSH_THRESHOLD:
             await ops.flush()
@@ -210,9 +211,9 @@ class PublishWindow:
             await self._ops.flush()
             await wakeup.wait()
 
-    def _on_done(self, handle: PublishHandle) -> None:
+    def _on_done(self, handle: PublishHandle, result: BaseException | bool) -> None:
         self.in_flight -= 1
-        if handle.error is not None:
+        if isinstance(result, BaseException):
             self.failures.append(handle)
         if self._wakeup is not None and self.in_flight <= self._wake_at:
             self._wakeup.set()
@@ -264,12 +265,13 @@ class PublishingChannel(ChannelCore):
                     self._next_sample = now + _CONFIRM_SAMPLE_INTERVAL
                     latency = now - first.sent_at
                     _metrics.confirm_latency.record(latency, {"queue": _metrics.label(first.routing_key)})
-        outcomes = self._confirms.confirmed(ev)
-        if ev.returned is not None:
-            for _handle, outcome in outcomes:
+        acked, failed = self._confirms.confirmed(ev)
+        _resolve(zip(acked, repeat(True)))
+        if failed:
+            for _handle, outcome in failed:
                 if isinstance(outcome, UnroutableError):
                     _metrics.bump(_metrics.stats.returned, _metrics.label(outcome.routing_key))
-        _resolve(outcomes)
+            _resolve(failed)
 
     def _on_returned(self, ev: Returned) -> None:
         # Only on channels without confirms: nothing to tie it to.  Keep a bounded log.
@@ -298,22 +300,22 @@ class PublishingChannel(ChannelCore):
         window: PublishWindow | None,
     ) -> PublishHandle:
         link = self._link
-        limit = timeout if timeout is not None else link.publish_timeout
-        if not self._state.usable or not link.is_connected:
-            await self._ready_to_publish(limit)  # recovering: wait for it, up to the caller's timeout
-        if not link.is_unblocked:
+        state = self._state
+        if not state.usable or not link.connected.is_set():
+            # Recovering: wait for it, up to the caller's timeout.
+            await self._ready_to_publish(timeout if timeout is not None else link.publish_timeout)
+        if not link.unblocked.is_set():
+            limit = timeout if timeout is not None else link.publish_timeout
             await link.wait_unblocked(limit)
             await self._ready_to_publish(limit)
-        tag = link.publish(
-            self._state.cid, exchange, routing_key, body, properties, mandatory=mandatory
-        )
-        handle = PublishHandle(tag, exchange, routing_key, window, done=not tag)
+        tag = link.publish(state.cid, exchange, routing_key, body, properties, mandatory)
+        handle = PublishHandle(tag, exchange, routing_key, window, not tag)
         q = routing_key if routing_key in _KNOWN_QUEUES else _OTHER  # bounded labels, see _metrics
         _PUBLISHED[q] = _PUBLISHED.get(q, 0) + 1
         if tag:
             if self._timing:
                 handle.sent_at = time.monotonic()
-            self._confirms.track(tag, handle)
+            self._confirms.pending[tag] = handle
         return handle
 
     async def _ready_to_publish(self, limit: float | None) -> None:

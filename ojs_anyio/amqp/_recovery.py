@@ -20,7 +20,6 @@ from pamqp import commands
 from ojs_codec import AMQPError, ChannelClosed, ChannelLevelError, NotFound, UsageError
 
 from . import _metrics
-from ._channel_state import Waiter
 from ._consume import ConsumingChannel
 from ._consumers import ConsumerFeed
 from ._errors import ChannelClosedError, ConnectionLostError, ConsumerCancelledError
@@ -71,7 +70,7 @@ class RecoveringChannel(ConsumingChannel):
         try:
             await self._open_on_wire(internal=False)
         except BaseException:
-            self._state.closed = True
+            self._state.failed_to_open()
             self._link.unregister(self._endpoint)
             _metrics.stats.channels_active -= 1
             if self._state.cid:
@@ -114,7 +113,7 @@ class RecoveringChannel(ConsumingChannel):
                         # for one (calls queued behind it see _close_waiter and fail too).
                         interrupted = ChannelClosedError("channel closed before the broker replied")
                         self._state.fail_waiter(interrupted)
-                        waiter = self._state.close_waiter = self._state.waiter = Waiter()
+                        waiter = self._state.closing()
                         await link.flush()
                         await waiter.event.wait()
             except AMQPError:
