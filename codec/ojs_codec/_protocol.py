@@ -22,7 +22,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from pamqp import commands
 
@@ -881,28 +881,37 @@ class AMQPConnection:
         body larger than ``max_message_size``."""
         body_size, props, malformed = self._content_header(payload)
         if body_size > self._max_message:
-            raise FrameError(
-                f"message body of {body_size} bytes on channel {ch.id} exceeds max_message_size="
-                f"{self._max_message}",
-                remote=False,
-            )
+            self._too_large(ch, body_size)
         return body_size, props, malformed
+
+    def _too_large(self, ch: _Channel, body_size: int) -> NoReturn:
+        raise FrameError(
+            f"message body of {body_size} bytes on channel {ch.id} exceeds max_message_size="
+            f"{self._max_message}",
+            remote=False,
+        )
 
     def _on_whole_delivery(
         self, channel_id: int, payload: bytes, head: bytes, body: bytes, events: list[Event]
     ) -> bool:
         """Basic.Deliver (``payload``), its content header and one body frame, arrived
         together: the content state machine's transitions for the three in one step, with
-        the frame-by-frame rules (``_header_rule``, the body-length rule, ``_content_event``).
+        the frame-by-frame rules (the header rule of ``_header_rule``, the body-length rule,
+        ``_content_event``).
         ``False`` (nothing done) unless the channel is open and expects no content: the
         frames then go one by one and meet the error they deserve."""
         ch = self._channels.get(channel_id)
         if ch is None or ch.state is not ChannelState.OPEN or ch.content_kind != _NO_CONTENT:
             return False
         fields = _hot.decode_deliver(payload)
-        body_size, props, malformed = self._header_rule(ch, head)
+        body_size, props, malformed = self._content_header(head)
+        if body_size > self._max_message:
+            self._too_large(ch, body_size)
         if body_size == len(body) and body_size:
-            self._content_event(ch, _DELIVER, fields, props, body, malformed, events)
+            # _content_event's Delivery, made here: the hot path
+            events.append(
+                Delivery(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body, malformed)
+            )
             return True
         # Not one whole body: the content goes on frame by frame from here.
         ch.content_kind = _DELIVER

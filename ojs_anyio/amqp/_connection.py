@@ -3,7 +3,7 @@
 Reading a publish from ``Channel.publish()`` to the socket: ``_publish.py`` (encode via
 ``ojs_codec.AMQPConnection.publish``) → ``_transport.py``'s :meth:`Transport.flush`
 (drains the codec's outbound buffer to the stream).  Reading a delivery: the transport's
-reader feeds bytes to the codec and hands each event to :meth:`Connection._dispatch`,
+reader feeds bytes to the codec and hands each event to the connection's handler of its type,
 which calls the owning channel synchronously; user code never runs in the reader task.
 
 Each successful connect makes a new :class:`~._transport.Transport` (socket, codec,
@@ -117,23 +117,7 @@ class Connection:
         self._ssl_context = ssl_context if ssl_context is not None else url.ssl_context()
         self._rng = random.Random()
         _metrics.register()
-        #: The current connection generation (socket, codec, writer); a placeholder
-        #: without a socket until the first connect.
-        #: What the channels share with the connection, and the verbs they use it by: the
-        #: current transport, the "usable" and "unblocked" events, the event hub, the task
-        #: group and the channel registry live there (see _link.py).
-        self._link = ChannelLink(
-            self,
-            Transport(
-                AMQPConnection(self._parameters()),
-                None,
-                generation=0,
-                label=url.redacted(),
-                dispatch=self._dispatch,
-                on_lost=self._transport_failed,
-            ),
-        )
-        #: The reader's event type -> its handler.
+        #: The reader's event type -> its handler (the transport calls it for each event).
         self._event_handlers: dict[type[Any], Callable[[Any], None]] = dict(
             (
                 _route(Delivery, self._ev_delivery),
@@ -152,6 +136,21 @@ class Connection:
                 _route(ConnectionClosed, self._ev_closed),
                 _route(ConnectionCloseOk, self._ev_close_ok),
             )
+        )
+        #: What the channels share with the connection, and the verbs they use it by: the
+        #: current transport, the "usable" and "unblocked" events, the event hub, the task
+        #: group and the channel registry live there (see _link.py).  Its transport is a
+        #: placeholder without a socket until the first connect.
+        self._link = ChannelLink(
+            self,
+            Transport(
+                AMQPConnection(self._parameters()),
+                None,
+                generation=0,
+                label=url.redacted(),
+                handlers=self._event_handlers,
+                on_lost=self._transport_failed,
+            ),
         )
         self._opened: ConnectionOpened | None = None
         self._host_index = 0
@@ -181,7 +180,7 @@ class Connection:
 
     @_transport.setter
     def _transport(self, transport: Transport) -> None:
-        self._link.transport = transport
+        self._link.use(transport)
 
     @property
     def _connected(self) -> anyio.Event:
@@ -415,17 +414,10 @@ class Connection:
             stream,
             generation=self._transport.generation + 1,
             label=self.url.redacted(),
-            dispatch=self._dispatch,
+            handlers=self._event_handlers,
             on_lost=self._transport_failed,
         )
         await self._transport.handshake()
-
-    def _dispatch(self, ev: object) -> None:
-        """Route one reader event through ``_event_handlers`` (every handler is
-        synchronous); an event type with no entry is ignored."""
-        handler = self._event_handlers.get(type(ev))
-        if handler is not None:
-            handler(ev)
 
     # The reader's events, one handler per type (the table is made in __init__).
 

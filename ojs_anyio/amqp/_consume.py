@@ -21,7 +21,7 @@ from . import _metrics, _park
 from ._channel_state import ChannelState, Settle
 from ._consumers import ConsumerFeed, ConsumerRegistry
 from ._errors import ConsumerCancelledError, DeliveryAlreadySettledError, StaleDeliveryError
-from ._publish import _FLUSH_THRESHOLD, PublishingChannel
+from ._publish import PublishingChannel
 
 if TYPE_CHECKING:
     from ._channel import Channel
@@ -171,36 +171,37 @@ class IncomingMessage:
     async def ack(self, multiple: bool = False) -> None:
         cid = self._begin_settle(multiple)
         link = self._link
-        link.ack(cid, self.delivery_tag, multiple)
+        consumer = self._consumer  # _batching, inline: the hot path
+        write = link.ack(cid, self.delivery_tag, multiple, consumer is not None and consumer.buffered > 0)
         q = self._label
         _ACKED[q] = _ACKED.get(q, 0) + 1
-        await self._send_settle(link)
+        if write:
+            await link.flush()
 
     async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
         cid = self._begin_settle(multiple)
         link = self._link
-        link.nack(cid, self.delivery_tag, multiple, requeue)
+        write = link.nack(cid, self.delivery_tag, multiple, requeue, self._batching())
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        await self._send_settle(link)
+        if write:
+            await link.flush()
 
     async def reject(self, requeue: bool = True) -> None:
         cid = self._begin_settle()
         link = self._link
-        link.reject(cid, self.delivery_tag, requeue)
+        write = link.reject(cid, self.delivery_tag, requeue, self._batching())
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        await self._send_settle(link)
+        if write:
+            await link.flush()
 
-    async def _send_settle(self, link: ChannelLink) -> None:
-        """Write the ack/nack/reject just queued.  While the consumer still has deliveries
-        buffered, the write is batched instead: the consumer sends it before it waits for
-        the broker again, and the connection's flusher within ~2 ms at the latest."""
+    def _batching(self) -> bool:
+        """Whether the settle just made may wait to be written: while the consumer still has
+        deliveries buffered, the consumer sends it before it waits for the broker again,
+        and the connection's flusher within ~2 ms at the latest."""
         consumer = self._consumer
-        if consumer is not None and consumer.buffered > 0 and link.outbound_size < _FLUSH_THRESHOLD:
-            link.defer_flush()
-            return
-        await link.flush_settled()
+        return consumer is not None and consumer.buffered > 0
 
     def __repr__(self) -> str:
         return (

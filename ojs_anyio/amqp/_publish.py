@@ -24,6 +24,7 @@ from ._errors import (
     PublishTimeoutError,
     UnroutableError,
 )
+from ._link import FLUSH_THRESHOLD
 
 if TYPE_CHECKING:
     from ._channel import Channel
@@ -33,7 +34,6 @@ __all__ = ["PublishHandle", "PublishWindow", "PublishingChannel"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
-_FLUSH_THRESHOLD = 64 * 1024
 #: At most one confirm-latency sample per channel per this many seconds (an SDK histogram
 #: record costs microseconds; at low rates every Basic.Ack frame is sampled).
 _CONFIRM_SAMPLE_INTERVAL = 0.001
@@ -176,7 +176,7 @@ class PublishWindow:
         handle = await ops.publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
         if handle.tag:  # awaits a confirm (none can have come yet: nothing awaited since)
             self.in_flight += 1
-        if ops.link.outbound_size >= _FLUSH_THRESHOLD:
+        if len(ops.link.outbound) >= FLUSH_THRESHOLD:
             await ops.flush()
         return handle
 
