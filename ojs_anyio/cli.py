@@ -19,7 +19,7 @@ import anyio
 
 # The modules that declare the commands (importing them declares them).
 from . import demo as _demo  # noqa: F401
-from ._cli import _dashboard, _ops, _worker  # noqa: F401
+from ._cli import _dashboard, _events, _ops, _worker  # noqa: F401
 from ._cli._common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -119,12 +119,12 @@ def _dispatch(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.declared.broker:
-        code = args.declared.run(args)
-        assert isinstance(code, int)
-        return code
-    url = resolve_url(getattr(args, "url", None))
+    url = resolve_url(getattr(args, "url", None)) if args.declared.broker else ""
     try:
+        if not args.declared.broker:  # self-contained (demo, events asyncapi): no broker URL
+            code = args.declared.run(args)
+            assert isinstance(code, int)
+            return code
         refuse_memory(url)
         target = _dispatch(args)
         if isinstance(target, int):

@@ -9,6 +9,7 @@ shown on a terminal, and every change asks for confirmation unless ``--yes``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from ._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    count_arg,
     fail,
     format_age,
     parse_duration,
@@ -32,6 +34,7 @@ from ._common import (
 from ._common import resolve_url as _resolve_url
 from ._ops import Interrupt, confirm, interruptible
 from ._progress import Progress
+from ._registry import command, group, sync_command
 
 __all__ = [
     "cmd_events_asyncapi",
@@ -60,6 +63,58 @@ async def _count(dlq: events.EventDeadLetters) -> int:
     return await dlq.count()
 
 
+group("events", help="the event bus: a subscription's dead letters, the AsyncAPI document")
+
+
+def _bus_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="the subscription's name (its dead letters are in {QUEUE_TAG}{NAME}.dlq)")
+    p.add_argument("--exchange", default="events", help="the bus's topic exchange (default: events)")
+    p.add_argument("--queue-tag", default="", help="the bus's queue tag, e.g. prod_")
+
+
+def _peek_arguments(p: argparse.ArgumentParser) -> None:
+    _bus_arguments(p)
+    p.add_argument("-n", type=count_arg(0), default=20, metavar="N", help="how many (default 20)")
+
+
+def _requeue_arguments(p: argparse.ArgumentParser) -> None:
+    _bus_arguments(p)
+    p.add_argument("--id", action="append", metavar="ID", help="an event's message id (repeatable)")
+    p.add_argument("--all", action="store_true", help="every dead event of the subscription")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _purge_arguments(p: argparse.ArgumentParser) -> None:
+    _bus_arguments(p)
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _prune_arguments(p: argparse.ArgumentParser) -> None:
+    _purge_arguments(p)
+    p.add_argument("--max-age", default=None, metavar="DURATION", help="e.g. P7D, 30d, 12h")
+    p.add_argument(
+        "--max-count", type=count_arg(0), default=None, metavar="N", help="keep at most the newest N"
+    )
+
+
+def _asyncapi_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "catalog", metavar="MODULE:CATALOG", help="an ojs_anyio.events.Catalog (or a function returning one)"
+    )
+    p.add_argument(
+        "--url", default=None, help="the broker shown as the document's server (no password is written)"
+    )
+    p.add_argument(
+        "--output", "-o", default=None, metavar="FILE", help="write the document here (default: stdout)"
+    )
+
+
+@command(
+    "events",
+    "dlq-peek",
+    help="show a subscription's oldest dead events: id, key, attempt, age, reason (nothing is removed)",
+    arguments=_peek_arguments,
+)
 async def cmd_events_dlq_peek(args: Any) -> int:
     async with _open_bus(args) as bus:
         dlq = bus.dead_letters(args.name)
@@ -105,6 +160,13 @@ async def cmd_events_dlq_peek(args: Any) -> int:
     return EXIT_OK
 
 
+@command(
+    "events",
+    "dlq-requeue",
+    help="move dead events back to their subscription's queue (publish, confirm, then ack: never lost; "
+    "SIGINT stops after the current event)",
+    arguments=_requeue_arguments,
+)
 async def cmd_events_dlq_requeue(args: Any) -> int:
     if not args.all and not args.id:
         fail("give --id ID (repeatable) or --all", EXIT_USAGE)
@@ -134,6 +196,7 @@ async def cmd_events_dlq_requeue(args: Any) -> int:
     return await interruptible(run)
 
 
+@command("events", "dlq-purge", help="delete every dead event of a subscription", arguments=_purge_arguments)
 async def cmd_events_dlq_purge(args: Any) -> int:
     async with _open_bus(args) as bus:
         dlq = bus.dead_letters(args.name)
@@ -147,6 +210,12 @@ async def cmd_events_dlq_purge(args: Any) -> int:
     return EXIT_OK
 
 
+@command(
+    "events",
+    "dlq-prune",
+    help="delete a subscription's oldest dead events: older than --max-age, or beyond --max-count",
+    arguments=_prune_arguments,
+)
 async def cmd_events_dlq_prune(args: Any) -> int:
     max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
     if max_age is None and args.max_count is None:
@@ -180,6 +249,13 @@ async def cmd_events_dlq_prune(args: Any) -> int:
     return await interruptible(run)
 
 
+@sync_command(
+    "events",
+    "asyncapi",
+    help="write the AsyncAPI 3.0 document of an event Catalog (no broker needed)",
+    arguments=_asyncapi_arguments,
+    broker=False,
+)
 def cmd_events_asyncapi(args: Any) -> int:
     """Write the AsyncAPI 3.0 document of a :class:`~ojs_anyio.events.Catalog` (no broker)."""
     catalog = load_object(args.catalog, events.Catalog)
