@@ -210,7 +210,10 @@ class Worker:
         #: so CANCEL and the grace period reach each.
         self._running: dict[str, list[tuple[anyio.CancelScope, JobContext]]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
-        self._ready = anyio.Event()
+        #: Set once run() is consuming.  Made in the event loop that uses it (wait_ready or
+        #: run), and dropped when run() ends, so a Worker made at import time runs on asyncio,
+        #: then Trio, then asyncio again.
+        self._ready: anyio.Event | None = None
         self.counts: dict[str, int] = {}
         self.heartbeat_interval = duration_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         self.cancel_memory = duration_seconds(cancel_memory, "cancel_memory")
@@ -231,8 +234,9 @@ class Worker:
         self.max_deliveries = max_deliveries
         #: CANCEL, BEAT and INFO (``_control.py``): its task, and what it remembers.
         self.control = WorkerControl(self, self._rng)
-        #: Set whenever a job finishes (the grace-period wait in stop() listens to it).
-        self._jobs_changed = anyio.Event()
+        #: Set whenever a job finishes (the grace-period wait in stop() listens to it);
+        #: made by that wait, in its event loop.
+        self._jobs_changed: anyio.Event | None = None
 
     # ------------------------------------------------------------- config
 
@@ -317,7 +321,16 @@ class Worker:
 
     async def wait_ready(self) -> None:
         """Wait until every queue's consumer is registered."""
-        await self._ready.wait()
+        await self._ready_event().wait()
+
+    def _wake_stop_wait(self) -> None:
+        if self._jobs_changed is not None:
+            self._jobs_changed.set()
+
+    def _ready_event(self) -> anyio.Event:
+        if self._ready is None:
+            self._ready = anyio.Event()
+        return self._ready
 
     # ---------------------------------------------------------------- run
 
@@ -360,7 +373,7 @@ class Worker:
                 presence_scope = anyio.CancelScope()  # for observers: docs/jobs.md "Presence"
                 presence = functools.partial(worker_presence, self)
                 tg.start_soon(announce, client, presence, self.heartbeat_interval, presence_scope)
-                self._ready.set()
+                self._ready_event().set()
                 await self._wait_queues_done(started)
                 beat_scope.cancel()
                 presence_scope.cancel()
@@ -369,7 +382,8 @@ class Worker:
             # Also when run() fails: a later stop() must not start a task in a dead group.
             self._tg = None
             self._stopping = False
-            self._ready = anyio.Event()
+            self._ready = None
+            self._jobs_changed = None
 
     async def _wait_queues_done(self, started: list[anyio.Event]) -> None:
         await self._queues_done.wait()
@@ -554,7 +568,7 @@ class Worker:
             else:
                 entries[:] = [e for e in entries if e is not entry]
             if self._stopping:  # only _enforce_grace (started by stop()) waits on it
-                self._jobs_changed.set()
+                self._wake_stop_wait()
         verdict = decide(
             raised,
             cancelled_caught=scope.cancelled_caught,
@@ -987,7 +1001,7 @@ class Worker:
             finally:
                 self._settle_scopes.discard(scope)
                 if self._stopping:
-                    self._jobs_changed.set()
+                    self._wake_stop_wait()
         return None
 
     def _report(self, outcome: JobOutcome) -> None:
