@@ -40,7 +40,7 @@ from ._errors import (
 )
 from ._info import ClientControl, JobInfo
 from ._middleware import Middleware, build_push_chain, check_middleware, overrides
-from ._results import PendingResult, ResultRouter
+from ._results import JobFailedError, PendingResult, ResultRouter
 from ._retry import RetryPolicy, merge
 from ._route import Route, route
 from ._sending import SEND_FAILURES, UNAVAILABLE, SendDeadline, before_sending, push_error
@@ -688,6 +688,36 @@ class Client:
         (see :meth:`ClientControl.info`); ``JobInfo(state="unknown")`` when none answers
         within ``timeout``."""
         return await self.control.info(job_id, queue=queue, timeout=timeout)
+
+    async def result(
+        self, job_id: str, *, queue: str = "default", timeout: DurationLike = 30.0, poll: DurationLike = 0.25
+    ) -> Any:
+        """The result of job ``job_id``, from any process: the workers of ``queue`` are asked
+        (INFO) every ``poll`` seconds until one says the job finished.
+
+        Returns what the handler returned (a JSON value the worker kept: at most 4 KiB, with
+        ``Worker(info_details=True)``, the default; else None).  Raises
+        :class:`JobFailedError` if the job was dead-lettered or cancelled, and
+        ``TimeoutError`` when ``timeout`` passes first: the job has not finished yet, or it
+        finished longer ago than the workers keep finished jobs (1,000 a worker, one hour:
+        ``docs/job-api.md``), or its worker has stopped since.  Use :meth:`push_for_result`
+        when the process that pushes is the one that waits."""
+        seconds = duration_seconds(timeout, "timeout")
+        interval = duration_seconds(poll, "poll")
+        with anyio.fail_after(seconds):
+            while True:
+                info = await self.info(job_id, queue=queue, timeout=min(2.0, max(seconds, 0.1)))
+                if info.state == "completed":
+                    return info.result
+                if info.state in ("discarded", "cancelled"):
+                    error = info.error
+                    raise JobFailedError(
+                        job_id,
+                        "CANCELLED" if info.state == "cancelled" else None,
+                        error.type if error is not None else None,
+                        error.message if error is not None else info.state,
+                    )
+                await anyio.sleep(interval)  # the workers' state: there is no event to wait on
 
     def owns_reply_queue(self, name: str) -> bool:
         """Whether ``name`` is one of this client's own reply queues (results, INFO)."""

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 import anyio.abc
@@ -103,6 +103,7 @@ class WorkerControl:
         """Remember what became of a job, for INFO."""
         if not outcome.job_id:
             return
+        now = time.time()
         remember(
             self.recent,
             outcome.job_id,
@@ -111,11 +112,12 @@ class WorkerControl:
                 "state": _OUTCOME_STATE.get(outcome.outcome, outcome.outcome),
                 "attempt": outcome.attempt,
                 "worker_id": self._worker.worker_id,
-                "finished_at": _FinishedAt(time.time()),
+                "started_at": _FinishedAt(now - outcome.duration),
+                "finished_at": _FinishedAt(now),
                 **({"error": outcome.error} if outcome.error is not None else {}),
                 **({"result": outcome.result} if _small_json(outcome.result) else {}),
             },
-            limit=1000,
+            limit=RECENT_LIMIT,
         )
 
     async def serve(self, client: ControlClient, started: anyio.Event) -> None:
@@ -277,7 +279,14 @@ class WorkerControl:
         recent = self.recent.get(job_id)
         if recent is None:
             return None
-        return {**recent, "finished_at": recent["finished_at"].text()}
+        if time.time() - recent["finished_at"] > RECENT_MAX_AGE:
+            del self.recent[job_id]  # past the retention: as if never seen here
+            return None
+        return {
+            **recent,
+            "started_at": recent["started_at"].text(),
+            "finished_at": recent["finished_at"].text(),
+        }
 
     def was_cancelled(self, job_id: str) -> bool:
         when = self.cancelled.get(job_id)
@@ -336,6 +345,12 @@ class WorkerControl:
             remember(self._reply_targets, reply_to, known, limit=1000)
         return known
 
+
+#: How many finished jobs a worker remembers for INFO (their state, error and result), and
+#: for how long (seconds): the retention of results read from any process
+#: (``client.info``, ``client.result``, ``ojs-anyio info``).  docs/job-api.md.
+RECENT_LIMIT: Final = 1000
+RECENT_MAX_AGE: Final = 3600.0
 
 _OUTCOME_STATE = {
     "completed": "completed",

@@ -156,6 +156,15 @@ class SyncClient:
 
         return SyncPendingResult(self, self._call(run))
 
+    def result(self, job_id: str, *, queue: str = "default", timeout: DurationLike = 30.0) -> Any:
+        """:meth:`Client.result`, blocking: the result of ``job_id`` from any process."""
+        client = self._client
+
+        async def run() -> Any:
+            return await client.result(job_id, queue=queue, timeout=timeout)
+
+        return self._call(run)
+
     def build(self, type: str, args: Sequence[Any] = (), **options: Any) -> Job:
         """:meth:`Client.build`: a validated job, not pushed (no I/O)."""
         return self._client.build(type, args, **options)
