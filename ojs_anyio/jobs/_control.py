@@ -27,7 +27,7 @@ import msgspec
 from .. import amqp
 from ._context import JobContext, JobOutcome
 from ._envelope import format_timestamp
-from ._failures import error_from_headers
+from ._failures import error_from_headers, error_history
 from ._topology import Names
 
 __all__ = [
@@ -275,6 +275,9 @@ class WorkerControl:
             previous = error_from_headers(ctx.message.properties.headers)  # the last attempt's
             if previous is not None:
                 answer["error"] = previous
+            history = error_history(ctx.message.properties.headers)
+            if history:
+                answer["errors"] = history
             return answer
         recent = self.recent.get(job_id)
         if recent is None:

@@ -45,6 +45,7 @@ from ._dlq import died_at, requeue_properties
 from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp
 from ._errors import ArgumentTypeError
+from ._failures import error_history
 from ._topology import DLQ_MAX_AGE_MS, DLQ_MAX_LENGTH, Names
 from ._wire import H_ATTEMPT, H_DEAD_LETTERED_AT, H_ERROR_CODE, H_ERROR_MESSAGE, header_int, with_headers
 
@@ -141,6 +142,10 @@ class DeadJob:
     death_reason: str | None = None
     died_at: datetime | None = None
     malformed: str | None = None
+    #: The job's error history (``x-ojs-errors``: the failed attempts that were retried,
+    #: oldest first, at most 10); the final attempt's error is ``error_code`` /
+    #: ``error_message`` in the annotated mode, else in the worker's log.
+    errors: tuple[dict[str, Any], ...] = ()
 
 
 class DeadLetters:
@@ -348,4 +353,5 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
         death_reason=reason if isinstance(reason, str) else None,
         died_at=died_at(msg.properties),
         malformed=msg.malformed,
+        errors=tuple(error_history(headers)),
     )

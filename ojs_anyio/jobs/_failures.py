@@ -13,17 +13,22 @@ attempt reads them back, and INFO answers carry the object.
 
 from __future__ import annotations
 
+import json
 import traceback
 from typing import Any, Final
 
 from ._retry import error_type_name
+from ._wire import H_ERRORS
 
 __all__ = [
     "H_ERROR_BACKTRACE",
     "H_ERROR_TYPE",
     "MAX_BACKTRACE_CHARS",
     "MAX_BACKTRACE_FRAMES",
+    "MAX_ERROR_HISTORY",
     "error_from_headers",
+    "error_history",
+    "with_error",
     "error_object",
     "log_extra",
 ]
@@ -68,6 +73,45 @@ def error_headers(error: dict[str, Any]) -> dict[str, str]:
     if frames:
         headers[H_ERROR_BACKTRACE] = "\n".join(frames)
     return headers
+
+
+#: How many of a job's errors travel with it (the OJS retry spec asks for at least 10), and
+#: how much of each message (the last error's full object travels in its own headers).
+MAX_ERROR_HISTORY: Final = 10
+MAX_HISTORY_MESSAGE: Final = 300
+
+
+def error_history(headers: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The error history a message carries (``x-ojs-errors``), oldest first; ``[]`` when
+    absent or unreadable (another implementation's job, a hand-made header)."""
+    raw = (headers or {}).get(H_ERRORS)
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    if not isinstance(raw, str):
+        return []
+    try:
+        records = json.loads(raw)
+    except ValueError:
+        return []
+    if not isinstance(records, list):
+        return []
+    return [r for r in records if isinstance(r, dict) and isinstance(r.get("code"), str)][-MAX_ERROR_HISTORY:]
+
+
+def with_error(
+    headers: dict[str, Any] | None, *, code: str, message: str, error_type: str, attempt: int, at: str
+) -> str:
+    """The ``x-ojs-errors`` value after one more failed attempt: the last
+    :data:`MAX_ERROR_HISTORY` records, messages cut to :data:`MAX_HISTORY_MESSAGE`."""
+    record = {
+        "code": code,
+        "message": message[:MAX_HISTORY_MESSAGE],
+        "type": error_type[:200],
+        "attempt": attempt,
+        "at": at,
+    }
+    records = [*error_history(headers), record][-MAX_ERROR_HISTORY:]
+    return json.dumps(records, separators=(",", ":"), ensure_ascii=False)
 
 
 def error_from_headers(headers: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -50,6 +50,9 @@ class JobInfo:
     interruptible: bool | None = None
     #: The worker's remark on the job's state, e.g. :data:`SYNC_CANCEL_DETAIL`.
     detail: str | None = None
+    #: The job's error history (failed attempts retried so far, oldest first, at most 10):
+    #: dicts of ``code``, ``message``, ``type``, ``attempt``, ``at``.
+    errors: list[dict[str, Any]] | None = None
     #: What the handler returned, for a completed job whose worker keeps it for INFO (a
     #: JSON value of at most 4 KiB, and ``Worker(info_details=True)``); else None.
     result: Any = None
@@ -166,6 +169,7 @@ class ClientControl:
                                 interruptible=interruptible if isinstance(interruptible, bool) else None,
                                 detail=detail if isinstance(detail, str) else None,
                                 result=data.get("result"),
+                                errors=_records(data.get("errors")),
                             )
                 except amqp.AMQPError:
                     await self.aclose()  # declared afresh by the next request
@@ -204,3 +208,10 @@ class ClientControl:
         if reply is not None:
             with anyio.CancelScope(shield=True):
                 await reply[3].aclose()
+
+
+def _records(value: object) -> list[dict[str, Any]] | None:
+    """An INFO answer's error history, if it is a list of objects."""
+    if not isinstance(value, list):
+        return None
+    return [r for r in value if isinstance(r, dict)] or None

@@ -57,6 +57,7 @@ __all__ = [
     "header_attempt",
     "header_int",
     "header_max_attempts",
+    "H_ERRORS",
     "header_since",
     "job_properties",
     "with_headers",
@@ -76,6 +77,9 @@ H_TRACE_STATE: Final = "x-ojs-trace-state"
 H_IDEMPOTENCY_KEY: Final = "x-ojs-idempotency-key"
 H_ERROR_CODE: Final = "x-ojs-error-code"
 H_ERROR_MESSAGE: Final = "x-ojs-error-message"
+#: The job's error history (OJS retry spec: at least the last 10): a JSON array of
+#: ``{"code", "message", "type", "attempt", "at"}``, oldest first, written by each retry.
+H_ERRORS: Final = "x-ojs-errors"
 #: Written by earlier versions on a dead job's copy put back on the job queue (no longer
 #: done); still stripped by ``DeadLetters.requeue`` and rejected unrun by the worker.
 H_DEAD_LETTER: Final = "x-ojs-dead-letter"

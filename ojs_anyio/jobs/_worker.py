@@ -57,7 +57,7 @@ from ._control import WorkerControl
 from ._dead_letters import dead_letter as settle_dead_letter
 from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
-from ._envelope import SPEC_VERSION, Job, decode_job, job_from_dict, parse_timestamp
+from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
 from ._errors import ArgumentTypeError, ErrorCode, InvalidJobError
 from ._failures import (
     H_ERROR_BACKTRACE,
@@ -65,6 +65,7 @@ from ._failures import (
     error_headers,
     error_object,
     log_extra,
+    with_error,
 )
 from ._handlers import ArgumentsError, HandlerSpec, inspect_handler
 from ._job_metrics import JobMetrics
@@ -87,6 +88,7 @@ from ._wire import (
     H_DELIVERY_COUNT,
     H_ERROR_CODE,
     H_ERROR_MESSAGE,
+    H_ERRORS,
     H_UNKNOWN_TYPE_SINCE,
     H_UNSETTLED,
     header_attempt,
@@ -804,8 +806,13 @@ class Worker:
             H_ATTEMPT: Int32(a.number + 1),
             H_ERROR_CODE: str(code),
             H_ERROR_MESSAGE: message[:1000],
+            H_ERRORS: with_error(
+                a.msg.properties.headers, code=str(code), message=message,
+                error_type=str(error.get("type", "")) if error else "", attempt=a.number,
+                at=format_timestamp(datetime.now(UTC)),
+            ),
             **(error_headers(error) if error else {}),
-        }
+        }  # fmt: skip
         # The previous attempt's error type and backtrace go, unless replaced.
         moved = await self._through_retry_queue(
             a, verdict.delay_ms, headers,
