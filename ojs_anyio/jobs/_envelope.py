@@ -465,6 +465,17 @@ def validate_job(job: Job) -> Job:
 
 
 _TYPE_RE: Final = re.compile(TYPE_PATTERN)
+
+
+def check_job_type(job_type: str) -> None:
+    """Refuse a job type the envelope would refuse (lowercase dotted segments, at most 255
+    characters), with the envelope's error: at registration, not at the first push."""
+    if len(job_type) > 255 or _TYPE_RE.fullmatch(job_type) is None:
+        raise InvalidJobError(
+            "type",
+            f"{job_type!r} is not an OJS job type (lowercase dot-separated segments such as "
+            f"'email.send', at most 255 characters; pattern {TYPE_PATTERN})",
+        )
 _QUEUE_RE: Final = re.compile(QUEUE_PATTERN)
 _ID_RE: Final = re.compile(ID_PATTERN)
 # Job types and queue names seen valid (a few per application): checked once each.

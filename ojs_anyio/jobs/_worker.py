@@ -57,7 +57,15 @@ from ._control import WorkerControl
 from ._dead_letters import dead_letter as settle_dead_letter
 from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
-from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
+from ._envelope import (
+    SPEC_VERSION,
+    Job,
+    check_job_type,
+    decode_job,
+    format_timestamp,
+    job_from_dict,
+    parse_timestamp,
+)
 from ._errors import ArgumentTypeError, ErrorCode, InvalidJobError
 from ._failures import (
     H_ERROR_BACKTRACE,
@@ -296,6 +304,7 @@ class Worker:
         """
         if not isinstance(job_type, str) or not job_type:
             raise ArgumentTypeError(f"job_type must be a non-empty str, got {job_type!r}")
+        check_job_type(job_type)  # the envelope's rule: a push of any other would be refused
         spec = inspect_handler(job_type, fn)
         existing = self._handlers.get(job_type)
         if existing is not None:

@@ -160,3 +160,15 @@ def test_typed_push_refuses_a_value_with_no_json_form() -> None:
 
     with pytest.raises(TypeError, match=r"argument value of job 'x'.*"):
         handler.args_for(object())
+
+
+def test_registration_refuses_a_job_type_that_push_would_refuse() -> None:
+    worker = ojs.Worker(queues=["a"])
+    for bad in ("Email.Send", "email..send", "email send", "x" * 256):
+        with pytest.raises(ojs.InvalidJobError, match="not an OJS job type"):
+            worker.register(bad, lambda ctx: None)
+        with pytest.raises(ojs.InvalidJobError):
+
+            @worker.job(bad)
+            async def handler(ctx: ojs.JobContext) -> None:
+                pass
