@@ -704,7 +704,7 @@ class Worker:
         assert job is not None
         ctx = JobContext(
             job=job, attempt=a.number, max_attempts=max_attempts, queue=a.queue, worker_id=self.worker_id,
-            message=a.msg,
+            message=a.msg, policy=policy,
         )  # fmt: skip
         args = await self._arguments(a, spec, ctx)
         if args is None:
