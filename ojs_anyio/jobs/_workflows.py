@@ -27,7 +27,7 @@ import hashlib
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
@@ -38,12 +38,18 @@ from .. import amqp
 from .._common import new_id
 from ._context import WORKFLOW_META_KEY, JobContext
 from ._decide import decide
-from ._dedup import DuplicateJobError
+from ._dedup import DuplicateJobError, lock_queue
+from ._dedup import claim as claim_key
 from ._envelope import Job
 from ._errors import ArgumentTypeError, ErrorCode
 from ._middleware import Middleware
 from ._retry import RetryPolicy
 from ._topology import Names
+
+
+class _Pushed(Protocol):
+    @property
+    def error(self) -> Exception | None: ...
 
 
 class Client(Protocol):
@@ -68,9 +74,12 @@ class Client(Protocol):
         id: str | None = ...,
     ) -> Job: ...
 
+    async def push_batch(self, jobs: Iterable[Job], *, max_in_flight: int = ...) -> Sequence[_Pushed]: ...
+
     async def push_job(
         self, job: Job, *, idempotency_key: str | None = None, idempotency_window: float | None = ...
     ) -> Job: ...
+
 
 __all__ = [
     "MAX_NESTING_DEPTH",
@@ -87,6 +96,7 @@ __all__ = [
     "start_workflow",
     "step",
     "workflow_from_dict",
+    "workflow_queues",
 ]
 
 log = logging.getLogger("ojs_anyio.workflows")
@@ -331,6 +341,47 @@ def fan_in_queues(client: Client, workflow_id: str, path: str) -> tuple[str, str
     return f"{base}.tokens", f"{base}.results"
 
 
+def _leaf_key(job_id: str) -> str:
+    return f"ojs.workflow/{job_id}"
+
+
+def _tokens_key(wf: str, path: str) -> str:
+    return f"{wf}/{path}/tokens"
+
+
+def workflow_queues(prefix: str, envelope: Mapping[str, Any]) -> list[str]:
+    """Every queue a workflow may declare (fan-in tokens and records, idempotency locks),
+    by name: they expire on their own; this lists them for an operator or a test to delete."""
+    wf = envelope["id"]
+    out: list[str] = []
+
+    def lock(key: str) -> str:
+        return lock_queue(prefix, key, WORKFLOW_EXPIRES_MS)
+
+    def fan_in(path: str) -> None:
+        base = f"{prefix}ojs.workflow.{wf}.{path}"
+        out.extend([f"{base}.tokens", f"{base}.results", lock(_tokens_key(wf, path))])
+
+    def walk(node: Mapping[str, Any], path: str) -> None:
+        kind = node.get("type")
+        if kind == "chain":
+            for i, child in enumerate(node["steps"]):
+                walk(child, f"{path}.{i}")
+        elif kind in ("group", "batch"):
+            fan_in(path)
+            for i, child in enumerate(node["jobs"]):
+                walk(child, f"{path}.{i}")
+            if kind == "batch":
+                fan_in(f"{path}.cb")
+                for name in node["callbacks"]:
+                    out.append(lock(_leaf_key(job_id_for(wf, f"{path}.{name}"))))
+        else:
+            out.append(lock(_leaf_key(job_id_for(wf, path))))
+
+    walk(envelope, "r")
+    return out
+
+
 def _queue_arguments(max_length: int) -> dict[str, Any]:
     return {"x-expires": WORKFLOW_EXPIRES_MS, "x-max-length": max_length, "x-overflow": "reject-publish"}
 
@@ -358,8 +409,14 @@ async def start_workflow(client: Client, workflow: Workflow) -> WorkflowHandle:
         raise ArgumentTypeError(f"workflow {workflow.id} holds more than {MAX_WORKFLOW_JOBS} jobs")
     envelope = workflow.to_dict()
     kind: Literal["chain", "group", "batch"] = envelope["type"]
-    pushed = await _start(client, workflow.id, envelope, "r", {}, None, first_time=True)
-    return WorkflowHandle(workflow.id, kind, envelope, tuple(pushed))
+    # The client's first pushes cannot be repeats (the workflow id is new): they go out
+    # together, unclaimed, with pipelined confirms.
+    first: list[Job] = []
+    await _start(client, workflow.id, envelope, "r", {}, None, first=first)
+    for pushed in await client.push_batch(first):
+        if pushed.error is not None:
+            raise pushed.error
+    return WorkflowHandle(workflow.id, kind, envelope, tuple(job.id for job in first))
 
 
 async def _start(
@@ -370,11 +427,12 @@ async def _start(
     parent_results: dict[str, Any],
     then: dict[str, Any] | None,
     *,
-    first_time: bool = False,
-) -> list[str]:
-    """Push what starts ``node`` (a job envelope, or a nested workflow); the job ids pushed.
+    first: list[Job] | None = None,
+) -> None:
+    """Push what starts ``node`` (a job envelope, or a nested workflow).
 
-    Every push is claimed under the job's deterministic id, so starting twice pushes once."""
+    From a worker, every push is claimed under the job's deterministic id, so starting
+    twice pushes once; the client's first start collects its jobs in ``first`` instead."""
     kind = node.get("type")
     if kind == "chain":
         cont = {
@@ -385,20 +443,31 @@ async def _start(
             "results": {},
             "then": then,
         }
-        return await _start(client, wf, node["steps"][0], f"{path}.0", parent_results, cont)
+        await _start(client, wf, node["steps"][0], f"{path}.0", parent_results, cont, first=first)
+        return
     if kind in ("group", "batch"):
         jobs = node["jobs"]
         tokens, results = fan_in_queues(client, wf, path)
-        await _fill(client, wf, path, len(jobs), tokens, results, claim=not first_time)
+        await _fill(client, wf, path, len(jobs), tokens, results, claim=first is None)
         fan_in = {
             "kind": "fan_in", "path": path, "n": len(jobs), "tokens": tokens, "results": results,
             "callbacks": node.get("callbacks") if kind == "batch" else None, "then": then,
         }  # fmt: skip
-        pushed: list[str] = []
         for i, child in enumerate(jobs):
-            pushed += await _start(client, wf, child, f"{path}.{i}", parent_results, {**fan_in, "index": i})
-        return pushed
-    return [await _push_leaf(client, wf, node, path, parent_results, then)]
+            await _start(
+                client, wf, child, f"{path}.{i}", parent_results, {**fan_in, "index": i}, first=first
+            )
+        return
+    job = _build_leaf(client, wf, node, path, parent_results, then)
+    if first is not None:
+        first.append(job)
+        return
+    try:
+        await client.push_job(
+            job, idempotency_key=_leaf_key(job.id), idempotency_window=WORKFLOW_EXPIRES_MS / 1000
+        )
+    except DuplicateJobError:
+        log.info("workflow %s: job %s (%s) was pushed already; not again", wf, job.id, path)
 
 
 async def _fill(
@@ -411,10 +480,7 @@ async def _fill(
     if claim:
         # A worker starting a nested group: a repeat of the step (after a crash) must not
         # put tokens back that finished jobs already took.
-        from ._dedup import claim as claim_key
-        from ._dedup import lock_queue
-
-        key = f"{wf}/{path}/tokens"
+        key = _tokens_key(wf, path)
         window = WORKFLOW_EXPIRES_MS
         try:
             await claim_key(
@@ -430,19 +496,19 @@ async def _fill(
             break
 
 
-async def _push_leaf(
+def _build_leaf(
     client: Client,
     wf: str,
     node: dict[str, Any],
     path: str,
     parent_results: dict[str, Any],
     then: dict[str, Any] | None,
-) -> str:
+) -> Job:
     options = node.get("options") or {}
     retry = options.get("retry")
     job_id = job_id_for(wf, path)
     place = {"id": wf, "path": path, "parent_results": parent_results, "then": then}
-    job = client.build(
+    return client.build(
         node["type"],
         node.get("args", []),
         queue=options.get("queue", "default"),
@@ -452,13 +518,6 @@ async def _push_leaf(
         meta={WORKFLOW_META_KEY: place},
         id=job_id,
     )
-    try:
-        await client.push_job(
-            job, idempotency_key=f"ojs.workflow/{job_id}", idempotency_window=WORKFLOW_EXPIRES_MS / 1000
-        )
-    except DuplicateJobError:
-        log.info("workflow %s: job %s (%s) was pushed already; not again", wf, job_id, path)
-    return job_id
 
 
 # ------------------------------------------------------------------ progress
@@ -588,8 +647,15 @@ async def _fire(client: Client, wf: str, then: dict[str, Any], records: dict[int
         name: cb for name, cb in callbacks.items()
         if name == "on_complete" or (name == "on_success") == all_ok
     }  # fmt: skip
-    # A batch is done once its callbacks are (§6.4.7): they fan in to its continuation.
     names = sorted(fired)
+    if then["then"] is None:  # nothing waits for the batch: the callbacks end the workflow
+        for name in names:
+            await _start(client, wf, fired[name], f"{path}.{name}", values, None)
+        return
+    if not names:  # none triggered (§8.3: the batch is done)
+        await advance(client, wf, then["then"], (True, values))
+        return
+    # A nested batch is done once its callbacks are (§6.4.7): they fan in to its continuation.
     cb_tokens, cb_results = fan_in_queues(client, wf, f"{path}.cb")
     await _fill(client, wf, f"{path}.cb", len(names), cb_tokens, cb_results, claim=True)
     cb_fan_in = {
@@ -597,4 +663,4 @@ async def _fire(client: Client, wf: str, then: dict[str, Any], records: dict[int
         "callbacks": None, "then": then["then"],
     }  # fmt: skip
     for i, name in enumerate(names):
-        await _push_leaf(client, wf, fired[name], f"{path}.{name}", values, {**cb_fan_in, "index": i})
+        await _start(client, wf, fired[name], f"{path}.{name}", values, {**cb_fan_in, "index": i})

@@ -11,10 +11,28 @@ from typing import Any
 import pytest
 
 import ojs_anyio as ojs
+from ojs_anyio.jobs._workflows import workflow_queues
 
 from .broker_support import Outcomes, running
+from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def client(client: ojs.Client, cleanup: Cleanup) -> ojs.Client:
+    """The test's client: every workflow it starts has its queues deleted after the test."""
+    start = client.start_workflow
+
+    async def start_and_register(workflow: Any) -> Any:
+        handle = await start(workflow)
+        for name in workflow_queues(client.names.prefix, handle.envelope):
+            cleanup.queue(name)
+        return handle
+
+    client.start_workflow = start_and_register  # type: ignore[method-assign]
+    return client
+
 
 NO_RETRY = ojs.RetryPolicy(max_attempts=1)
 
