@@ -83,6 +83,7 @@ class Client(Protocol):
 
 __all__ = [
     "MAX_NESTING_DEPTH",
+    "FanInBusyError",
     "WORKFLOW_EXPIRES_MS",
     "Batch",
     "Chain",
@@ -107,8 +108,15 @@ MAX_NESTING_DEPTH: Final = 8
 MAX_WORKFLOW_JOBS: Final = 100_000
 #: How long a workflow's fan-in queues outlive their last use (``x-expires``): 7 days.
 WORKFLOW_EXPIRES_MS: Final = 7 * 86_400_000
-#: How many times a firer re-reads the fan-in records while another reader holds some.
-FAN_IN_READS: Final = 8
+#: How long a job that emptied a fan-in's token queue waits for the fan-in's lock (held by
+#: another job reading the records) before it gives up with :class:`FanInBusyError`.
+FAN_IN_LOCK_WAIT: Final = 60.0
+
+
+class FanInBusyError(Exception):
+    """The fan-in's lock stayed taken for :data:`FAN_IN_LOCK_WAIT` seconds: the job fails
+    this attempt (retried by its policy; the fan-in is tried again then)."""
+
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -335,6 +343,10 @@ def job_id_for(workflow_id: str, path: str) -> str:
     return str(uuid.UUID(int=value))
 
 
+def _lock_name(tokens: str) -> str:
+    return tokens.removesuffix(".tokens") + ".lock"
+
+
 def fan_in_queues(client: Client, workflow_id: str, path: str) -> tuple[str, str]:
     """The token and result queues of a group or batch node."""
     base = f"{client.names.prefix}ojs.workflow.{workflow_id}.{path}"
@@ -360,7 +372,7 @@ def workflow_queues(prefix: str, envelope: Mapping[str, Any]) -> list[str]:
 
     def fan_in(path: str) -> None:
         base = f"{prefix}ojs.workflow.{wf}.{path}"
-        out.extend([f"{base}.tokens", f"{base}.results", lock(_tokens_key(wf, path))])
+        out.extend([f"{base}.tokens", f"{base}.results", f"{base}.lock", lock(_tokens_key(wf, path))])
 
     def walk(node: Mapping[str, Any], path: str) -> None:
         kind = node.get("type")
@@ -477,6 +489,8 @@ async def _fill(
     ch = await client.channel()
     await ch.queue_declare(tokens, durable=True, arguments=_queue_arguments(n))
     await ch.queue_declare(results, durable=True, arguments=_queue_arguments(2 * n + 16))
+    lock = _lock_name(tokens)
+    await ch.queue_declare(lock, durable=True, arguments=_queue_arguments(1))
     if claim:
         # A worker starting a nested group: a repeat of the step (after a crash) must not
         # put tokens back that finished jobs already took.
@@ -489,6 +503,10 @@ async def _fill(
         except DuplicateJobError:
             return
     props = amqp.BasicProperties(delivery_mode=2, type="ojs.workflow.token")
+    try:
+        await ch.publish(b"", exchange="", routing_key=lock, properties=props, mandatory=True)
+    except amqp.PublishNackedError:  # already there (x-max-length 1): a repeat
+        pass
     for _ in range(n):
         try:
             await ch.publish(b"", exchange="", routing_key=tokens, properties=props, mandatory=True)
@@ -602,20 +620,35 @@ async def _fan_in(client: Client, wf: str, then: dict[str, Any], outcome: Outcom
             await token.ack()
             return
         # The queue is empty after this take: every other job took its token, so every
-        # other job published its record first, unless a repeat took a second token.
-        for _ in range(FAN_IN_READS):
+        # other job published its record first, unless a repeat took a second token.  Read
+        # the records under the fan-in's lock (one reader at a time sees them all).
+        lock = await _acquire(ch, _lock_name(then["tokens"]))
+        try:
             records = await _read_records(ch, then["results"], then["n"])
             if records is not None:
                 await _fire(client, wf, then, records)
-                break
-            await anyio.sleep(random.uniform(0.005, 0.05))  # another reader holds records
+            # else: a job has not recorded yet; it will find the queue empty and fire.
+        finally:
+            with anyio.CancelScope(shield=True):
+                await lock.nack(requeue=True)  # released (a crash releases it too)
         if token is not None:
             await token.ack()
 
 
+async def _acquire(ch: amqp.Channel, lock: str) -> amqp.IncomingMessage:
+    """Take the fan-in's one lock message (``basic.get``), waiting while another holds it."""
+    with anyio.move_on_after(FAN_IN_LOCK_WAIT):
+        while True:
+            msg = await ch.get(lock)
+            if msg is not None:
+                return msg
+            await anyio.sleep(random.uniform(0.002, 0.02))  # held: its holder reads N records
+    raise FanInBusyError(f"the fan-in lock {lock} stayed taken for {FAN_IN_LOCK_WAIT:g} s")
+
+
 async def _read_records(ch: amqp.Channel, queue: str, n: int) -> dict[int, tuple[bool, Any]] | None:
     """All N records of a fan-in (read, then put back for inspection), or None when some are
-    missing: a job has not finished yet (it will fire), or another reader holds them."""
+    missing: a job has not recorded yet (it will fire).  Called under the fan-in's lock."""
     held: list[amqp.IncomingMessage] = []
     found: dict[int, tuple[bool, Any]] = {}
     try:
