@@ -13,7 +13,7 @@ import pytest
 import ojs_anyio as ojs
 from ojs_anyio.jobs._workflows import workflow_queues
 
-from .broker_support import Outcomes, running
+from .broker_support import Outcomes, queue_facts, running
 from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
@@ -271,3 +271,62 @@ def test_misuse_is_refused() -> None:
         ojs.group("a")  # type: ignore[arg-type]
     with pytest.raises(ojs.ArgumentTypeError):
         ojs.workflow_from_dict({"type": "a", "args": []})
+
+
+async def test_three_levels_chain_group_chain(client: ojs.Client, q: str) -> None:
+    """§10.2: a chain holding a group of chains (three levels)."""
+    rec = Recorder(client, q)
+    rec.handle("start", lambda: "s")
+    rec.handle("inner", lambda i: i)
+    rec.handle("inner2", lambda i: i * 2)
+    rec.handle("end")
+    async with running(rec.worker, client):
+        await client.chain(
+            ojs.step("start", queue=q),
+            ojs.group(
+                *(
+                    ojs.chain(ojs.step("inner", [i], queue=q), ojs.step("inner2", [i], queue=q))
+                    for i in range(3)
+                )
+            ),
+            ojs.step("end", queue=q),
+        )
+        await rec.wait_completed("end")
+    assert rec.ran("end")[0][2] == {"0": "s", "1": {"0": 0, "1": 2, "2": 4}}
+    # A nested chain's first step sees what its group inherited; its next step its own results.
+    assert all(c[2] == {"0": "s"} for c in rec.ran("inner"))
+    assert sorted(c[2]["0"] for c in rec.ran("inner2")) == [0, 1, 2]
+
+
+async def test_a_nested_batch_with_no_triggered_callback_moves_its_chain_on(
+    client: ojs.Client, q: str
+) -> None:
+    rec = Recorder(client, q)
+    rec.handle("work", lambda: 1)
+    rec.handle("alert")
+    rec.handle("next")
+    async with running(rec.worker, client):
+        await client.chain(
+            ojs.batch([ojs.step("work", queue=q)] * 2, on_failure=ojs.step("alert", queue=q)),
+            ojs.step("next", queue=q),
+        )
+        await rec.wait_completed("next")
+    assert rec.ran("alert") == []
+    assert rec.ran("next")[0][2] == {"0": {"0": 1, "1": 1}}
+
+
+async def test_fan_in_queues_are_declared_as_documented(client: ojs.Client, q: str) -> None:
+    """docs/conformance.md: durable, x-expires 7 days, x-max-length N / 2N+16 / 1, reject-publish."""
+    handle = await client.group(ojs.step("a", queue=q), ojs.step("b", queue=q))
+    base = f"ojs.workflow.{handle.id}.r"
+    facts = await queue_facts(f"{base}.tokens", f"{base}.results", f"{base}.lock")
+    week = 7 * 86_400_000
+    for name, length, ready in [(f"{base}.tokens", 2, 2), (f"{base}.results", 20, 0), (f"{base}.lock", 1, 1)]:
+        assert facts[name]["durable"] is True
+        assert facts[name]["arguments"] == {
+            "x-expires": week,
+            "x-max-length": length,
+            "x-overflow": "reject-publish",
+        }
+        assert facts[name]["messages_ready"] == ready
+    assert len(handle.job_ids) == 2
