@@ -55,6 +55,8 @@ class JobContext:
     #: The retry policy this attempt runs under (the worker's decision uses it; so does
     #: the workflow middleware, to tell a final failure from one that will be retried).
     policy: EffectiveRetryPolicy | None = None
+    #: When the handler's timeout ends (``anyio.current_time()`` terms; set when it starts).
+    deadline: float | None = None
 
     @property
     def started_wall(self) -> str:

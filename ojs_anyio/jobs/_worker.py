@@ -826,6 +826,7 @@ class Worker:
         # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
         backend = self._backend or _Backend()
         scope = backend.scope_type(deadline=backend.clock() + timeout)
+        ctx.deadline = scope.deadline
         entry = (scope, ctx)
         same_id = self._running.get(job.id)
         if same_id is None:

@@ -560,6 +560,21 @@ class WorkflowMiddleware(Middleware):
             return await call_next()
         try:
             result = await call_next()
+        except anyio.get_cancelled_exc_class():
+            if self._timed_out(ctx):  # the handler's own timeout, not a stop or a CANCEL
+                code = self._final_code(ctx, None, timed_out=True)
+                if code is not None:
+                    error = {
+                        "job_id": ctx.id,
+                        "code": code,
+                        "message": "handler timeout",
+                        "attempt": ctx.attempt,
+                    }
+                    # The job's scope is cancelled: record it shielded, bounded.
+                    with anyio.CancelScope(shield=True) as shield:
+                        shield.deadline = anyio.current_time() + FAN_IN_LOCK_WAIT
+                        await self._done(place, (False, error))
+            raise
         except Exception as exc:
             code = self._final_code(ctx, exc)
             if code is not None:
@@ -569,13 +584,24 @@ class WorkflowMiddleware(Middleware):
         await self._done(place, (True, result))
         return result
 
-    def _final_code(self, ctx: JobContext, exc: BaseException) -> str | None:
+    @staticmethod
+    def _timed_out(ctx: JobContext) -> bool:
+        return (
+            ctx.deadline is not None
+            and not ctx.cancel_requested
+            and not ctx.abandoned
+            and anyio.current_time() >= ctx.deadline
+        )
+
+    def _final_code(
+        self, ctx: JobContext, exc: BaseException | None, *, timed_out: bool = False
+    ) -> str | None:
         """The OJS error code when the worker will dead-letter this attempt (the same
         decision it makes), None when it will be retried."""
         if ctx.policy is None:
             return str(ErrorCode.HANDLER_ERROR) if ctx.attempt >= ctx.max_attempts else None
         verdict = decide(
-            exc, cancelled_caught=False, cancel_requested=False, abandoned=False, timeout=0.0,
+            exc, cancelled_caught=timed_out, cancel_requested=False, abandoned=False, timeout=0.0,
             policy=ctx.policy, attempt=ctx.attempt, max_attempts=ctx.max_attempts, rng=self._rng,
         )  # fmt: skip
         return str(verdict.code) if verdict.action == "dead_letter" else None

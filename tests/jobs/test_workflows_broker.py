@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 
 import ojs_anyio as ojs
@@ -330,3 +331,24 @@ async def test_fan_in_queues_are_declared_as_documented(client: ojs.Client, q: s
         }
         assert facts[name]["messages_ready"] == ready
     assert len(handle.job_ids) == 2
+
+
+async def test_a_job_that_times_out_for_good_counts_as_failed(client: ojs.Client, q: str) -> None:
+    """A handler timeout on the last attempt is a failure of the fan-in (the middleware sees
+    the cancellation of the job's own scope, not an exception)."""
+    rec = Recorder(client, q)
+    rec.handle("ok", lambda: 1)
+    rec.handle("alert")
+
+    async def hangs(ctx: ojs.JobContext) -> None:
+        await anyio.Event().wait()
+
+    rec.worker.register("hangs", hangs)
+    async with running(rec.worker, client):
+        await client.batch(
+            [ojs.step("ok", queue=q), ojs.step("hangs", queue=q, timeout=1, retry=NO_RETRY)],
+            on_failure=ojs.step("alert", queue=q),
+        )
+        await rec.wait_completed("alert")
+        await rec.outcomes.wait_for(lambda o: o.type == "hangs" and o.error_code == "HANDLER_TIMEOUT")
+    assert rec.ran("alert")[0][2] == {"0": 1, "1": None}
