@@ -810,6 +810,12 @@ class Client:
 
         return await start_workflow(self, workflow)
 
+    async def workflow(self, workflow_id: str) -> Any:
+        """A workflow's :class:`WorkflowState`, from any process (docs/workflows.md)."""
+        from ._workflows import inspect_workflow
+
+        return await inspect_workflow(self, workflow_id)
+
     async def chain(self, *steps: Any, name: str | None = None) -> Any:
         """Start ``ojs.chain(*steps)`` (OJS workflows §4)."""
         from ._workflows import chain

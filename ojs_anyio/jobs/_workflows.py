@@ -91,6 +91,9 @@ __all__ = [
     "Step",
     "WorkflowHandle",
     "WorkflowMiddleware",
+    "WorkflowState",
+    "inspect_workflow",
+    "journal_queue",
     "batch",
     "chain",
     "group",
@@ -391,7 +394,32 @@ def workflow_queues(prefix: str, envelope: Mapping[str, Any]) -> list[str]:
             out.append(lock(_leaf_key(job_id_for(wf, path))))
 
     walk(envelope, "r")
+    out.append(journal_queue(prefix, wf))
     return out
+
+
+def journal_queue(prefix: str, workflow_id: str) -> str:
+    """The workflow's journal: its envelope, then one record per job's final outcome."""
+    return f"{prefix}ojs.workflow.{workflow_id}.journal"
+
+
+async def _journal(client: Client, wf: str, path: Any, outcome: Outcome) -> None:
+    """Record a job's final outcome for inspection (a side channel: a refusal is logged)."""
+    ok, value = outcome
+    body = _encoder.encode({"path": path, "ok": ok, "error": None if ok else value})
+    props = amqp.BasicProperties(delivery_mode=2, type="ojs.workflow.record")
+    try:
+        await (await client.channel()).publish(
+            body,
+            exchange="",
+            routing_key=journal_queue(client.names.prefix, wf),
+            properties=props,
+            mandatory=True,
+        )
+    except (amqp.PublishNackedError, amqp.UnroutableError) as exc:
+        log.warning(
+            "workflow %s: the journal record of %s was refused (%s); inspection misses it", wf, path, exc
+        )
 
 
 def _queue_arguments(max_length: int) -> dict[str, Any]:
@@ -423,6 +451,13 @@ async def start_workflow(client: Client, workflow: Workflow) -> WorkflowHandle:
     kind: Literal["chain", "group", "batch"] = envelope["type"]
     # The client's first pushes cannot be repeats (the workflow id is new): they go out
     # together, unclaimed, with pipelined confirms.
+    journal = journal_queue(client.names.prefix, workflow.id)
+    ch = await client.channel()
+    await ch.queue_declare(journal, durable=True, arguments=_queue_arguments(2 * _leaves(workflow) + 64))
+    props = amqp.BasicProperties(delivery_mode=2, type="ojs.workflow.envelope")
+    await ch.publish(
+        _encoder.encode(envelope), exchange="", routing_key=journal, properties=props, mandatory=True
+    )
     first: list[Job] = []
     await _start(client, workflow.id, envelope, "r", {}, None, first=first)
     for pushed in await client.push_batch(first):
@@ -607,6 +642,7 @@ class WorkflowMiddleware(Middleware):
         return str(verdict.code) if verdict.action == "dead_letter" else None
 
     async def _done(self, place: dict[str, Any], outcome: Outcome) -> None:
+        await _journal(self.client, place["id"], place.get("path"), outcome)
         await advance(self.client, place["id"], place.get("then"), outcome)
 
 
@@ -723,3 +759,138 @@ async def _fire(client: Client, wf: str, then: dict[str, Any], records: dict[int
     }  # fmt: skip
     for i, name in enumerate(names):
         await _start(client, wf, fired[name], f"{path}.{name}", values, {**cb_fan_in, "index": i})
+
+
+# ------------------------------------------------------------------ inspection
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowState:
+    """What the broker knows of a workflow (OJS workflows §8, §3.3), from its journal.
+
+    ``jobs`` maps each job's node path (``r.1.0``, ``r.on_complete``) to its state:
+    ``waiting``, ``pending``, ``completed``, ``failed`` or ``cancelled`` (a chain step after
+    a failed one).  ``pending`` covers ``active``: the journal records outcomes only."""
+
+    id: str
+    type: str
+    state: str
+    job_count: int
+    completed_count: int
+    failed_count: int
+    jobs: dict[str, str]
+    errors: list[dict[str, Any]]
+    envelope: dict[str, Any]
+
+
+async def inspect_workflow(client: Client, workflow_id: str) -> WorkflowState:
+    """Read workflow ``workflow_id``'s journal (non-destructively) and work out its state.
+
+    Raises :class:`ojs_anyio.amqp.NotFound` when the broker holds no such workflow (never
+    started here, or expired)."""
+    journal = journal_queue(client.names.prefix, workflow_id)
+    envelope: dict[str, Any] | None = None
+    records: dict[str, tuple[bool, Any]] = {}
+    async with client.conn.channel(confirms=False) as ch:
+        await ch.queue_declare(journal, passive=True)
+        held: list[amqp.IncomingMessage] = []
+        try:
+            while (msg := await ch.get(journal)) is not None:
+                held.append(msg)
+                data = _decoder.decode(msg.body)
+                if msg.properties.type == "ojs.workflow.envelope":
+                    envelope = data
+                else:
+                    records.setdefault(str(data["path"]), (bool(data["ok"]), data.get("error")))
+        finally:
+            with anyio.CancelScope(shield=True):
+                for msg in held:
+                    await msg.nack(requeue=True)
+    if envelope is None:
+        raise ArgumentTypeError(f"workflow {workflow_id}'s journal holds no envelope")
+    jobs: dict[str, str] = {}
+    state = _node_state(envelope, "r", records, jobs, startable=True)
+    errors = [err for ok, err in records.values() if not ok and isinstance(err, dict)]
+    return WorkflowState(
+        id=workflow_id,
+        type=envelope["type"],
+        state=state,
+        job_count=len(jobs),
+        completed_count=sum(s == "completed" for s in jobs.values()),
+        failed_count=sum(s == "failed" for s in jobs.values()),
+        jobs=jobs,
+        errors=errors,
+        envelope=envelope,
+    )
+
+
+def _node_state(
+    node: dict[str, Any],
+    path: str,
+    records: dict[str, tuple[bool, Any]],
+    jobs: dict[str, str],
+    *,
+    startable: bool,
+) -> str:
+    """pending / running / completed / failed of a node; fills ``jobs`` with its leaves."""
+    kind = node.get("type")
+    if kind == "chain":
+        states: list[str] = []
+        blocked = False
+        for i, child in enumerate(node["steps"]):
+            ready = startable and not blocked and (i == 0 or states[-1] == "completed")
+            child_state = _node_state(child, f"{path}.{i}", records, jobs, startable=ready)
+            if blocked:
+                _cancel(jobs, f"{path}.{i}")
+            states.append(child_state)
+            blocked = blocked or child_state == "failed"
+        return _combine(states, ordered=True)
+    if kind in ("group", "batch"):
+        states = [
+            _node_state(child, f"{path}.{i}", records, jobs, startable=startable)
+            for i, child in enumerate(node["jobs"])
+        ]
+        outcome = _combine(states, ordered=False)
+        if kind == "group" or outcome not in ("completed", "failed"):
+            for name in node.get("callbacks") or {}:
+                jobs[f"{path}.{name}"] = "waiting"
+            return outcome
+        all_ok = outcome == "completed"
+        cb_states = []
+        for name, cb in node["callbacks"].items():
+            if name == "on_complete" or (name == "on_success") == all_ok:
+                cb_states.append(_node_state(cb, f"{path}.{name}", records, jobs, startable=True))
+            else:
+                jobs[f"{path}.{name}"] = "cancelled"
+        if not cb_states:
+            return "completed"
+        done = _combine(cb_states, ordered=False)
+        return done if done in ("completed", "failed") else "running"
+    record = records.get(path)
+    jobs[path] = (
+        ("completed" if record[0] else "failed")
+        if record is not None
+        else "pending"
+        if startable
+        else "waiting"
+    )
+    return jobs[path]
+
+
+def _cancel(jobs: dict[str, str], prefix: str) -> None:
+    for key in jobs:
+        if (key == prefix or key.startswith(prefix + ".")) and jobs[key] in ("waiting", "pending"):
+            jobs[key] = "cancelled"
+
+
+def _combine(states: list[str], *, ordered: bool) -> str:
+    """A chain (``ordered``: fails at its first failure) or a group of child states."""
+    if ordered and "failed" in states:
+        return "failed"
+    if all(s == "completed" for s in states):
+        return "completed"
+    if all(s in ("completed", "failed") for s in states):
+        return "failed"
+    if all(s in ("pending", "waiting") for s in states):
+        return "pending"
+    return "running"

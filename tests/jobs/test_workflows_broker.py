@@ -352,3 +352,49 @@ async def test_a_job_that_times_out_for_good_counts_as_failed(client: ojs.Client
         await rec.wait_completed("alert")
         await rec.outcomes.wait_for(lambda o: o.type == "hangs" and o.error_code == "HANDLER_TIMEOUT")
     assert rec.ran("alert")[0][2] == {"0": 1, "1": None}
+
+
+async def test_inspection_from_another_client(client: ojs.Client, q: str, broker_url: str) -> None:
+    """client.workflow(id): state, per-job states and counters (§8, §3.3, §9.6), from a
+    client that did not start the workflow."""
+    rec = Recorder(client, q)
+    rec.handle("a", lambda: 1)
+    rec.handle("bad", fail)
+    rec.handle("c")
+    handle = await client.chain(
+        ojs.step("a", queue=q),
+        ojs.group(ojs.step("a", queue=q), ojs.step("bad", queue=q, retry=NO_RETRY)),
+        ojs.step("c", queue=q),
+    )
+    async with ojs.connect(broker_url) as other:
+        before = await other.workflow(handle.id)
+        assert (before.type, before.state, before.job_count) == ("chain", "pending", 4)
+        assert before.jobs == {"r.0": "pending", "r.1.0": "waiting", "r.1.1": "waiting", "r.2": "waiting"}
+        async with running(rec.worker, client):
+            await rec.outcomes.wait_for(lambda o: o.type == "bad" and o.outcome == "dead_lettered")
+            await rec.wait_completed("a", 2)
+        after = await other.workflow(handle.id)
+        with pytest.raises(ojs.amqp.NotFound):
+            await other.workflow(ojs.step("x").type + "-no-such-workflow")
+    assert after.state == "failed"
+    assert (after.completed_count, after.failed_count) == (2, 1)
+    assert after.jobs == {"r.0": "completed", "r.1.0": "completed", "r.1.1": "failed", "r.2": "cancelled"}
+    assert [e["code"] for e in after.errors] == ["HANDLER_ERROR"]
+    assert after.envelope == handle.envelope
+
+
+async def test_inspection_of_a_completed_batch(client: ojs.Client, q: str) -> None:
+    rec = Recorder(client, q)
+    rec.handle("w", lambda: 1)
+    rec.handle("done")
+    async with running(rec.worker, client):
+        handle = await client.batch(
+            [ojs.step("w", queue=q)] * 3,
+            on_complete=ojs.step("done", queue=q),
+            on_failure=ojs.step("done", queue=q),
+        )
+        await rec.wait_completed("done")
+        state = await client.workflow(handle.id)
+    assert state.state == "completed"
+    assert (state.job_count, state.completed_count, state.failed_count) == (5, 4, 0)
+    assert state.jobs["r.on_failure"] == "cancelled"

@@ -73,8 +73,9 @@ async def main():
         worker.register("crash.success", functools.partial(callback, "success"))
         async with anyio.create_task_group() as tg:
             tg.start_soon(stop_on_sigterm, worker)
-            await worker.run(client)
-            tg.cancel_scope.cancel()
+            tg.start_soon(worker.run, client)
+            await worker.wait_ready()
+            open(f"{LOG}.ready.{os.getpid()}", "w").close()  # SIGTERM now stops it gracefully
 
 
 async def stop_on_sigterm(worker):
@@ -183,6 +184,8 @@ def test_batch_callbacks_fire_once_when_workers_are_killed(
         names = ojs.Names()
         wait_for(lambda: sum(line.startswith("cb ") for line in logged(log)) >= 2, 45, "both callbacks")
         wait_for(lambda: counts(names.job_queue(q), names.redelivered_queue(q)) == [0, 0], 30, "empty queues")
+        for w in workers:  # a process started after a kill may still be starting up
+            wait_for(Path(f"{log}.ready.{w.pid}").exists, 30, f"worker {w.pid} ready")
         for w in workers:
             w.send_signal(signal.SIGTERM)  # a graceful stop
         for w in workers:
