@@ -224,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--log-level", default="INFO")
     db.add_argument("--log-format", choices=["text", "json"], default="text")
 
+    wf = add("workflow", "workflows: show one's state, counters and jobs (docs/workflows.md)")
+    wsub = wf.add_subparsers(dest="workflow_command", required=True, metavar="ACTION")
+    ws = wsub.add_parser(
+        "show", help="a workflow's state", description="Show a workflow's state.", parents=[common]
+    )
+    ws.add_argument("workflow_id", help="the workflow's id (WorkflowHandle.id)")
+
     from .demo import add_arguments as demo_arguments
 
     dm = sub.add_parser(
@@ -266,14 +273,23 @@ def _dispatch(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]
         "topology declare": _ops.cmd_topology_declare,
         "topology check": _ops.cmd_topology_check,
         "dashboard": _dashboard,
+        "workflow show": _workflow_show,
     }
     key = command
     if command == "dlq":
         key = f"dlq {args.dlq_command}"
     elif command == "topology":
         key = f"topology {args.topology_command}"
+    elif command == "workflow":
+        key = f"workflow {args.workflow_command}"
     fn = table[key]
     return lambda: fn(args)
+
+
+async def _workflow_show(args: argparse.Namespace) -> int:
+    from ._cli._workflow import cmd_workflow_show
+
+    return await cmd_workflow_show(args)
 
 
 async def _dashboard(args: argparse.Namespace) -> int:
