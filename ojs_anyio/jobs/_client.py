@@ -816,6 +816,12 @@ class Client:
 
         return await inspect_workflow(self, workflow_id)
 
+    async def cancel_workflow(self, workflow_id: str) -> list[str]:
+        """Cancel a workflow: nothing more of it is pushed, its jobs get CANCEL."""
+        from ._workflows import cancel_workflow
+
+        return await cancel_workflow(self, workflow_id)
+
     async def chain(self, *steps: Any, name: str | None = None) -> Any:
         """Start ``ojs.chain(*steps)`` (OJS workflows §4)."""
         from ._workflows import chain

@@ -61,6 +61,8 @@ class Client(Protocol):
 
     async def channel(self) -> amqp.Channel: ...
 
+    async def cancel(self, job_id: str, *, queue: str = ...) -> None: ...
+
     def build(
         self,
         type: str,
@@ -92,6 +94,7 @@ __all__ = [
     "WorkflowHandle",
     "WorkflowMiddleware",
     "WorkflowState",
+    "cancel_workflow",
     "inspect_workflow",
     "journal_queue",
     "batch",
@@ -394,8 +397,23 @@ def workflow_queues(prefix: str, envelope: Mapping[str, Any]) -> list[str]:
             out.append(lock(_leaf_key(job_id_for(wf, path))))
 
     walk(envelope, "r")
-    out.append(journal_queue(prefix, wf))
+    out += [journal_queue(prefix, wf), cancel_queue(prefix, wf)]
     return out
+
+
+def cancel_queue(prefix: str, workflow_id: str) -> str:
+    """Holds one message once the workflow was cancelled (declared empty at its start)."""
+    return f"{prefix}ojs.workflow.{workflow_id}.cancelled"
+
+
+async def _is_cancelled(client: Client, wf: str) -> bool:
+    try:
+        info = await (await client.channel()).queue_declare(
+            cancel_queue(client.names.prefix, wf), passive=True
+        )
+    except amqp.NotFound:  # expired (or started by an older version): not cancelled
+        return False
+    return info.message_count > 0
 
 
 def journal_queue(prefix: str, workflow_id: str) -> str:
@@ -454,6 +472,9 @@ async def start_workflow(client: Client, workflow: Workflow) -> WorkflowHandle:
     journal = journal_queue(client.names.prefix, workflow.id)
     ch = await client.channel()
     await ch.queue_declare(journal, durable=True, arguments=_queue_arguments(2 * _leaves(workflow) + 64))
+    await ch.queue_declare(
+        cancel_queue(client.names.prefix, workflow.id), durable=True, arguments=_queue_arguments(1)
+    )
     props = amqp.BasicProperties(delivery_mode=2, type="ojs.workflow.envelope")
     await ch.publish(
         _encoder.encode(envelope), exchange="", routing_key=journal, properties=props, mandatory=True
@@ -650,6 +671,9 @@ async def advance(client: Client, wf: str, then: dict[str, Any] | None, outcome:
     """A node of workflow ``wf`` finished with ``outcome``: do its continuation ``then``."""
     if then is None:
         return  # the workflow's root is done
+    if await _is_cancelled(client, wf):
+        log.info("workflow %s was cancelled: nothing more is pushed", wf)
+        return
     if then["kind"] == "chain":
         await _chain_next(client, wf, then, outcome)
     else:
@@ -791,6 +815,7 @@ async def inspect_workflow(client: Client, workflow_id: str) -> WorkflowState:
     journal = journal_queue(client.names.prefix, workflow_id)
     envelope: dict[str, Any] | None = None
     records: dict[str, tuple[bool, Any]] = {}
+    cancelled = False
     async with client.conn.channel(confirms=False) as ch:
         await ch.queue_declare(journal, passive=True)
         held: list[amqp.IncomingMessage] = []
@@ -800,6 +825,8 @@ async def inspect_workflow(client: Client, workflow_id: str) -> WorkflowState:
                 data = _decoder.decode(msg.body)
                 if msg.properties.type == "ojs.workflow.envelope":
                     envelope = data
+                elif msg.properties.type == "ojs.workflow.cancel":
+                    cancelled = True
                 else:
                     records.setdefault(str(data["path"]), (bool(data["ok"]), data.get("error")))
         finally:
@@ -810,6 +837,9 @@ async def inspect_workflow(client: Client, workflow_id: str) -> WorkflowState:
         raise ArgumentTypeError(f"workflow {workflow_id}'s journal holds no envelope")
     jobs: dict[str, str] = {}
     state = _node_state(envelope, "r", records, jobs, startable=True)
+    if cancelled:
+        _cancel(jobs, "r")
+        state = "cancelled" if state not in ("completed", "failed") else state
     errors = [err for ok, err in records.values() if not ok and isinstance(err, dict)]
     return WorkflowState(
         id=workflow_id,
@@ -894,3 +924,50 @@ def _combine(states: list[str], *, ordered: bool) -> str:
     if all(s in ("pending", "waiting") for s in states):
         return "pending"
     return "running"
+
+
+# ------------------------------------------------------------------ cancel
+
+
+async def cancel_workflow(client: Client, workflow_id: str) -> list[str]:
+    """Cancel a workflow (OJS workflows §11.3): nothing more of it is pushed, and every job
+    of it gets CANCEL (a running handler is cancelled, a queued job is skipped); returns the
+    ids CANCEL was sent for.  Raises :class:`ojs_anyio.amqp.NotFound` for an unknown one."""
+    state = await inspect_workflow(client, workflow_id)
+    ch = await client.channel()
+    props = amqp.BasicProperties(delivery_mode=2, type="ojs.workflow.cancel")
+    try:
+        await ch.publish(
+            b"", exchange="", routing_key=cancel_queue(client.names.prefix, workflow_id), properties=props,
+            mandatory=True,
+        )  # fmt: skip
+    except amqp.PublishNackedError:
+        pass  # cancelled already
+    await ch.publish(
+        b"{}", exchange="", routing_key=journal_queue(client.names.prefix, workflow_id), properties=props,
+        mandatory=True,
+    )  # fmt: skip
+    sent: list[str] = []
+    for path, queue in _leaf_queues(state.envelope, "r"):
+        if state.jobs.get(path) in ("completed", "failed"):
+            continue
+        job_id = job_id_for(workflow_id, path)
+        try:
+            await client.cancel(job_id, queue=queue)
+        except Exception as exc:  # a queue that does not exist (yet): nothing of it runs
+            log.info("workflow %s: CANCEL of %s on %s not sent: %s", workflow_id, job_id, queue, exc)
+            continue
+        sent.append(job_id)
+    return sent
+
+
+def _leaf_queues(node: Mapping[str, Any], path: str) -> list[tuple[str, str]]:
+    kind = node.get("type")
+    if kind == "chain":
+        return [x for i, c in enumerate(node["steps"]) for x in _leaf_queues(c, f"{path}.{i}")]
+    if kind in ("group", "batch"):
+        out = [x for i, c in enumerate(node["jobs"]) for x in _leaf_queues(c, f"{path}.{i}")]
+        for name, cb in (node.get("callbacks") or {}).items():
+            out += _leaf_queues(cb, f"{path}.{name}")
+        return out
+    return [(path, (node.get("options") or {}).get("queue", "default"))]

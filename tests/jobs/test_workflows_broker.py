@@ -4,11 +4,13 @@ each primitive, the nestings, ``parent_results`` and failure propagation
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 import ojs_anyio as ojs
@@ -41,8 +43,10 @@ NO_RETRY = ojs.RetryPolicy(max_attempts=1)
 class Recorder:
     """A worker whose handlers record what they ran with: (type, args, parent_results)."""
 
-    def __init__(self, client: ojs.Client, q: str) -> None:
-        self.worker = ojs.Worker(queues=[q], concurrency=8, middleware=[ojs.WorkflowMiddleware(client)])
+    def __init__(self, client: ojs.Client, q: str, concurrency: int = 8) -> None:
+        self.worker = ojs.Worker(
+            queues=[q], concurrency=concurrency, middleware=[ojs.WorkflowMiddleware(client)]
+        )
         self.outcomes = Outcomes(self.worker)
         self.calls: list[tuple[str, list[Any], dict[str, Any], str | None]] = []
 
@@ -398,3 +402,57 @@ async def test_inspection_of_a_completed_batch(client: ojs.Client, q: str) -> No
     assert state.state == "completed"
     assert (state.job_count, state.completed_count, state.failed_count) == (5, 4, 0)
     assert state.jobs["r.on_failure"] == "cancelled"
+
+
+async def test_cancel_stops_a_chain_and_its_running_job(client: ojs.Client, q: str) -> None:
+    """§11.3: the running step gets CANCEL; the workflow pushes nothing more; inspection
+    says cancelled."""
+    rec = Recorder(client, q, concurrency=1)
+    started = anyio.Event()
+
+    async def blocks(ctx: ojs.JobContext) -> None:
+        started.set()
+        await anyio.Event().wait()
+
+    rec.worker.register("blocks", blocks)
+    rec.handle("next")
+    rec.handle("marker")
+    async with running(rec.worker, client):
+        handle = await client.chain(ojs.step("blocks", queue=q), ojs.step("next", queue=q))
+        with anyio.fail_after(15):
+            await started.wait()
+        sent = await client.cancel_workflow(handle.id)
+        await rec.outcomes.wait_for(lambda o: o.type == "blocks" and o.outcome == "cancelled")
+        await client.push("marker", queue=q)  # one at a time: a successor would come first
+        await rec.wait_completed("marker")
+        state = await client.workflow(handle.id)
+    assert rec.ran("next") == []
+    assert len(sent) == 2
+    assert state.state == "cancelled"
+    assert state.jobs == {"r.0": "cancelled", "r.1": "cancelled"}
+
+
+async def test_a_job_finishing_after_cancel_pushes_no_successor(client: ojs.Client, q: str) -> None:
+    """A handler that cannot be interrupted (a plain def, in a thread) finishes after the
+    cancel: its successor is not pushed (the middleware checks the workflow's cancel mark)."""
+    rec = Recorder(client, q, concurrency=1)
+    release = threading.Event()
+    started = threading.Event()
+
+    def uninterruptible(ctx: ojs.JobContext) -> int:
+        started.set()
+        release.wait(15)
+        return 1
+
+    rec.worker.register("sync", uninterruptible)
+    rec.handle("next")
+    rec.handle("marker")
+    async with running(rec.worker, client):
+        handle = await client.chain(ojs.step("sync", queue=q), ojs.step("next", queue=q))
+        assert await anyio.to_thread.run_sync(started.wait, 15)
+        await client.cancel_workflow(handle.id)
+        release.set()
+        await rec.outcomes.wait_for(lambda o: o.type == "sync" and o.outcome in ("completed", "cancelled"))
+        await client.push("marker", queue=q)
+        await rec.wait_completed("marker")
+    assert rec.ran("next") == []
