@@ -114,6 +114,8 @@ MAX_NESTING_DEPTH: Final = 8
 MAX_WORKFLOW_JOBS: Final = 100_000
 #: How long a workflow's fan-in queues outlive their last use (``x-expires``): 7 days.
 WORKFLOW_EXPIRES_MS: Final = 7 * 86_400_000
+#: The code a workflow job cancelled while it ran is recorded with (its state: cancelled).
+CANCELLED_CODE: Final = "CANCELLED"
 #: How long a job that emptied a fan-in's token queue waits for the fan-in's lock (held by
 #: another job reading the records) before it gives up with :class:`FanInBusyError`.
 FAN_IN_LOCK_WAIT: Final = 60.0
@@ -617,19 +619,20 @@ class WorkflowMiddleware(Middleware):
         try:
             result = await call_next()
         except anyio.get_cancelled_exc_class():
-            if self._timed_out(ctx):  # the handler's own timeout, not a stop or a CANCEL
-                code = self._final_code(ctx, None, timed_out=True)
-                if code is not None:
-                    error = {
-                        "job_id": ctx.id,
-                        "code": code,
-                        "message": "handler timeout",
-                        "attempt": ctx.attempt,
-                    }
-                    # The job's scope is cancelled: record it shielded, bounded.
-                    with anyio.CancelScope(shield=True) as shield:
-                        shield.deadline = anyio.current_time() + FAN_IN_LOCK_WAIT
-                        await self._done(place, (False, error))
+            code = None
+            if ctx.cancel_requested and not ctx.abandoned:
+                # A CANCEL of this job: it ends cancelled, which its workflow counts as a
+                # failure (a chain stops, a group fails); after a cancel of the whole
+                # workflow, advance() pushes nothing.
+                code, message = CANCELLED_CODE, "cancelled"
+            elif self._timed_out(ctx):  # the handler's own timeout, not a stop
+                code, message = self._final_code(ctx, None, timed_out=True), "handler timeout"
+            if code is not None:
+                error = {"job_id": ctx.id, "code": code, "message": message, "attempt": ctx.attempt}
+                # The job's scope is cancelled: record it shielded, bounded.
+                with anyio.CancelScope(shield=True) as shield:
+                    shield.deadline = anyio.current_time() + FAN_IN_LOCK_WAIT
+                    await self._done(place, (False, error))
             raise
         except Exception as exc:
             code = self._final_code(ctx, exc)
@@ -839,7 +842,8 @@ async def inspect_workflow(client: Client, workflow_id: str) -> WorkflowState:
     state = _node_state(envelope, "r", records, jobs, startable=True)
     if cancelled:
         _cancel(jobs, "r")
-        state = "cancelled" if state not in ("completed", "failed") else state
+        if state != "completed" and "failed" not in jobs.values():  # failed before: stays failed
+            state = "cancelled"
     errors = [err for ok, err in records.values() if not ok and isinstance(err, dict)]
     return WorkflowState(
         id=workflow_id,
@@ -898,13 +902,18 @@ def _node_state(
         return done if done in ("completed", "failed") else "running"
     record = records.get(path)
     jobs[path] = (
-        ("completed" if record[0] else "failed")
+        ("completed" if record[0] else _failed_state(record[1]))
         if record is not None
         else "pending"
         if startable
         else "waiting"
     )
     return jobs[path]
+
+
+def _failed_state(error: Any) -> str:
+    cancelled = isinstance(error, dict) and error.get("code") == CANCELLED_CODE
+    return "cancelled" if cancelled else "failed"
 
 
 def _cancel(jobs: dict[str, str], prefix: str) -> None:
@@ -915,6 +924,7 @@ def _cancel(jobs: dict[str, str], prefix: str) -> None:
 
 def _combine(states: list[str], *, ordered: bool) -> str:
     """A chain (``ordered``: fails at its first failure) or a group of child states."""
+    states = ["failed" if st == "cancelled" else st for st in states]  # a cancelled job failed
     if ordered and "failed" in states:
         return "failed"
     if all(s == "completed" for s in states):

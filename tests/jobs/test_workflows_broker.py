@@ -456,3 +456,29 @@ async def test_a_job_finishing_after_cancel_pushes_no_successor(client: ojs.Clie
         await client.push("marker", queue=q)
         await rec.wait_completed("marker")
     assert rec.ran("next") == []
+
+
+async def test_a_cancelled_job_fails_its_group(client: ojs.Client, q: str) -> None:
+    """A CANCEL of one running job of a batch (not of the workflow): the job ends
+    cancelled, its batch counts it as failed and fires on_failure; inspection says cancelled."""
+    rec = Recorder(client, q)
+    rec.handle("ok", lambda: 1)
+    rec.handle("alert")
+    started = anyio.Event()
+
+    async def blocks(ctx: ojs.JobContext) -> None:
+        started.set()
+        await anyio.Event().wait()
+
+    rec.worker.register("blocks", blocks)
+    async with running(rec.worker, client):
+        handle = await client.batch(
+            [ojs.step("ok", queue=q), ojs.step("blocks", queue=q)], on_failure=ojs.step("alert", queue=q)
+        )
+        with anyio.fail_after(15):
+            await started.wait()
+        await client.cancel(handle.job_ids[1], queue=q)
+        await rec.wait_completed("alert")
+        state = await client.workflow(handle.id)
+    assert rec.ran("alert")[0][2] == {"0": 1, "1": None}
+    assert state.jobs["r.1"] == "cancelled" and state.state == "completed"
