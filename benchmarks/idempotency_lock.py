@@ -65,7 +65,7 @@ async def main(keys: int, url: str) -> None:
         finally:
             with anyio.CancelScope(shield=True):
                 for i in range(keys):
-                    await ch.queue_delete(ojs.jobs._dedup.lock_queue(prefix, f"k{i}", 86_400_000))
+                    await ch.queue_delete(ojs.jobs._dedup.lock_queue(prefix, f"k{i}"))
                 for name in (client.names.job_queue(queue), client.names.dlx_queue(queue)):
                     await ch.queue_delete(name)
 

@@ -134,6 +134,7 @@ import traceback
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -342,8 +343,9 @@ async def _job_message(url: str, q: str) -> tuple[str, Any, bytes]:
     async with ojs.connect(url) as client:
         await client.declare_queue(q)
         job = client.build("bench.noop", ARGS, queue=q)
-        found = await client._route(job)
-        props, body = client._message(job, found, None, None)
+        now = datetime.now(UTC)
+        found = await client._route(job, now)
+        props, body = client._message(job, found, None, None, now)
         return found.exchange, props, body
 
 

@@ -23,7 +23,7 @@ from . import amqp, events
 from .amqp import RepublishPolicy, UsageError
 from .jobs._client import Client, JobInfo, PushResult, connect
 from .jobs._context import JobContext, JobOutcome, Outcome
-from .jobs._cron import Fired, LeadershipChanged, Schedule, Scheduler, SchedulerEvent, SchedulerStatistics
+from .jobs._cron import Scheduler
 from .jobs._dead_letters import DeadJob, DeadLetters
 from .jobs._dedup import DuplicateJobError
 from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
@@ -47,6 +47,7 @@ from .jobs._job_metrics import JobMetrics
 from .jobs._middleware import Middleware
 from .jobs._results import JobFailedError, PendingResult
 from .jobs._retry import RetryPolicy
+from .jobs._schedule import Fired, LeadershipChanged, Schedule, SchedulerEvent, SchedulerStatistics
 from .jobs._sync import SyncClient, SyncPendingResult
 from .jobs._topology import Names, QueueOptions
 from .jobs._tracing import Tracing

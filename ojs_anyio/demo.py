@@ -21,6 +21,8 @@ import anyio.lowlevel
 
 import ojs_anyio as ojs
 
+from ._cli._registry import sync_command
+
 QUEUE = "demo"
 
 
@@ -110,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@sync_command(
+    "demo",
+    help="push and process a few hundred demo jobs",
+    description="Push and process demo jobs, then report what happened.",
+    arguments=add_arguments,
+    broker=False,
+)
 def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         print("--jobs must be 1 or more", file=sys.stderr)

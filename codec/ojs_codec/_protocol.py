@@ -22,7 +22,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from pamqp import commands
 
@@ -143,6 +143,7 @@ __all__ = [
 ]
 
 _U32 = struct.Struct(">I")
+_DELIVER_ID = _U32.pack(BASIC_DELIVER)
 
 #: Synchronous requests and the replies that complete them.
 _SYNC_REPLIES: dict[int, frozenset[int]] = {
@@ -399,7 +400,6 @@ class AMQPConnection:
                 count = len(frames)
             else:
                 reader.feed(data)
-            channels = self._channels
             while True:
                 if i < count:
                     ftype, channel_id, payload = frames[i]
@@ -418,24 +418,22 @@ class AMQPConnection:
                     if self.state in (ConnectionState.CLOSED, ConnectionState.ERROR):
                         break  # the rest stays unread
                     continue
+                if ftype == FRAME_METHOD and i + 1 < count and payload[:4] == _DELIVER_ID:
+                    # A delivery whose header and body frame came in the same read: the
+                    # channel's content state machine takes the three in one step.
+                    head = frames[i]
+                    body = frames[i + 1]
+                    if (
+                        head[0] == FRAME_HEADER
+                        and head[1] == channel_id
+                        and body[0] == FRAME_BODY
+                        and body[1] == channel_id
+                        and self._on_whole_delivery(channel_id, payload, head[2], body[2], events)
+                    ):
+                        i += 2
+                        self._frames_in += 2
+                        continue
                 self._on_channel_frame(ftype, channel_id, payload, events)
-                # A content method (Deliver, Return, Get-Ok) whose header and body frame
-                # came in the same read: the channel's content state machine takes them
-                # at once, through the same rules as frame by frame.
-                if i + 1 < count:
-                    ch = channels.get(channel_id)
-                    if ch is not None and ch.content_kind != _NO_CONTENT and ch.properties is None:
-                        head = frames[i]
-                        body = frames[i + 1]
-                        if (
-                            head[0] == FRAME_HEADER
-                            and head[1] == channel_id
-                            and body[0] == FRAME_BODY
-                            and body[1] == channel_id
-                        ):
-                            i += 2
-                            self._frames_in += 2
-                            self._on_content(ch, head[2], body[2], events)
         except BaseException as exc:
             if i < count:
                 # Frames not handled stay unread, in front of the tail.
@@ -872,23 +870,55 @@ class AMQPConnection:
     def _on_content_header(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
         if ch.content_kind == _NO_CONTENT or ch.properties is not None:
             raise UnexpectedFrame(f"content header on channel {ch.id} without a content method", remote=False)
-        body_size, props, ch.malformed = self._content_header(payload)
-        if body_size > self._max_message:
-            raise FrameError(
-                f"message body of {body_size} bytes on channel {ch.id} exceeds max_message_size="
-                f"{self._max_message}",
-                remote=False,
-            )
-        ch.properties = props
+        body_size, ch.properties, ch.malformed = self._header_rule(ch, payload)
         ch.body_size = body_size
         ch.body_received = 0
         if body_size == 0:
             self._complete_content(ch, b"", events)
 
-    def _on_content(self, ch: _Channel, head: bytes, body: bytes, events: list[Event]) -> None:
-        """A content header and a body frame that arrived together after their method."""
+    def _header_rule(self, ch: _Channel, payload: bytes) -> tuple[int, BasicProperties, str | None]:
+        """``(body_size, properties, malformed)`` of a content header, or FrameError for a
+        body larger than ``max_message_size``."""
+        body_size, props, malformed = self._content_header(payload)
+        if body_size > self._max_message:
+            self._too_large(ch, body_size)
+        return body_size, props, malformed
+
+    def _too_large(self, ch: _Channel, body_size: int) -> NoReturn:
+        raise FrameError(
+            f"message body of {body_size} bytes on channel {ch.id} exceeds max_message_size="
+            f"{self._max_message}",
+            remote=False,
+        )
+
+    def _on_whole_delivery(
+        self, channel_id: int, payload: bytes, head: bytes, body: bytes, events: list[Event]
+    ) -> bool:
+        """Basic.Deliver (``payload``), its content header and one body frame, arrived
+        together: the content state machine's transitions for the three in one step, with
+        the frame-by-frame rules (the header rule of ``_header_rule``, the body-length rule,
+        ``_content_event``).
+        ``False`` (nothing done) unless the channel is open and expects no content: the
+        frames then go one by one and meet the error they deserve."""
+        ch = self._channels.get(channel_id)
+        if ch is None or ch.state is not ChannelState.OPEN or ch.content_kind != _NO_CONTENT:
+            return False
+        fields = _hot.decode_deliver(payload)
+        body_size, props, malformed = self._content_header(head)
+        if body_size > self._max_message:
+            self._too_large(ch, body_size)
+        if body_size == len(body) and body_size:
+            # _content_event's Delivery, made here: the hot path
+            events.append(
+                Delivery(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body, malformed)
+            )
+            return True
+        # Not one whole body: the content goes on frame by frame from here.
+        ch.content_kind = _DELIVER
+        ch.content_fields = fields
         self._on_content_header(ch, head, events)
         self._on_content_body(ch, body, events)
+        return True
 
     def _on_content_body(self, ch: _Channel, payload: bytes, events: list[Event]) -> None:
         if ch.properties is None:
@@ -921,6 +951,19 @@ class AMQPConnection:
         ch.body_received = 0
         if kind == _DISCARD or ch.state is not ChannelState.OPEN:
             return  # the channel is closing: nobody can use (or settle) this message
+        self._content_event(ch, kind, fields, props, body, malformed, events)
+
+    def _content_event(
+        self,
+        ch: _Channel,
+        kind: int,
+        fields: tuple[Any, ...],
+        props: BasicProperties,
+        body: bytes,
+        malformed: str | None,
+        events: list[Event],
+    ) -> None:
+        """The event a complete content makes (a Return in confirm mode waits for its confirm)."""
         if kind == _DELIVER:
             events.append(
                 Delivery(ch.id, fields[0], fields[1], fields[2], fields[3], fields[4], props, body, malformed)

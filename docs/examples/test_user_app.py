@@ -32,7 +32,7 @@ async def send_email(ctx: ojs.JobContext, to: str) -> None:
 
 
 def build_worker() -> ojs.Worker:
-    """The app's worker (a Worker belongs to one event loop: build one per test)."""
+    """The app's worker (a module-level Worker works too: it runs on any event loop)."""
     worker = ojs.Worker(queues=["email"], concurrency=4)
     worker.register("email.send", send_email)
     return worker

@@ -15,8 +15,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from .. import Client, amqp, connect
-from ..jobs import InvalidDurationError, parse_duration_ms
-from ..jobs._client import DEFAULT_URL
+from ..jobs import DEFAULT_URL, InvalidDurationError, parse_duration_ms
 
 __all__ = [
     "EXIT_APP",

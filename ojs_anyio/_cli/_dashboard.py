@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import anyio
 from .. import Worker
 from ._app import load_object
 from ._common import EXIT_OK, EXIT_USAGE, CLIError, fail, parse_duration, resolve_url
+from ._registry import command
 
 log = logging.getLogger("ojs_anyio.cli")
 
@@ -45,6 +47,31 @@ def _token(args: Any) -> str | None:
     return token
 
 
+def _dashboard_arguments(db: argparse.ArgumentParser) -> None:
+    dq = db.add_mutually_exclusive_group()
+    dq.add_argument("--queues", default=None, metavar="A,B", help="comma-separated OJS queues to show")
+    dq.add_argument("--app", default=None, metavar="MODULE:WORKER", help="show this Worker's queues")
+    db.add_argument("--bind", default="127.0.0.1:8080", metavar="HOST:PORT", help="default 127.0.0.1:8080")
+    db.add_argument("--token", default=None, help="the token actions need (default: $OJS_DASHBOARD_TOKEN)")
+    db.add_argument("--read-only", action="store_true", help="no cancel, requeue or purge")
+    db.add_argument(
+        "--allow-host", action="append", metavar="NAME", help="also answer requests for this host name"
+    )
+    db.add_argument("--show-backtraces", action="store_true", help="show error backtraces on the page")
+    db.add_argument("--refresh", default="2", metavar="DURATION", help="how often the page updates (2s)")
+    db.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    db.add_argument("--log-level", default="INFO")
+    db.add_argument("--log-format", choices=["text", "json"], default="text")
+
+
+@command(
+    "dashboard",
+    help="serve a web page of queues, workers, dead letters and cron (docs/dashboard.md)",
+    description="Serve the operators' dashboard (needs the dashboard extra).  It binds to localhost; cancel, "
+    "requeue and purge need --token (or $OJS_DASHBOARD_TOKEN), and --read-only removes them.",
+    arguments=_dashboard_arguments,
+    logging="service",
+)
 async def cmd_dashboard(args: Any) -> int:
     try:
         from .. import dashboard

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -15,12 +16,14 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from .. import Client, Scheduler, Worker, amqp
+from .. import Client, JobInfo, Scheduler, Worker, amqp
 from ..jobs import (
     DELAY_LEVELS,
     RETRY_LADDER_MS,
+    SYNC_CANCEL_DETAIL,
     QueueProbe,
     RetryPolicy,
+    check_job_id,
     control_queue_arguments,
     death_reason,
     delay_landing_queue_arguments,
@@ -30,9 +33,8 @@ from ..jobs import (
     exchanges,
     job_queue_arguments,
     retry_queue_arguments,
+    return_to_queue,
 )
-from ..jobs._client import SYNC_CANCEL_DETAIL, JobInfo, return_to_queue
-from ..jobs._envelope import check_job_id
 from ._app import load_object
 from ._common import (
     EXIT_CONNECT,
@@ -44,6 +46,7 @@ from ._common import (
     EXIT_USAGE,
     CLIError,
     broker_where,
+    count_arg,
     error_for,
     fail,
     format_age,
@@ -54,6 +57,7 @@ from ._common import (
     resolve_url,
 )
 from ._progress import Progress
+from ._registry import command, group
 
 log = logging.getLogger("ojs_anyio.cli")
 
@@ -136,6 +140,18 @@ async def _dead_letter_total(client: Client, queue: str, *, need_job_queue: bool
 # -------------------------------------------------------------------- queues
 
 
+def _queues_arguments(q: argparse.ArgumentParser) -> None:
+    q.add_argument("queue", nargs="*", help="OJS queue names")
+    q.add_argument("--app", default=None, metavar="MODULE:WORKER", help="also the queues of this Worker")
+
+
+@command(
+    "queues",
+    help="ready jobs, consumers, dead, retrying and scheduled counts per queue",
+    description="Show, per OJS queue, ready jobs, consumers, and the depths of its dead-letter and retry "
+    "queues, read with AMQP passive declares (nothing beyond a plain broker is needed).",
+    arguments=_queues_arguments,
+)
 async def cmd_queues(args: Any) -> int:
     queues: list[str] = list(args.queue or [])
     if args.app:
@@ -233,6 +249,24 @@ def _dead_row(msg: amqp.IncomingMessage, now: datetime) -> dict[str, Any]:
     }
 
 
+group("dlq", help="dead letters: peek, requeue, purge, prune")
+
+
+def _dlq_queue(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue", help="OJS queue name (its dead letters are in ojs.queue.dlx.QUEUE)")
+
+
+def _peek_arguments(p: argparse.ArgumentParser) -> None:
+    _dlq_queue(p)
+    p.add_argument("-n", type=count_arg(0), default=20, metavar="N", help="how many (default 20)")
+
+
+@command(
+    "dlq",
+    "peek",
+    help="show the oldest dead jobs: id, type, attempt, age, reason (nothing is removed)",
+    arguments=_peek_arguments,
+)
 async def cmd_dlq_peek(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         name = client.names.dlx_queue(args.queue)
@@ -261,6 +295,21 @@ async def cmd_dlq_peek(args: Any) -> int:
     return EXIT_OK
 
 
+def _requeue_arguments(p: argparse.ArgumentParser) -> None:
+    _dlq_queue(p)
+    p.add_argument("--id", action="append", metavar="ID", help="a job id (repeatable)")
+    p.add_argument("--all", action="store_true", help="every dead job of the queue")
+    p.add_argument("--reset-attempts", action="store_true", help="start the jobs again at attempt 1")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+@command(
+    "dlq",
+    "requeue",
+    help="move dead jobs back to their queue (publish, confirm, then ack: never lost; "
+    "SIGINT stops after the current job)",
+    arguments=_requeue_arguments,
+)
 async def cmd_dlq_requeue(args: Any) -> int:
     ids: set[str] = set(args.id or [])
     if not ids and not args.all:
@@ -402,6 +451,12 @@ def _requeue_stopped(exc: Exception, url: str, state: _Requeue) -> CLIError:
     return CLIError(f"{progress}; {twice}: {cause}", cause.code)
 
 
+def _purge_arguments(p: argparse.ArgumentParser) -> None:
+    _dlq_queue(p)
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+@command("dlq", "purge", help="delete every dead job of the queue", arguments=_purge_arguments)
 async def cmd_dlq_purge(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         name = client.names.dlx_queue(args.queue)
@@ -417,6 +472,21 @@ async def cmd_dlq_purge(args: Any) -> int:
     return EXIT_OK
 
 
+def _prune_arguments(p: argparse.ArgumentParser) -> None:
+    _dlq_queue(p)
+    p.add_argument("--max-age", default=None, metavar="DURATION", help="e.g. P180D, 30d, 12h")
+    p.add_argument(
+        "--max-count", type=count_arg(0), default=None, metavar="N", help="keep at most the newest N"
+    )
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+@command(
+    "dlq",
+    "prune",
+    help="delete the oldest dead jobs: older than --max-age, or beyond --max-count",
+    arguments=_prune_arguments,
+)
 async def cmd_dlq_prune(args: Any) -> int:
     max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
     max_count: int | None = args.max_count
@@ -514,6 +584,26 @@ def _at_arg(text: str) -> datetime:
     return when
 
 
+def _push_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("type", help="job type, e.g. email.send")
+    p.add_argument("--queue", required=True)
+    p.add_argument("--args", default="[]", metavar="JSON", help="the job's arguments, a JSON array")
+    p.add_argument("--meta", default=None, metavar="JSON", help="a JSON object")
+    p.add_argument("--delay", default=None, metavar="DURATION", help="run after this long: 30s, 5m, PT1H")
+    p.add_argument("--at", default=None, metavar="ISO", help="run at this time: 2026-05-01T09:00:00Z")
+    p.add_argument("--priority", type=int, default=None, metavar="P", help="OJS priority")
+    p.add_argument("--timeout", default=None, metavar="DURATION", help="the handler's time limit")
+    p.add_argument(
+        "--retry",
+        default=None,
+        metavar="N|JSON",
+        help='max attempts, or a retry policy: \'{"max_attempts": 5, "initial_interval": "PT2S"}\'',
+    )
+    p.add_argument("--id", default=None, help="the job id (default: a new UUIDv7)")
+    p.add_argument("--declare", action="store_true", help="declare the queue if it does not exist")
+
+
+@command("push", help="push a job and print its id", arguments=_push_arguments)
 async def cmd_push(args: Any) -> int:
     job_args = _json_arg(args.args, "--args", list)
     meta = _json_arg(args.meta, "--meta", dict) if args.meta else None
@@ -601,6 +691,13 @@ def _ask_args(args: Any) -> float:
     return timeout
 
 
+def _control_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("job_id")
+    c.add_argument("--queue", required=True)
+    c.add_argument("--timeout", default="2", metavar="DURATION", help="how long to wait for an answer (2s)")
+
+
+@command("info", help="ask the workers of a queue about a job", arguments=_control_arguments)
 async def cmd_info(args: Any) -> int:
     timeout = _ask_args(args)
     async with open_client(args.url, args.prefix) as client:
@@ -615,6 +712,7 @@ async def cmd_info(args: Any) -> int:
     return EXIT_OK
 
 
+@command("cancel", help="ask the workers of a queue to cancel a job", arguments=_control_arguments)
 async def cmd_cancel(args: Any) -> int:
     timeout = _ask_args(args)
     async with open_client(args.url, args.prefix) as client:
@@ -647,6 +745,19 @@ def _runs_on(info: JobInfo) -> bool:
 # ----------------------------------------------------------------------- cron
 
 
+def _cron_arguments(cr: argparse.ArgumentParser) -> None:
+    cr.add_argument("scheduler", help="module:attribute of an ojs_anyio.Scheduler")
+    cr.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    cr.add_argument("--log-level", default="INFO")
+    cr.add_argument("--log-format", choices=["text", "json"], default="text")
+
+
+@command(
+    "cron",
+    help="run a Scheduler (one leader among all instances fires each tick)",
+    arguments=_cron_arguments,
+    logging="service",
+)
 async def cmd_cron(args: Any) -> int:
     scheduler = load_object(args.scheduler, Scheduler, show_traceback=args.traceback)
     stopping = False
@@ -680,6 +791,21 @@ async def cmd_cron(args: Any) -> int:
 # ------------------------------------------------------------------- topology
 
 
+group("topology", help="declare or check the AMQP entities of queues")
+
+
+def _topology_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue", nargs="+")
+
+
+@command(
+    "topology",
+    "declare",
+    help="declare the exchanges, queue, dead-letter and control queues",
+    description="Declare (idempotently) the exchanges, job queue, dead-letter queue "
+    "and control queue of each QUEUE, and their bindings.",
+    arguments=_topology_arguments,
+)
 async def cmd_topology_declare(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         for q in args.queue:
@@ -755,6 +881,15 @@ def _summarise_levels(prefix: str, shared: list[_Check]) -> list[_Check]:
     return out
 
 
+@command(
+    "topology",
+    "check",
+    help="compare the broker with the OJS declarations; exit 1 on a difference",
+    description="Compare the entities on the broker with the OJS AMQP binding's "
+    "declarations (passive declares, then a redeclare that the broker "
+    "accepts only when equivalent).  Changes nothing.",
+    arguments=_topology_arguments,
+)
 async def cmd_topology_check(args: Any) -> int:
     checks: list[_Check] = []
     async with open_client(args.url, args.prefix) as client:

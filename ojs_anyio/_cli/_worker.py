@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -9,14 +10,28 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
 
 from .. import Worker
-from ._common import EXIT_APP, EXIT_AUTH, EXIT_CRASHING, EXIT_OK, EXIT_USAGE, CLIError, open_client
+from ._app import load_object
+from ._common import (
+    EXIT_APP,
+    EXIT_AUTH,
+    EXIT_CRASHING,
+    EXIT_OK,
+    EXIT_USAGE,
+    CLIError,
+    count_arg,
+    open_client,
+    resolve_url,
+    setup_logging,
+)
+from ._registry import sync_command
 
 __all__ = ["Supervisor", "run_worker"]
 
@@ -261,3 +276,82 @@ def check_reload_available() -> None:
 
 def child_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "ojs_anyio.cli", *args]
+
+
+# ------------------------------------------------------------------ the command
+
+
+def _worker_arguments(w: argparse.ArgumentParser) -> None:
+    w.add_argument("app", help="module:attribute of an ojs_anyio.Worker, or of a function returning one")
+    w.add_argument(
+        "--processes",
+        type=count_arg(1),
+        default=None,
+        metavar="N",
+        help="run N worker processes under a supervisor that restarts crashed ones",
+    )
+    w.add_argument(
+        "--concurrency", type=count_arg(1), default=None, metavar="C", help="jobs at once per process"
+    )
+    w.add_argument(
+        "--queues", default=None, metavar="A,B", help="comma-separated queues (overrides the Worker's)"
+    )
+    w.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    w.add_argument("--log-level", default="INFO")
+    w.add_argument("--log-format", choices=["text", "json"], default="text")
+    w.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the workers when a .py file under the current directory changes "
+        "(development; needs watchfiles: pip install 'ojs-anyio[cli]')",
+    )
+
+
+@sync_command(
+    "worker",
+    help="run a Worker defined in your code",
+    description="Run an ojs_anyio.Worker.  SIGTERM/SIGINT stop it gracefully (running jobs get the grace "
+    "period, then are left unacked for redelivery); a second signal stops at once.",
+    arguments=_worker_arguments,
+)
+def cmd_worker(args: argparse.Namespace) -> Callable[[], Coroutine[Any, Any, int]]:
+    """One worker in this process, or a supervisor of ``--processes`` (or ``--reload``) children."""
+    setup_logging(args.log_level, args.log_format)
+    queues = None
+    if args.queues is not None:
+        queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+        if not queues:
+            raise CLIError("--queues: give at least one queue name", 2)
+    worker = load_object(args.app, Worker, show_traceback=args.traceback)
+    if args.processes is None and not args.reload:
+        if queues is not None:
+            worker.queues = queues
+        if args.concurrency is not None:
+            worker.concurrency = args.concurrency
+        return lambda: run_worker(worker, args.url, args.prefix)
+    if args.reload:
+        check_reload_available()
+    child = [
+        "worker",
+        args.app,
+        "--backend",
+        args.backend,
+        "--log-level",
+        args.log_level,
+        "--log-format",
+        args.log_format,
+        "--prefix",
+        args.prefix,
+    ]
+    if queues is not None:
+        child += ["--queues", ",".join(queues)]
+    if args.concurrency is not None:
+        child += ["--concurrency", str(args.concurrency)]
+    if args.traceback:
+        child.append("--traceback")
+    env = dict(os.environ)
+    env["OJS_AMQP_URL"] = resolve_url(args.url)  # in the environment, not on a command line `ps` shows
+    supervisor = Supervisor(
+        child_command(child), args.processes or 1, env=env, reload_dirs=[os.getcwd()] if args.reload else []
+    )
+    return supervisor.run

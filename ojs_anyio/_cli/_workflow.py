@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
 from .. import amqp
 from ._common import EXIT_NOT_FOUND, EXIT_OK, CLIError, open_client
+from ._registry import command, group
+
+group("workflow", help="workflows: show one's state, counters and jobs (docs/workflows.md)")
 
 
+def _show_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workflow_id", help="the workflow's id (WorkflowHandle.id)")
+
+
+@command("workflow", "show", help="a workflow's state, counters and jobs", arguments=_show_arguments)
 async def cmd_workflow_show(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         try:

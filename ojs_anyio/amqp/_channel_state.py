@@ -10,6 +10,10 @@ exactly four transitions, all here:
 * :meth:`ChannelState.closed`: closed for good;
 * :meth:`ChannelState.recovered`: Basic.Recover made the broker redeliver everything.
 
+:meth:`~ChannelState.closing` (Channel.Close went out) and
+:meth:`~ChannelState.failed_to_open` only stop it being ``usable``: the flag every publish
+reads, kept by the transitions.
+
 The one synchronous call in flight waits on a :class:`Waiter`; :meth:`ChannelState.take_waiter`
 hands it over (once) to whoever completes or fails it.  No I/O, no awaiting.
 """
@@ -66,6 +70,7 @@ class ChannelState:
         "openings",
         "recovering",
         "settled_upto",
+        "usable",
         "waiter",
     )
 
@@ -86,6 +91,9 @@ class ChannelState:
         #: The synchronous call in flight, and the wait for our Close-Ok (while closing).
         self.waiter: Waiter | None = None
         self.close_waiter: Waiter | None = None
+        #: Open on the current transport and not closing (kept by the transitions; read
+        #: on every publish).
+        self.usable = False
         #: A private channel of recovery's (never recovered itself).
         self.internal = False
         #: While recovery re-opens it, a broker close only resets it.
@@ -102,12 +110,14 @@ class ChannelState:
     def opened(self, cid: int) -> None:
         """Channel.Open went out as wire id ``cid``."""
         self.cid = cid
+        self.usable = not self.closed and self.close_waiter is None
         self.openings += 1
         self._new_generation(drop_gets=False)
 
     def lost(self) -> None:
         """The transport died; the channel waits to be re-opened."""
         self.cid = 0
+        self.usable = False
         self._new_generation(drop_gets=True)
 
     def closed_for_good(self, error: BaseException) -> int:
@@ -115,6 +125,7 @@ class ChannelState:
         if self.closed:
             return -1
         self.closed = True
+        self.usable = False
         if self.closed_error is None:
             self.closed_error = error
         cid, self.cid = self.cid, 0
@@ -124,6 +135,18 @@ class ChannelState:
     def recovered(self) -> None:
         """Basic.Recover: the broker redelivers every unacked delivery (their tags are void)."""
         self._new_generation(drop_gets=False)
+
+    def failed_to_open(self) -> None:
+        """Opening it failed (or was cancelled): it is closed, without an error to report."""
+        self.closed = True
+        self.usable = False
+
+    def closing(self) -> Waiter:
+        """Channel.Close went out: the call in flight is the wait for Close-Ok from now on
+        (the caller failed the one it interrupted)."""
+        waiter = self.close_waiter = self.waiter = Waiter()
+        self.usable = False
+        return waiter
 
     def take_waiter(self) -> Waiter | None:
         """The waiting call, now owned by the caller (who completes or fails it)."""
@@ -143,11 +166,6 @@ class ChannelState:
         if self.closed:
             return []
         return [(queue, n, 0) for queue, n in self.get_unacked.items()]
-
-    @property
-    def usable(self) -> bool:
-        """Open on the current transport and not closing."""
-        return self.cid != 0 and not self.closed and self.close_waiter is None
 
     def is_stale(self, generation: int) -> bool:
         return generation != self.generation or self.cid == 0

@@ -47,17 +47,19 @@ class ConfirmTracker:
         """The handle of the first of ``tags`` still pending (for latency sampling)."""
         return self.pending.get(tags[0]) if tags else None
 
-    def confirmed(self, ev: Confirmed) -> list[Outcome]:
-        """The handles a Basic.Ack / Basic.Nack resolves, with their outcomes."""
+    def confirmed(self, ev: Confirmed) -> tuple[list[PublishHandle], list[Outcome]]:
+        """What a Basic.Ack / Basic.Nack resolves: the handles acked (they resolve to
+        ``True``), and the others with the error each raises."""
         pending = self.pending
-        out: list[Outcome] = []
+        acked: list[PublishHandle] = []
+        failed: list[Outcome] = []
         returned = ev.returned
         for tag in ev.tags:
             handle = pending.pop(tag, None)
             if handle is None:
                 continue  # given up on earlier (timeout): the late confirm is ignored
             if not ev.ack:
-                out.append(
+                failed.append(
                     (
                         handle,
                         PublishNackedError(
@@ -70,7 +72,7 @@ class ConfirmTracker:
                 )
             elif returned is not None and tag in returned:
                 r = returned[tag]
-                out.append(
+                failed.append(
                     (
                         handle,
                         UnroutableError(
@@ -85,8 +87,8 @@ class ConfirmTracker:
                     )
                 )
             else:
-                out.append((handle, True))
-        return out
+                acked.append(handle)
+        return acked, failed
 
     def fail_all(self, error: BaseException) -> list[Outcome]:
         """Every pending publish fails "outcome unknown" (the channel or connection died)."""

@@ -3,7 +3,7 @@
 Reading a publish from ``Channel.publish()`` to the socket: ``_publish.py`` (encode via
 ``ojs_codec.AMQPConnection.publish``) → ``_transport.py``'s :meth:`Transport.flush`
 (drains the codec's outbound buffer to the stream).  Reading a delivery: the transport's
-reader feeds bytes to the codec and hands each event to :meth:`Connection._dispatch`,
+reader feeds bytes to the codec and hands each event to the connection's handler of its type,
 which calls the owning channel synchronously; user code never runs in the reader task.
 
 Each successful connect makes a new :class:`~._transport.Transport` (socket, codec,
@@ -117,23 +117,7 @@ class Connection:
         self._ssl_context = ssl_context if ssl_context is not None else url.ssl_context()
         self._rng = random.Random()
         _metrics.register()
-        #: The current connection generation (socket, codec, writer); a placeholder
-        #: without a socket until the first connect.
-        #: What the channels share with the connection, and the verbs they use it by: the
-        #: current transport, the "usable" and "unblocked" events, the event hub, the task
-        #: group and the channel registry live there (see _link.py).
-        self._link = ChannelLink(
-            self,
-            Transport(
-                AMQPConnection(self._parameters()),
-                None,
-                generation=0,
-                label=url.redacted(),
-                dispatch=self._dispatch,
-                on_lost=self._transport_failed,
-            ),
-        )
-        #: The reader's event type -> its handler.
+        #: The reader's event type -> its handler (the transport calls it for each event).
         self._event_handlers: dict[type[Any], Callable[[Any], None]] = dict(
             (
                 _route(Delivery, self._ev_delivery),
@@ -152,6 +136,21 @@ class Connection:
                 _route(ConnectionClosed, self._ev_closed),
                 _route(ConnectionCloseOk, self._ev_close_ok),
             )
+        )
+        #: What the channels share with the connection, and the verbs they use it by: the
+        #: current transport, the "usable" and "unblocked" events, the event hub, the task
+        #: group and the channel registry live there (see _link.py).  Its transport is a
+        #: placeholder without a socket until the first connect.
+        self._link = ChannelLink(
+            self,
+            Transport(
+                AMQPConnection(self._parameters()),
+                None,
+                generation=0,
+                label=url.redacted(),
+                handlers=self._event_handlers,
+                on_lost=self._transport_failed,
+            ),
         )
         self._opened: ConnectionOpened | None = None
         self._host_index = 0
@@ -181,7 +180,7 @@ class Connection:
 
     @_transport.setter
     def _transport(self, transport: Transport) -> None:
-        self._link.transport = transport
+        self._link.use(transport)
 
     @property
     def _connected(self) -> anyio.Event:
@@ -317,7 +316,7 @@ class Connection:
                 await self._transport.force_close()
                 err = ConnectionClosedError("connection closed")
                 for ch in list(self._channels):
-                    ch._on_connection_gone(err, final=True)
+                    ch.on_connection_gone(err, final=True)
                 self._events.close()
                 # Stops reader, heartbeats and recovery; the caller's block carries on.
                 if self._service_scope is not None:
@@ -346,6 +345,23 @@ class Connection:
             raise ConnectionClosedError(f"connection failed: {self._fatal}") from self._fatal
         if self._closed or self._closing:
             raise ConnectionClosedError("connection is closed")
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[Connection]:
+        """Connected for the duration of the block, in a task group of its own (see
+        :func:`connect`); a failure for good cancels the block and exits with that error."""
+        try:
+            async with anyio.create_task_group() as tg:
+                try:
+                    await self._start(tg)
+                    yield self
+                finally:
+                    await self.aclose()
+        except BaseExceptionGroup as eg:
+            err = _unwrap(eg, self._fatal)
+            raise err from err.__cause__  # not the group; keep why (RecoveryFailedError: the last error)
+        if self._fatal is not None:
+            raise self._fatal
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
         self._tg = tg
@@ -398,49 +414,42 @@ class Connection:
             stream,
             generation=self._transport.generation + 1,
             label=self.url.redacted(),
-            dispatch=self._dispatch,
+            handlers=self._event_handlers,
             on_lost=self._transport_failed,
         )
         await self._transport.handshake()
 
-    def _dispatch(self, ev: object) -> None:
-        """Route one reader event through ``_event_handlers`` (every handler is
-        synchronous); an event type with no entry is ignored."""
-        handler = self._event_handlers.get(type(ev))
-        if handler is not None:
-            handler(ev)
-
     # The reader's events, one handler per type (the table is made in __init__).
 
     def _ev_delivery(self, ev: Delivery) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_delivery(ev)
+            ch.on_delivery(ev)
 
     def _ev_confirmed(self, ev: Confirmed) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_confirmed(ev)
+            ch.on_confirmed(ev)
 
     def _ev_reply(self, ev: MethodReply | GetOk | ChannelOpened) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_reply(ev)
+            ch.on_reply(ev)
 
     def _ev_channel_closed(self, ev: ChannelClosed | ChannelCloseOk) -> None:
-        ch = self._by_id.pop(ev.channel_id, None)
+        ch = self._link.by_id.pop(ev.channel_id, None)
         if ch is not None:
-            ch._on_closed(ev)
+            ch.on_closed(ev)
 
     def _ev_consumer_cancelled(self, ev: ConsumerCancelled) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_consumer_cancelled(ev.consumer_tag)
+            ch.on_consumer_cancelled(ev.consumer_tag)
 
     def _ev_returned(self, ev: Returned) -> None:
-        ch = self._by_id.get(ev.channel_id)
+        ch = self._link.by_id.get(ev.channel_id)
         if ch is not None:
-            ch._on_returned(ev)
+            ch.on_returned(ev)
 
     def _ev_channel_flow(self, ev: ChannelFlow) -> None:
         pass  # RabbitMQ never sends Channel.Flow; the codec already answered Flow-Ok
@@ -579,7 +588,7 @@ class Connection:
         try:
             await replay_topology(self._link)
             for ch in list(self._channels):
-                await ch._recover()
+                await ch.recover()
         except AMQPError as exc:
             log.warning("recovery of %s interrupted: %s", self.url.redacted(), exc)
             if t.error is None:
@@ -612,7 +621,7 @@ class Connection:
             self._events.emit(ConnectionLost(error=err))
         self._by_id.clear()
         for ch in list(self._channels):
-            ch._on_connection_gone(err, final=False)
+            ch.on_connection_gone(err, final=False)
         if not self._unblocked.is_set():
             self.blocked_reason = None
             self._unblocked.set()
@@ -621,7 +630,7 @@ class Connection:
         self._fatal = err
         self._closing = True
         for ch in list(self._channels):
-            ch._on_connection_gone(err, final=True)
+            ch.on_connection_gone(err, final=True)
         # Wake the waiters of the old event so they see the failure; not connected any more.
         connected, self._connected = self._connected, anyio.Event()
         connected.set()
@@ -683,18 +692,7 @@ async def connect(
     ``max_message_size``, ``ssl_context``, ``name``.
     """
     parsed = url if isinstance(url, AMQPURL) else parse_url(url)
-    conn = Connection(parsed, **options)
-    try:
-        async with anyio.create_task_group() as tg:
-            try:
-                await conn._start(tg)
-                yield conn
-            finally:
-                await conn.aclose()
-    except BaseExceptionGroup as eg:
-        err = _unwrap(eg, conn._fatal)
-        raise err from err.__cause__  # not the group; keep why (RecoveryFailedError: the last error)
-    if conn._fatal is not None:
-        raise conn._fatal
+    async with Connection(parsed, **options)._running() as conn:
+        yield conn
 
 

@@ -21,7 +21,7 @@ from . import _metrics, _park
 from ._channel_state import ChannelState, Settle
 from ._consumers import ConsumerFeed, ConsumerRegistry
 from ._errors import ConsumerCancelledError, DeliveryAlreadySettledError, StaleDeliveryError
-from ._publish import _FLUSH_THRESHOLD, PublishingChannel
+from ._publish import PublishingChannel
 
 if TYPE_CHECKING:
     from ._channel import Channel
@@ -98,9 +98,8 @@ class IncomingMessage:
         consumer: ConsumerFeed | None,
         ev: Delivery | GetOk,
         settled: bool,
-        queue: str = "",
-        label: str = _metrics.OTHER,
-        *,
+        queue: str,
+        label: str,
         state: ChannelState,
         link: ChannelLink,
     ) -> None:
@@ -172,36 +171,37 @@ class IncomingMessage:
     async def ack(self, multiple: bool = False) -> None:
         cid = self._begin_settle(multiple)
         link = self._link
-        link.ack(cid, self.delivery_tag, multiple)
+        consumer = self._consumer  # _batching, inline: the hot path
+        write = link.ack(cid, self.delivery_tag, multiple, consumer is not None and consumer.buffered > 0)
         q = self._label
         _ACKED[q] = _ACKED.get(q, 0) + 1
-        await self._send_settle(link)
+        if write:
+            await link.flush()
 
     async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
         cid = self._begin_settle(multiple)
         link = self._link
-        link.nack(cid, self.delivery_tag, multiple, requeue)
+        write = link.nack(cid, self.delivery_tag, multiple, requeue, self._batching())
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        await self._send_settle(link)
+        if write:
+            await link.flush()
 
     async def reject(self, requeue: bool = True) -> None:
         cid = self._begin_settle()
         link = self._link
-        link.reject(cid, self.delivery_tag, requeue)
+        write = link.reject(cid, self.delivery_tag, requeue, self._batching())
         q = self._label
         _NACKED[q] = _NACKED.get(q, 0) + 1
-        await self._send_settle(link)
+        if write:
+            await link.flush()
 
-    async def _send_settle(self, link: ChannelLink) -> None:
-        """Write the ack/nack/reject just queued.  While the consumer still has deliveries
-        buffered, the write is batched instead: the consumer sends it before it waits for
-        the broker again, and the connection's flusher within ~2 ms at the latest."""
+    def _batching(self) -> bool:
+        """Whether the settle just made may wait to be written: while the consumer still has
+        deliveries buffered, the consumer sends it before it waits for the broker again,
+        and the connection's flusher within ~2 ms at the latest."""
         consumer = self._consumer
-        if consumer is not None and consumer.buffered > 0 and link.outbound_size < _FLUSH_THRESHOLD:
-            link.defer_flush()
-            return
-        await link.flush_settled()
+        return consumer is not None and consumer.buffered > 0
 
     def __repr__(self) -> str:
         return (
@@ -267,7 +267,7 @@ class Consumer:
             self._since_yield = 0
             if not buffer:
                 # About to wait for the broker: send the acks batched meanwhile first.
-                await self.channel._link.flush_deferred()
+                await feed.link.flush_deferred()
             if buffer:
                 await anyio.lowlevel.checkpoint()
             while not buffer:
@@ -326,7 +326,7 @@ class ConsumingChannel(PublishingChannel):
     # -------------------------------------------------- events from the reader
 
     def _on_delivery(self, ev: Delivery) -> None:
-        consumer = self._consumers.get(ev.consumer_tag)
+        consumer = self._consumers.by_tag.get(ev.consumer_tag)
         if consumer is None or not consumer.active:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
@@ -334,7 +334,7 @@ class ConsumingChannel(PublishingChannel):
             return
         q = consumer.label
         msg = IncomingMessage(
-            self, consumer, ev, consumer.no_ack, consumer.queue, q, state=self._state, link=self._link
+            self, consumer, ev, consumer.no_ack, consumer.queue, q, self._state, self._link
         )
         if consumer.push(msg, consumer.no_ack):
             _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
@@ -377,7 +377,7 @@ class ConsumingChannel(PublishingChannel):
                 self._state.get_unacked[label] = self._state.get_unacked.get(label, 0) + 1
                 _metrics.consumers.add(self._state)
             return IncomingMessage(
-                self, None, reply, no_ack, queue, label, state=self._state, link=self._link
+                self, None, reply, no_ack, queue, label, self._state, self._link
             )
         return None
 
@@ -418,6 +418,7 @@ class ConsumingChannel(PublishingChannel):
         _metrics.track_queue(queue)
         consumer = ConsumerFeed(
             self,
+            self._link,
             queue,
             consumer_tag=consumer_tag or f"{_TAG_PREFIX}{next(_tag_counter)}",
             prefetch=prefetch,

@@ -19,6 +19,7 @@ from . import _metrics, _park
 
 if TYPE_CHECKING:
     from ._consume import IncomingMessage
+    from ._link import ChannelLink
 
 __all__ = ["ChannelView", "ConsumerFeed", "ConsumerRegistry"]
 
@@ -48,6 +49,7 @@ class ConsumerFeed:
         "error",
         "exclusive",
         "label",
+        "link",
         "max_buffer",
         "no_ack",
         "prefetch",
@@ -60,6 +62,7 @@ class ConsumerFeed:
     def __init__(
         self,
         channel: ChannelView,
+        link: ChannelLink,
         queue: str,
         *,
         consumer_tag: str,
@@ -97,6 +100,8 @@ class ConsumerFeed:
         self.label = _metrics.label(queue)
         #: Its channel, for the gauges (its prefetch, and whether it closed).
         self.channel = channel
+        #: The connection's verbs (a reader about to wait sends the batched acks first).
+        self.link = link
         _metrics.consumers.add(self)
 
     def push(self, msg: IncomingMessage, settled: bool) -> bool:

@@ -8,16 +8,16 @@ side sees the whole of the other:
   method, publish, settle, flush, defer a flush, wait until ready, emit, spawn, and route
   its channel id.  The connection owns it and reads back only :class:`ConnectionOwner`.
 * :class:`ChannelEndpoint` is everything the connection calls on a channel: the reader's
-  synchronous event handlers, the transport-lost notice, recovery and close.
-  :class:`~._channel.Channel` implements it.
+  synchronous event handlers, the transport-lost notice, recovery and close, as a record
+  of the channel's own bound methods (made by :class:`~._recovery.RecoveringChannel`).
 
 So ``_channel.py`` never imports ``_connection.py`` and the other way round only to make
-channels: the import graph has no cycle.  The members keep their leading underscore:
-they are internal to ``ojs_anyio.amqp``, not API.
+channels: the import graph has no cycle.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -29,19 +29,48 @@ if TYPE_CHECKING:
 __all__ = ["ChannelEndpoint", "ConnectionOwner"]
 
 
-class ChannelEndpoint(Protocol):
-    """What the connection calls on a channel (from the reader or the supervisor task)."""
+class ChannelEndpoint:
+    """What the connection calls on a channel (from the reader or the supervisor task):
+    the channel's own handlers, handed over as verbs when the channel is made."""
 
-    def _on_delivery(self, ev: Delivery) -> None: ...
-    def _on_confirmed(self, ev: Confirmed) -> None: ...
-    def _on_reply(self, ev: object) -> None: ...
-    def _on_closed(self, ev: ChannelClosed | ChannelCloseOk) -> None: ...
-    def _on_consumer_cancelled(self, consumer_tag: str) -> None: ...
-    def _on_returned(self, ev: Returned) -> None: ...
-    def _on_connection_gone(self, err: BaseException, *, final: bool) -> None: ...
-    def _consumes(self, queue: str) -> bool: ...
-    async def _recover(self) -> None: ...
-    async def aclose(self) -> None: ...
+    __slots__ = (
+        "aclose",
+        "consumes",
+        "on_closed",
+        "on_confirmed",
+        "on_connection_gone",
+        "on_consumer_cancelled",
+        "on_delivery",
+        "on_reply",
+        "on_returned",
+        "recover",
+    )
+
+    def __init__(
+        self,
+        *,
+        on_delivery: Callable[[Delivery], None],
+        on_confirmed: Callable[[Confirmed], None],
+        on_reply: Callable[[object], None],
+        on_closed: Callable[[ChannelClosed | ChannelCloseOk], None],
+        on_consumer_cancelled: Callable[[str], None],
+        on_returned: Callable[[Returned], None],
+        on_connection_gone: Callable[..., None],
+        consumes: Callable[[str], bool],
+        recover: Callable[[], Awaitable[None]],
+        aclose: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.on_delivery = on_delivery
+        self.on_confirmed = on_confirmed
+        self.on_reply = on_reply
+        self.on_closed = on_closed
+        self.on_consumer_cancelled = on_consumer_cancelled
+        self.on_returned = on_returned
+        #: ``(err, *, final)``: the transport died; ``final`` when no recovery follows.
+        self.on_connection_gone = on_connection_gone
+        self.consumes = consumes
+        self.recover = recover
+        self.aclose = aclose
 
 
 class ConnectionOwner(Protocol):

@@ -30,19 +30,36 @@ if TYPE_CHECKING:
     from ._topology import TopologyRecorder
     from ._transport import Transport
 
-__all__ = ["ChannelLink"]
+__all__ = ["FLUSH_THRESHOLD", "ChannelLink"]
+
+#: Queued bytes past which a publish window or a batched settle writes at once.
+FLUSH_THRESHOLD = 64 * 1024
 
 
 class ChannelLink:
     """What a channel may do with its connection (see the module docstring)."""
 
-    __slots__ = ("by_id", "channels", "connected", "events", "owner", "tg", "transport", "unblocked")
+    __slots__ = (
+        "by_id",
+        "channels",
+        "connected",
+        "events",
+        "outbound",
+        "owner",
+        "tg",
+        "transport",
+        "unblocked",
+    )
 
     def __init__(self, owner: ConnectionOwner, transport: Transport) -> None:
         #: The connection: its public settings (timeouts, recovery policy, topology) and waits.
         self.owner = owner
-        #: The current connection generation: codec, socket, writer (replaced on reconnect).
+        #: The current connection generation: codec, socket, writer (replaced on reconnect,
+        #: with :meth:`use`).
         self.transport = transport
+        #: The bytes its codec has queued and not written yet (read ``len(outbound)``; the
+        #: codec's own buffer, never modified here).
+        self.outbound = transport.proto.outbound
         #: Set while the connection is usable (replaced by a fresh event when it goes down).
         self.connected = anyio.Event()
         #: Set unless the broker blocks publishers (connection.blocked).
@@ -54,6 +71,11 @@ class ChannelLink:
         #: Channels by current wire id (the reader routes their events), and every channel.
         self.by_id: dict[int, ChannelEndpoint] = {}
         self.channels: set[ChannelEndpoint] = set()
+
+    def use(self, transport: Transport) -> None:
+        """From now on, the connection generation ``transport``."""
+        self.transport = transport
+        self.outbound = transport.proto.outbound
 
     # ------------------------------------------------------------ settings
 
@@ -118,19 +140,37 @@ class ChannelLink:
             channel_id, exchange, routing_key, body, properties, mandatory=mandatory
         )
 
-    def ack(self, channel_id: int, delivery_tag: int, multiple: bool) -> None:
-        self.transport.proto.ack(channel_id, delivery_tag, multiple)
+    def ack(self, channel_id: int, delivery_tag: int, multiple: bool, batch: bool = False) -> bool:
+        """Queue Basic.Ack; ``True`` when the caller must write it (see :meth:`_settled`)."""
+        t = self.transport
+        t.proto.ack(channel_id, delivery_tag, multiple)
+        if batch and len(t.proto.outbound) < FLUSH_THRESHOLD:  # _settled, inline: the hot path
+            t.defer_flush()
+            return False
+        return not t.writing
 
-    def nack(self, channel_id: int, delivery_tag: int, multiple: bool, requeue: bool) -> None:
-        self.transport.proto.nack(channel_id, delivery_tag, multiple, requeue)
+    def nack(
+        self, channel_id: int, delivery_tag: int, multiple: bool, requeue: bool, batch: bool = False
+    ) -> bool:
+        t = self.transport
+        t.proto.nack(channel_id, delivery_tag, multiple, requeue)
+        return self._settled(t, batch)
 
-    def reject(self, channel_id: int, delivery_tag: int, requeue: bool) -> None:
-        self.transport.proto.reject(channel_id, delivery_tag, requeue)
+    def reject(self, channel_id: int, delivery_tag: int, requeue: bool, batch: bool = False) -> bool:
+        t = self.transport
+        t.proto.reject(channel_id, delivery_tag, requeue)
+        return self._settled(t, batch)
 
-    @property
-    def outbound_size(self) -> int:
-        """Bytes queued and not yet written."""
-        return len(self.transport.proto.outbound)
+    @staticmethod
+    def _settled(t: Transport, batch: bool) -> bool:
+        """After a settle was queued: with ``batch`` (the consumer has more deliveries
+        buffered) and less than ``FLUSH_THRESHOLD`` queued, leave it to the connection's
+        flusher (~2 ms, or the next write) and return ``False``; else ``True`` unless a
+        write under way takes it along."""
+        if batch and len(t.proto.outbound) < FLUSH_THRESHOLD:
+            t.defer_flush()
+            return False
+        return not t.writing
 
     # ------------------------------------------------------------- writing
 
@@ -141,12 +181,6 @@ class ChannelLink:
     async def flush_quietly(self) -> None:
         """:meth:`flush`, leaving a transport failure to the supervisor."""
         await self.transport.flush_quietly()
-
-    async def flush_settled(self) -> None:
-        """Write queued acks, unless a write is under way (it takes them along)."""
-        t = self.transport
-        if not t.writing:
-            await t.flush()
 
     def defer_flush(self) -> None:
         """Leave the queued bytes (batched acks) to the connection's flusher (~2 ms)."""
@@ -189,4 +223,4 @@ class ChannelLink:
 
     def queue_consumed(self, queue: str) -> bool:
         """Whether any open channel of this connection has a consumer of ``queue``."""
-        return any(ch._consumes(queue) for ch in self.channels)
+        return any(ch.consumes(queue) for ch in self.channels)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterable
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -22,6 +24,7 @@ from ._errors import (
     PublishTimeoutError,
     UnroutableError,
 )
+from ._link import FLUSH_THRESHOLD
 
 if TYPE_CHECKING:
     from ._channel import Channel
@@ -31,7 +34,6 @@ __all__ = ["PublishHandle", "PublishWindow", "PublishingChannel"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
-_FLUSH_THRESHOLD = 64 * 1024
 #: At most one confirm-latency sample per channel per this many seconds (an SDK histogram
 #: record costs microseconds; at low rates every Basic.Ack frame is sampled).
 _CONFIRM_SAMPLE_INTERVAL = 0.001
@@ -50,11 +52,14 @@ class PublishHandle:
 
     __slots__ = ("_event", "_result", "_waiter", "_window", "exchange", "routing_key", "sent_at", "tag")
 
-    def __init__(self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None) -> None:
+    def __init__(
+        self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None, done: bool = False
+    ) -> None:
         self.tag = tag
         self.exchange = exchange
         self.routing_key = routing_key
-        self._result: BaseException | bool | None = None
+        #: ``True`` once acked (at once with ``done``: a publish without confirms), or the error.
+        self._result: BaseException | bool | None = True if done else None
         #: The task waiting for the confirm (see _park): no Event per publish.
         self._waiter: Any = None
         #: Only when a second task waits on the same handle.
@@ -79,7 +84,7 @@ class PublishHandle:
         if self._event is not None:
             self._event.set()
         if self._window is not None:
-            self._window._on_done(self)
+            self._window._on_done(self, result)
 
     async def wait(self) -> None:
         if self._result is None:
@@ -97,10 +102,36 @@ class PublishHandle:
         return f"<PublishHandle tag={self.tag} {self.exchange!r}/{self.routing_key!r} {state}>"
 
 
-def _resolve(outcomes: list[Outcome]) -> None:
+def _resolve(outcomes: Iterable[Outcome]) -> None:
     """Resolve what the confirm tracker returned (wakes the tasks waiting on each)."""
     for handle, outcome in outcomes:
         handle._resolve(outcome)
+
+
+_PublishNowait = Callable[
+    [bytes, str, str, "BasicProperties | None", bool, "float | None", "PublishWindow | None"],
+    Awaitable["PublishHandle"],
+]
+
+
+class WindowOps:
+    """What a :class:`PublishWindow` may do with its channel (its bound methods)."""
+
+    __slots__ = ("flush", "give_up", "link", "publish_nowait")
+
+    def __init__(
+        self,
+        *,
+        publish_nowait: _PublishNowait,
+        flush: Callable[[], Awaitable[None]],
+        give_up: Callable[[PublishWindow, float], None],
+        link: ChannelLink,
+    ) -> None:
+        self.publish_nowait = publish_nowait
+        self.flush = flush
+        #: Every publish of the window still without a confirm fails "outcome unknown".
+        self.give_up = give_up
+        self.link = link
 
 
 class PublishWindow:
@@ -121,6 +152,8 @@ class PublishWindow:
         if max_in_flight < 1:
             raise UsageError("max_in_flight must be >= 1")
         self.channel = cast("Channel", channel)
+        #: The channel's verbs for a window (publish without waiting, flush, give up).
+        self._ops = channel._window_ops
         self.max_in_flight = max_in_flight
         self.in_flight = 0
         self.failures: list[PublishHandle] = []
@@ -139,16 +172,16 @@ class PublishWindow:
     ) -> PublishHandle:
         if self.in_flight >= self.max_in_flight:
             await self._wait_below(self.max_in_flight - 1)
-        ch = self.channel
-        handle = await ch._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
-        if handle._result is None:
+        ops = self._ops
+        handle = await ops.publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, self)
+        if handle.tag:  # awaits a confirm (none can have come yet: nothing awaited since)
             self.in_flight += 1
-        if ch._link.outbound_size >= _FLUSH_THRESHOLD:
-            await ch._flush_publish()
+        if len(ops.link.outbound) >= FLUSH_THRESHOLD:
+            await ops.flush()
         return handle
 
     async def flush(self) -> None:
-        await self.channel._flush_publish()
+        await self._ops.flush()
 
     async def wait_all(self, timeout: float | None = None) -> list[PublishHandle]:
         """Flush, wait until no publish of this window is pending; return the failed ones.
@@ -165,8 +198,7 @@ class PublishWindow:
             with anyio.move_on_after(timeout):
                 await self._wait_below(0)
             if self.in_flight:
-                ch = self.channel
-                ch._give_up_confirms([h for h in ch._confirms.pending.values() if h._window is self], timeout)
+                self._ops.give_up(self, timeout)
         failed, self.failures = self.failures, []
         return failed
 
@@ -176,12 +208,12 @@ class PublishWindow:
             # find it, or nothing would wake us once the last one is in.
             wakeup = self._wakeup = anyio.Event()
             self._wake_at = limit
-            await self.channel._flush_publish()
+            await self._ops.flush()
             await wakeup.wait()
 
-    def _on_done(self, handle: PublishHandle) -> None:
+    def _on_done(self, handle: PublishHandle, result: BaseException | bool) -> None:
         self.in_flight -= 1
-        if isinstance(handle._result, BaseException):
+        if isinstance(result, BaseException):
             self.failures.append(handle)
         if self._wakeup is not None and self.in_flight <= self._wake_at:
             self._wakeup.set()
@@ -196,6 +228,12 @@ class PublishingChannel(ChannelCore):
         #: The publishes waiting for their confirm (pure: it returns what to resolve).
         self._confirms = ConfirmTracker()
         self._returns_without_confirm: list[Returned] = []
+        self._window_ops = WindowOps(
+            publish_nowait=self._publish_nowait,
+            flush=self._flush_publish,
+            give_up=self._give_up_window,
+            link=link,
+        )
         #: Time publishes for the confirm-latency histogram (an SDK is installed).
         self._timing = False
         self._next_sample = 0.0
@@ -211,6 +249,9 @@ class PublishingChannel(ChannelCore):
         """Stop waiting for these handles' confirms (see ConfirmTracker.give_up)."""
         _resolve(self._confirms.give_up(handles, timeout))
 
+    def _give_up_window(self, window: PublishWindow, timeout: float) -> None:
+        self._give_up_confirms([h for h in self._confirms.pending.values() if h._window is window], timeout)
+
     # -------------------------------------------------- events from the reader
 
     def _on_confirmed(self, ev: Confirmed) -> None:
@@ -224,12 +265,13 @@ class PublishingChannel(ChannelCore):
                     self._next_sample = now + _CONFIRM_SAMPLE_INTERVAL
                     latency = now - first.sent_at
                     _metrics.confirm_latency.record(latency, {"queue": _metrics.label(first.routing_key)})
-        outcomes = self._confirms.confirmed(ev)
-        if ev.returned is not None:
-            for _handle, outcome in outcomes:
+        acked, failed = self._confirms.confirmed(ev)
+        _resolve(zip(acked, repeat(True)))
+        if failed:
+            for _handle, outcome in failed:
                 if isinstance(outcome, UnroutableError):
                     _metrics.bump(_metrics.stats.returned, _metrics.label(outcome.routing_key))
-        _resolve(outcomes)
+            _resolve(failed)
 
     def _on_returned(self, ev: Returned) -> None:
         # Only on channels without confirms: nothing to tie it to.  Keep a bounded log.
@@ -258,24 +300,22 @@ class PublishingChannel(ChannelCore):
         window: PublishWindow | None,
     ) -> PublishHandle:
         link = self._link
-        limit = timeout if timeout is not None else link.publish_timeout
-        if not self._state.usable or not link.is_connected:
-            await self._ready_to_publish(limit)  # recovering: wait for it, up to the caller's timeout
-        if not link.is_unblocked:
+        state = self._state
+        if not state.usable or not link.connected.is_set():
+            # Recovering: wait for it, up to the caller's timeout.
+            await self._ready_to_publish(timeout if timeout is not None else link.publish_timeout)
+        if not link.unblocked.is_set():
+            limit = timeout if timeout is not None else link.publish_timeout
             await link.wait_unblocked(limit)
             await self._ready_to_publish(limit)
-        tag = link.publish(
-            self._state.cid, exchange, routing_key, body, properties, mandatory=mandatory
-        )
-        handle = PublishHandle(tag, exchange, routing_key, window)
+        tag = link.publish(state.cid, exchange, routing_key, body, properties, mandatory)
+        handle = PublishHandle(tag, exchange, routing_key, window, not tag)
         q = routing_key if routing_key in _KNOWN_QUEUES else _OTHER  # bounded labels, see _metrics
         _PUBLISHED[q] = _PUBLISHED.get(q, 0) + 1
         if tag:
             if self._timing:
                 handle.sent_at = time.monotonic()
-            self._confirms.track(tag, handle)
-        else:
-            handle._result = True
+            self._confirms.pending[tag] = handle
         return handle
 
     async def _ready_to_publish(self, limit: float | None) -> None:
@@ -317,9 +357,9 @@ class PublishingChannel(ChannelCore):
                 self._confirms.forget(handle.tag)
             raise PublishOutcomeUnknownError(f"connection failed while sending the publish: {exc}") from exc
         if handle.tag:
-            if confirm_timeout is not None and handle._result is None:
+            if confirm_timeout is not None and not handle.done:
                 await _park.wait(handle, confirm_timeout)  # the confirm, or the time is up
-                if handle._result is None:
+                if not handle.done:
                     self._give_up_confirms([handle], confirm_timeout)
             await handle.wait()
 

@@ -20,11 +20,11 @@ from pamqp import commands
 from ojs_codec import AMQPError, ChannelClosed, ChannelLevelError, NotFound, UsageError
 
 from . import _metrics
-from ._channel_state import Waiter
 from ._consume import ConsumingChannel
 from ._consumers import ConsumerFeed
 from ._errors import ChannelClosedError, ConnectionLostError, ConsumerCancelledError
 from ._events import ConsumerRecovered, TopologyRecoveryFailed
+from ._interfaces import ChannelEndpoint
 
 if TYPE_CHECKING:
     from ._link import ChannelLink
@@ -36,6 +36,22 @@ log = logging.getLogger("ojs_anyio.amqp")
 
 class RecoveringChannel(ConsumingChannel):
     """Opening, closing and recovering a channel."""
+
+    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
+        super().__init__(link, confirms=confirms, prefetch=prefetch)
+        #: What the connection may call on this channel.
+        self._endpoint = ChannelEndpoint(
+            on_delivery=self._on_delivery,
+            on_confirmed=self._on_confirmed,
+            on_reply=self._on_reply,
+            on_closed=self._on_closed,
+            on_consumer_cancelled=self._on_consumer_cancelled,
+            on_returned=self._on_returned,
+            on_connection_gone=self._on_connection_gone,
+            consumes=self._consumes,
+            recover=self._recover,
+            aclose=self.aclose,
+        )
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -49,13 +65,13 @@ class RecoveringChannel(ConsumingChannel):
             raise UsageError("a Channel object is opened once; ask the connection for a new one")
         self._state.opened_once = True
         await self._link.wait_ready(self._link.publish_timeout)
-        self._link.register(self)
+        self._link.register(self._endpoint)
         _metrics.stats.channels_active += 1
         try:
             await self._open_on_wire(internal=False)
         except BaseException:
-            self._state.closed = True
-            self._link.unregister(self)
+            self._state.failed_to_open()
+            self._link.unregister(self._endpoint)
             _metrics.stats.channels_active -= 1
             if self._state.cid:
                 # Cancelled (or failed) after Channel.Open went out: close it at the broker
@@ -70,7 +86,7 @@ class RecoveringChannel(ConsumingChannel):
         cid = link.open_channel()
         self._state.opened(cid)
         self._timing = _metrics.timing_enabled()
-        link.attach(cid, self)
+        link.attach(cid, self._endpoint)
         await self._call(None, internal=True)
         if self.confirms:
             await self._call(commands.Confirm.Select(), internal=True)
@@ -97,7 +113,7 @@ class RecoveringChannel(ConsumingChannel):
                         # for one (calls queued behind it see _close_waiter and fail too).
                         interrupted = ChannelClosedError("channel closed before the broker replied")
                         self._state.fail_waiter(interrupted)
-                        waiter = self._state.close_waiter = self._state.waiter = Waiter()
+                        waiter = self._state.closing()
                         await link.flush()
                         await waiter.event.wait()
             except AMQPError:
@@ -111,8 +127,8 @@ class RecoveringChannel(ConsumingChannel):
             return  # closed already
         link = self._link
         if cid:
-            link.detach(cid, self)
-        link.unregister(self)
+            link.detach(cid, self._endpoint)
+        link.unregister(self._endpoint)
         _metrics.stats.channels_active -= 1
         self._fail_pending(error, outcome_unknown=True)
         for consumer in list(self._consumers):
@@ -300,33 +316,55 @@ class RecoveringChannel(ConsumingChannel):
         self._link.emit(TopologyRecoveryFailed(what=what, error=error))
 
 
-@asynccontextmanager
-async def scratch_channel(link: ChannelLink) -> AsyncIterator[RecoveringChannel]:
+class ScratchChannel(RecoveringChannel):
     """A private channel for recovery's own declarations and checks.
 
     If the broker closes it (404, 406…) its id drops to 0 instead of it being closed for
-    good: re-open it with ``_open_on_wire``.  Closed (without waiting for Close-Ok) on exit.
+    good, and the next :meth:`call` re-opens it.  Never recovered itself.
     """
-    ch = RecoveringChannel(link, confirms=False)
-    ch._state.internal = True
-    ch._state.recovering = True
-    await ch._open_on_wire(internal=True)
+
+    def __init__(self, link: ChannelLink) -> None:
+        super().__init__(link, confirms=False)
+        self._state.internal = True
+        self._state.recovering = True
+
+    async def ensure_open(self) -> None:
+        """Open it, or re-open it if the broker closed it after an earlier failure."""
+        if self._state.cid == 0:
+            await self._open_on_wire(internal=True)
+
+    async def call(self, method: Any) -> Any:
+        """Send ``method`` and wait for its reply (re-opening the channel first if needed)."""
+        await self.ensure_open()
+        return await self._call(method, internal=True)
+
+    async def close_quietly(self) -> None:
+        """Close it without waiting for Close-Ok (the transport may be dying)."""
+        cid = self._state.cid
+        if cid:
+            try:
+                self._link.close_channel(cid)
+                await self._link.flush()
+            except AMQPError:
+                pass  # the transport died meanwhile; the supervisor deals with it
+
+
+@asynccontextmanager
+async def scratch_channel(link: ChannelLink) -> AsyncIterator[ScratchChannel]:
+    """A :class:`ScratchChannel`, open for the block (closed without waiting on exit)."""
+    ch = ScratchChannel(link)
+    await ch.ensure_open()
     try:
         yield ch
     finally:
-        if ch._state.cid:
-            try:
-                link.close_channel(ch._state.cid)
-                await link.flush()
-            except AMQPError:
-                pass  # the transport died meanwhile; the supervisor deals with it
+        await ch.close_quietly()
 
 
 async def queue_exists(link: ChannelLink, queue: str) -> bool:
     """Passive Queue.Declare on a scratch channel, so a 404 closes only that channel."""
     async with scratch_channel(link) as ch:
         try:
-            await ch._call(commands.Queue.Declare(queue=queue, passive=True), internal=True)
+            await ch.call(commands.Queue.Declare(queue=queue, passive=True))
         except NotFound:
             return False
     return True
@@ -336,14 +374,12 @@ async def replay_topology(link: ChannelLink) -> None:
     """Re-declare the recorded topology on a scratch channel (opened only if there is
     something to declare, and re-opened after each declaration the broker refused)."""
     async with AsyncExitStack() as stack:
-        scratch: RecoveringChannel | None = None
+        scratch: ScratchChannel | None = None
 
         async def call(method: Any) -> Any:
             nonlocal scratch
             if scratch is None:
                 scratch = await stack.enter_async_context(scratch_channel(link))
-            elif scratch._state.cid == 0:  # the broker closed it after the previous failure
-                await scratch._open_on_wire(internal=True)
-            return await scratch._call(method, internal=True)
+            return await scratch.call(method)
 
         await link.topology.replay(call, link.emit)

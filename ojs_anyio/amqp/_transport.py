@@ -14,7 +14,7 @@ the stream for every channel.
 
 The reader, the heartbeat and the deferred flusher (started by the connection's
 supervisor in one task group per transport) end when the transport dies; frames are
-handed to the connection's ``dispatch`` synchronously, and a failure is reported once
+handed to the connection's handler of their type synchronously, and a failure is reported once
 through ``on_lost``.
 """
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -37,7 +38,7 @@ __all__ = ["Transport"]
 log = logging.getLogger("ojs_anyio.amqp")
 
 _READ_SIZE = 256 * 1024
-#: Longest a batched ack waits for a write (see IncomingMessage._send_settle).
+#: Longest a batched ack waits for a write (see ChannelLink.ack and IncomingMessage._batching).
 _DEFERRED_FLUSH_DELAY = 0.002
 
 
@@ -51,7 +52,7 @@ class Transport:
         *,
         generation: int,
         label: str,
-        dispatch: Callable[[object], None],
+        handlers: Mapping[type[Any], Callable[[Any], None]],
         on_lost: Callable[[BaseException], None],
     ) -> None:
         #: The codec (every frame of this generation is encoded and decoded here), the
@@ -59,8 +60,8 @@ class Transport:
         self.proto, self.stream, self.generation = proto, stream, generation
         #: For log lines: the broker's URL, without the password.
         self.label = label
-        #: The connection's event router, and its "this transport failed" handler.
-        self._dispatch, self._on_lost = dispatch, on_lost
+        #: The connection's event handlers by event type, and its "this transport failed" handler.
+        self._handlers, self._on_lost = handlers, on_lost
         #: A task is sending (group commit: others only queue bytes).
         self.writing = False
         #: Set when a write finishes, for a task waiting in flushed() (made on demand).
@@ -118,9 +119,11 @@ class Transport:
             self.error = exc
             log.error("protocol error from broker: %s", exc)
             return
-        dispatch = self._dispatch
+        handler_of = self._handlers.get
         for ev in events:
-            dispatch(ev)
+            handler = handler_of(type(ev))
+            if handler is not None:  # an event type with no handler is ignored
+                handler(ev)
 
     async def flush(self) -> None:
         """Send everything the codec has queued.  Group commit: if another task is already

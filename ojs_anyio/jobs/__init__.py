@@ -190,3 +190,9 @@ from ._dlq import death_reason, died_at, requeue_properties
 
 __all__ += ["death_reason", "died_at", "requeue_properties"]
 
+# What the command line (ojs_anyio._cli) uses, public here so that it imports no private
+# module of jobs (an import-linter contract says so).
+from ._client import DEFAULT_URL, SYNC_CANCEL_DETAIL, return_to_queue  # noqa: E402
+from ._envelope import check_job_id  # noqa: E402
+
+__all__ += ["DEFAULT_URL", "SYNC_CANCEL_DETAIL", "check_job_id", "return_to_queue"]

@@ -10,7 +10,6 @@ number; :meth:`Attempt.outcome` turns it into the :class:`JobOutcome` every step
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import amqp
@@ -27,19 +26,23 @@ __all__ = ["JOB_LINE", "Attempt"]
 JOB_LINE = "job %(job_id)s type=%(job_type)s queue=%(queue)s attempt=%(attempt)d"
 
 
-@dataclass(slots=True, kw_only=True)
 class Attempt:
-    client: Client
-    ch: amqp.Channel
-    #: The OJS queue the delivery came from.
-    queue: str
-    msg: amqp.IncomingMessage
-    #: ``time.monotonic()`` at receipt.
-    started: float = field(default_factory=time.monotonic)
-    #: The decoded job (None until decoded, or when it could not be).
-    job: Job | None = None
-    #: The attempt number the delivery runs as (``x-ojs-attempt``; 1 until read).
-    number: int = 1
+    """One delivery (see the module docstring)."""
+
+    __slots__ = ("ch", "client", "job", "msg", "number", "queue", "started")
+
+    def __init__(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
+        self.client = client
+        self.ch = ch
+        #: The OJS queue the delivery came from.
+        self.queue = queue
+        self.msg = msg
+        #: ``time.monotonic()`` at receipt.
+        self.started = time.monotonic()
+        #: The decoded job (None until decoded, or when it could not be).
+        self.job: Job | None = None
+        #: The attempt number the delivery runs as (``x-ojs-attempt``; 1 until read).
+        self.number = 1
 
     @property
     def job_id(self) -> str | None:
@@ -60,10 +63,25 @@ class Attempt:
         """The ``extra`` of this attempt's log records."""
         return log_extra(self.job_id, self.job_type, self.queue, self.number)
 
-    def outcome(self, outcome: Outcome, *, timed: bool = True, **fields: Any) -> JobOutcome:
+    def outcome(
+        self,
+        outcome: Outcome,
+        *,
+        timed: bool = True,
+        error_code: str | None = None,
+        error_message: str | None = None,
+        delay_ms: int | None = None,
+        error: dict[str, Any] | None = None,
+        result: Any = None,
+    ) -> JobOutcome:
         """What became of this attempt, timed from its receipt (unless not ``timed``: a job
         settled before anything ran)."""
+        job = self.job
+        msg = self.msg
         return JobOutcome(
-            job_id=self.job_id, type=self.job_type, queue=self.queue, attempt=self.number,
-            outcome=outcome, duration=self.elapsed() if timed else 0.0, **fields,
+            job_id=job.id if job is not None else msg.properties.message_id,
+            type=job.type if job is not None else msg.properties.type,
+            queue=self.queue, attempt=self.number, outcome=outcome, error_code=error_code,
+            error_message=error_message, delay_ms=delay_ms,
+            duration=time.monotonic() - self.started if timed else 0.0, error=error, result=result,
         )  # fmt: skip

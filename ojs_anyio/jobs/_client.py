@@ -12,7 +12,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -26,17 +26,19 @@ from ojs_anyio.amqp import UsageError
 from .. import amqp
 from . import _tracing
 from ._args import check_json_args
+from ._control import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, SYNC_CANCEL_DETAIL
 from ._dead_letters import DeadJob, DeadLetters, return_to_queue
 from ._declarer import Declarer
-from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, check_window, claim, lock_queue, release
+from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW, DuplicateJobError, check_window, claim, lock_queue, release
 from ._durations import DurationLike, duration_ms, duration_seconds
-from ._envelope import ErrorInfo, Job, check_job_id, error_info, new_job
+from ._envelope import Job, format_timestamp, new_job
 from ._errors import (
     ArgumentTypeError,
     DelayOutOfRangeError,
     PushError,
     SchedulerUnavailableError,
 )
+from ._info import ClientControl, JobInfo
 from ._middleware import Middleware, build_push_chain, check_middleware, overrides
 from ._results import PendingResult, ResultRouter
 from ._retry import RetryPolicy, merge
@@ -49,11 +51,13 @@ from ._topology import (
     delayed_exchange_arguments,
     delayed_plugin_exchange,
 )
+from ._unique import unique_lock
 from ._wire import (
     job_message,
 )
 
 __all__ = [
+    "SYNC_CANCEL_DETAIL",
     "CONTROL_CANCEL",
     "CONTROL_HEARTBEAT",
     "CONTROL_INFO",
@@ -70,45 +74,13 @@ R = TypeVar("R")
 
 log = logging.getLogger("ojs_anyio.jobs")
 
-CONTROL_CANCEL = "ojs.control.cancel"
-CONTROL_HEARTBEAT = "ojs.control.heartbeat"
-CONTROL_INFO = "ojs.control.info"
 _json = msgspec.json.Encoder()
 _json_decode = msgspec.json.Decoder()
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
-#: What INFO says of a running sync handler that was asked to cancel.
-SYNC_CANCEL_DETAIL = (
-    "cancel requested; the handler is synchronous and cannot be interrupted: it runs to completion"
-)
 #: How scheduled jobs are delayed: the binary delay levels (no plugin), the
 #: delayed-message-exchange plugin, or the plugin when the broker has it (detected, never assumed).
 SCHEDULERS = ("levels", "plugin", "auto")
-
-
-@dataclass(frozen=True, slots=True)
-class JobInfo:
-    """A worker's answer to INFO; ``state == "unknown"`` when no worker answered in time."""
-
-    job_id: str
-    state: str
-    attempt: int | None = None
-    worker_id: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    #: The OJS error object of the job's last failed attempt (type, message, backtrace).
-    error: ErrorInfo | None = None
-    #: An active job: a CANCEL reached the worker running it.
-    cancel_requested: bool = False
-    #: An active job: whether a CANCEL can stop its handler.  False for a plain ``def``
-    #: handler, which runs in a thread: it runs to completion whatever CANCEL says.  None
-    #: when the worker did not say (a finished job, another implementation's worker).
-    interruptible: bool | None = None
-    #: The worker's remark on the job's state, e.g. :data:`SYNC_CANCEL_DETAIL`.
-    detail: str | None = None
-    #: What the handler returned, for a completed job whose worker keeps it for INFO (a
-    #: JSON value of at most 4 KiB, and ``Worker(info_details=True)``); else None.
-    result: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,9 +149,8 @@ class Client:
         #: The one place the job topology is declared (``_declarer.py``).
         self.declarer = Declarer(conn, names, self.channel, queue_options)
         self._channel_lock = anyio.Lock()
-        self._info_lock = anyio.Lock()
-        #: INFO's reply queue: (its channel, the queue, its consumer, what closes them).
-        self._reply: tuple[amqp.Channel, amqp.QueueInfo, amqp.Consumer, AsyncExitStack] | None = None
+        #: Sending CANCEL, BEAT and INFO, and INFO's reply queue (``_info.py``).
+        self.control = ClientControl(self)
 
     # ------------------------------------------------------------ plumbing
 
@@ -196,7 +167,7 @@ class Client:
             return self._channel
 
     async def aclose(self) -> None:
-        await self._close_reply_queue()
+        await self.control.aclose()
         ch, self._channel = self._channel, None
         if ch is not None:
             await ch.aclose()
@@ -515,6 +486,11 @@ class Client:
         """The push itself.  With a ``window``, the ``idempotency_key`` is claimed first (a
         duplicate raises); without one (the scheduler's label for a tick) it is only written
         to ``x-ojs-idempotency-key``."""
+        ignore = False
+        if not isinstance(job.unique, msgspec.UnsetType):
+            if idempotency_key is not None and window is not None:
+                raise UsageError(f"job {job.id}: give a unique policy or an idempotency_key, not both")
+            idempotency_key, window, ignore = unique_lock(job)  # the fingerprint, for the period
         if idempotency_key is None or window is None:
             return await self._publish_job(job, idempotency_key, reply_to)
         if not isinstance(idempotency_key, str) or not idempotency_key:
@@ -527,9 +503,15 @@ class Client:
             with before_sending(deadline):
                 # Before the claim: a topology error keeps the key free.
                 await self.declare_queue(job.queue)
-                ch = await self.channel()
             # Not under the deadline: cut after its marker was sent, the key's state is unknown.
-            await claim(ch, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue)
+            await claim(
+                self.conn, lock, window_ms, key=idempotency_key, job_id=job.id, queue=job.queue,
+                record_holder=ignore,
+            )  # fmt: skip
+        except DuplicateJobError as exc:
+            if ignore and exc.existing_job_id:  # unique on_conflict="ignore": the existing job
+                return msgspec.structs.replace(job, id=exc.existing_job_id)
+            raise
         except SEND_FAILURES as exc:
             raise push_error(exc, job) from exc
         try:
@@ -556,14 +538,16 @@ class Client:
             deadline = SendDeadline(self.conn)
         try:
             with before_sending(deadline):
-                route = await self._route(job)
+                now = datetime.now(UTC)
+                route = await self._route(job, now)
         except UNAVAILABLE as exc:
             raise push_error(exc, job) from exc
         # The message's trace headers are written inside the PRODUCER span, so the worker's
         # CONSUMER span becomes its child (001 §12.2).
         with _tracing.producer_span(job, self.names.direct_exchange) as span:
             try:
-                props, body = self._message(job, route, idempotency_key, reply_to)
+                pushed = as_enqueued(job, route, now)  # what the body carries, and push returns
+                props, body = self._message(pushed, route, idempotency_key, reply_to, now)
                 with before_sending(deadline):
                     ch = await self.channel()
                 if route.exchange != self.names.direct_exchange:
@@ -579,7 +563,7 @@ class Client:
                 )
             except SEND_FAILURES as exc:
                 raise push_error(exc, job) from exc
-        return job
+        return pushed
 
     async def push_batch(self, jobs: Iterable[Job], *, max_in_flight: int = 1024) -> list[PushResult]:
         """PUSH many jobs pipelined on one channel (one round trip's latency, not one per job).
@@ -606,14 +590,18 @@ class Client:
             return [PushResult(job, push_error(exc, job)) for job in jobs]
         window = ch.publish_window(max_in_flight=max_in_flight)
         handles: list[amqp.PublishHandle | PushError] = []
+        sent: list[Job] = []
         for job in jobs:
             with _tracing.producer_span(job, self.names.direct_exchange) as span:
                 try:
                     with before_sending(deadline):
-                        route = await self._route(job)
-                    props, body = self._message(job, route, None, None)
+                        now = datetime.now(UTC)
+                        route = await self._route(job, now)
+                    pushed = as_enqueued(job, route, now)
+                    props, body = self._message(pushed, route, None, None, now)
                     if route.exchange != self.names.direct_exchange:
                         span.set_attribute("messaging.destination.name", route.exchange)
+                    sent.append(pushed)
                     handles.append(
                         await window.publish(
                             body,
@@ -626,10 +614,13 @@ class Client:
                     )
                     deadline.restart()
                 except SEND_FAILURES as exc:
+                    if len(sent) > len(handles):
+                        sent.pop()  # built, not sent
+                    sent.append(job)
                     handles.append(push_error(exc, job))
         await window.wait_all(self.confirm_timeout)
         results: list[PushResult] = []
-        for job, handle in zip(jobs, handles, strict=True):
+        for job, handle in zip(sent, handles, strict=True):
             if isinstance(handle, PushError):
                 results.append(PushResult(job, handle))
             elif handle.error is not None:
@@ -648,15 +639,15 @@ class Client:
         return await build_push_chain(self._push_hooks, record)(job)
 
     def _message(
-        self, job: Job, route: Route, idempotency_key: str | None, reply_to: str | None
+        self, job: Job, route: Route, idempotency_key: str | None, reply_to: str | None, now: datetime
     ) -> tuple[amqp.BasicProperties, bytes]:
         """The job's message along ``route`` (``_wire.job_message``; no I/O)."""
         return job_message(
-            job, route, enqueued_at=datetime.now(UTC), idempotency_key=idempotency_key,
+            job, route, enqueued_at=now, idempotency_key=idempotency_key,
             reply_to=reply_to, trace_headers=_tracing.inject_headers(),
         )  # fmt: skip
 
-    async def _route(self, job: Job) -> Route:
+    async def _route(self, job: Job, now: datetime) -> Route:
         """Where ``job`` goes now, with what it needs declared (the Declarer's).
 
         A scheduled job's scheduler is settled first (``"auto"``: asked of the broker once);
@@ -666,25 +657,13 @@ class Client:
         if scheduler != "levels" and isinstance(job.scheduled_at, str):
             scheduler = await self.resolve_scheduler()
         resolved: Literal["levels", "plugin"] = "plugin" if scheduler == "plugin" else "levels"
-        found = route(job, datetime.now(UTC), resolved, self.names)
-        if await self.declarer.ensure(found.needs) and found.delay_ms:
+        found = route(job, now, resolved, self.names)
+        declarer = self.declarer
+        if declarer.missing(found.needs) and await declarer.ensure(found.needs) and found.delay_ms:
             found = route(job, datetime.now(UTC), resolved, self.names)
         return found
 
     # ------------------------------------------------- control plane (001 §5.6-5.8)
-
-    async def _control_publish(self, queue: str, kind: str, body: dict[str, Any], **props: Any) -> None:
-        await self.declarer.use_control_queue(queue)
-        ch = await self.channel()
-        await ch.publish(
-            _json.encode(body),
-            exchange=self.names.direct_exchange,
-            routing_key=self.names.control_routing_key(queue),
-            properties=amqp.BasicProperties(
-                type=kind, content_type="application/json", app_id="ojs", **props
-            ),
-            mandatory=True,
-        )
 
     async def cancel(self, job_id: str, *, queue: str = "default") -> None:
         """CANCEL: ask the workers of ``queue`` to abort job ``job_id`` (001 §5.6).
@@ -698,107 +677,23 @@ class Client:
         UUIDv7) and :class:`QueueNotFoundError` when ``ojs.queue.{q}`` does not exist;
         nothing is sent then.
         """
-        check_job_id(job_id)
-        await self._control_publish(queue, CONTROL_CANCEL, {"job_id": job_id})
+        await self.control.cancel(job_id, queue=queue)
 
     async def heartbeat(self, job_id: str, worker_id: str, *, queue: str = "default") -> None:
         """BEAT: tell every worker of ``queue`` that ``worker_id`` still runs ``job_id`` (001 §5.7)."""
-        await self._control_publish(queue, CONTROL_HEARTBEAT, {"job_id": job_id, "worker_id": worker_id})
+        await self.control.heartbeat(job_id, worker_id, queue=queue)
 
     async def info(self, job_id: str, *, queue: str = "default", timeout: DurationLike = 5.0) -> JobInfo:
-        """INFO over RPC (001 §5.8): the state of ``job_id`` from the worker that knows it.
-
-        The request goes to the control queue with ``reply_to`` = this client's exclusive,
-        auto-delete reply queue (declared on first use, then reused) and a unique
-        ``correlation_id``; replies with another id (late answers to earlier requests) are
-        skipped.  Requests from one client are answered one at a time.  No answer within
-        ``timeout`` gives ``JobInfo(state="unknown")``, not an exception.
-
-        Raises at once, sending nothing: :class:`InvalidJobError` for an id that cannot be a
-        job id (not a lowercase UUIDv7), :class:`QueueNotFoundError` when ``ojs.queue.{q}``
-        does not exist.
-        """
-        check_job_id(job_id)
-        timeout = duration_seconds(timeout, "timeout")
-        await self.declarer.use_control_queue(queue)
-        correlation_id = uuid.uuid4().hex
-        async with self._info_lock:
-            reply_queue, replies = await self._reply_queue()
-            ch = await self.channel()
-            await ch.publish(
-                _json.encode({"job_id": job_id}),
-                exchange=self.names.direct_exchange,
-                routing_key=self.names.control_routing_key(queue),
-                properties=amqp.BasicProperties(
-                    type=CONTROL_INFO,
-                    content_type="application/json",
-                    reply_to=reply_queue.name,
-                    correlation_id=correlation_id,
-                    app_id="ojs",
-                ),
-                mandatory=True,
-            )
-            with anyio.move_on_after(timeout):
-                try:
-                    async for reply in replies:
-                        if reply.malformed is not None:  # consumed with no_ack: nothing to settle
-                            log.warning("ignoring an INFO reply: malformed message: %s", reply.malformed)
-                            continue
-                        if reply.properties.correlation_id != correlation_id:
-                            continue
-                        try:
-                            data = _json_decode.decode(reply.body)
-                        except msgspec.DecodeError:
-                            log.warning("malformed INFO reply for job %s: %r", job_id, reply.body[:200])
-                            continue
-                        if isinstance(data, dict) and data.get("job_id") == job_id:
-                            interruptible, detail = data.get("interruptible"), data.get("detail")
-                            return JobInfo(
-                                job_id=job_id,
-                                state=str(data.get("state", "unknown")),
-                                attempt=data.get("attempt"),
-                                worker_id=data.get("worker_id"),
-                                started_at=data.get("started_at"),
-                                finished_at=data.get("finished_at"),
-                                error=error_info(data.get("error")),
-                                cancel_requested=data.get("cancel_requested") is True,
-                                interruptible=interruptible if isinstance(interruptible, bool) else None,
-                                detail=detail if isinstance(detail, str) else None,
-                                result=data.get("result"),
-                            )
-                except amqp.AMQPError:
-                    await self._close_reply_queue()  # declared afresh by the next request
-                    raise
-        return JobInfo(job_id=job_id, state="unknown")
-
-    async def _reply_queue(self) -> tuple[amqp.QueueInfo, amqp.Consumer]:
-        """This client's INFO reply queue (exclusive, auto-delete) and its consumer."""
-        if self._reply is not None and not self._reply[0].is_closed:
-            return self._reply[1], self._reply[2]
-        await self._close_reply_queue()
-        stack = AsyncExitStack()
-        try:
-            ch = await stack.enter_async_context(self.conn.channel(confirms=False))
-            info = await ch.queue_declare("", exclusive=True, auto_delete=True)
-            replies = await stack.enter_async_context(ch.consume(info.name, no_ack=True, max_buffer=256))
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await stack.aclose()
-            raise
-        self._reply = (ch, info, replies, stack)
-        return info, replies
+        """INFO over RPC (001 §5.8): the state of ``job_id`` from the worker that knows it
+        (see :meth:`ClientControl.info`); ``JobInfo(state="unknown")`` when none answers
+        within ``timeout``."""
+        return await self.control.info(job_id, queue=queue, timeout=timeout)
 
     def owns_reply_queue(self, name: str) -> bool:
         """Whether ``name`` is one of this client's own reply queues (results, INFO)."""
         if self._results is not None and self._results.queue_name == name:
             return True
-        return self._reply is not None and self._reply[1].name == name
-
-    async def _close_reply_queue(self) -> None:
-        reply, self._reply = self._reply, None
-        if reply is not None:
-            with anyio.CancelScope(shield=True):
-                await reply[3].aclose()
+        return self.control.owns_reply_queue(name)
 
     # -------------------------------------------------------------- misc
 
@@ -866,6 +761,19 @@ def _check_job_policy(policy: RetryPolicy) -> None:
         )
 
 
+def as_enqueued(job: Job, route: Route, enqueued_at: datetime) -> Job:
+    """``job`` as push returns it: with ``enqueued_at``, ``created_at`` (as the message
+    carries it) and its ``state`` (``scheduled`` when it waits for its time, else
+    ``available``), as the OJS conformance suite expects of a PUSH's answer."""
+    stamp = format_timestamp(enqueued_at)
+    return msgspec.structs.replace(
+        job,
+        enqueued_at=stamp,
+        created_at=job.created_at if isinstance(job.created_at, str) else stamp,
+        state="scheduled" if route.delay_ms else "available",
+    )
+
+
 def _check_pushable(job: Job) -> None:
     """What push refuses in a job built elsewhere: unique policies, non-JSON args, classes."""
     if not isinstance(job, Job):
@@ -873,12 +781,7 @@ def _check_pushable(job: Job) -> None:
             f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}"
         )
     if not isinstance(job.unique, msgspec.UnsetType):
-        raise NotImplementedError(
-            f"job {job.id}: unique jobs (the envelope's 'unique' policy) are not enforced by this binding: "
-            "they depend on the states of the jobs already queued or running, which RabbitMQ cannot look "
-            "up, so nothing would stop a duplicate. Remove 'unique' and pass an idempotency_key (a key per "
-            "time window, enforced by the broker), or make the handler idempotent"
-        )
+        unique_lock(job)  # refuses, with the reason, a policy a broker cannot enforce
     check_json_args(job.args, job.type)
     if isinstance(job.retry, RetryPolicy):
         _check_job_policy(job.retry)

@@ -94,8 +94,9 @@ class JobOutcome:
     type: str | None
     queue: str
     attempt: int
-    #: What became of the attempt (an :class:`Outcome`, which is a ``str``).
-    outcome: Outcome
+    #: What became of the attempt: an :class:`Outcome` (a ``str``; one built by hand may
+    #: carry the plain string, which compares equal).
+    outcome: Outcome | str
     error_code: str | None = None
     error_message: str | None = None
     delay_ms: int | None = None
@@ -104,7 +105,3 @@ class JobOutcome:
     error: dict[str, Any] | None = None
     #: What the handler returned (completed attempts).
     result: Any = None
-
-    def __post_init__(self) -> None:
-        if type(self.outcome) is not Outcome:  # a plain str from a caller: checked here
-            object.__setattr__(self, "outcome", Outcome(self.outcome))

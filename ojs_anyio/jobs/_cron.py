@@ -106,14 +106,11 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, NamedTuple, Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Any, Protocol
 
 import anyio
 import msgspec
-from croniter import CroniterBadDateError, croniter
 
 from ojs_anyio.amqp import AMQPError, UsageError
 
@@ -125,7 +122,29 @@ from ._envelope import format_timestamp, new_job, parse_timestamp
 from ._errors import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
 from ._presence import MAX_LISTED, PRESENCE_INTERVAL, SchedulerPresence, ScheduleState, Wake, announce
 from ._retry import RetryPolicy
-from ._topology import Names, quorum_queue_arguments
+from ._schedule import (
+    H_SCHEDULER,
+    MAX_STATE_ENTRIES,
+    MISFIRE_POLICIES,
+    STATE_RETENTION,
+    SWAP_TIMEOUT,
+    TOKEN_TYPE,
+    Fired,
+    Leadership,
+    LeadershipChanged,
+    Misfire,
+    Schedule,
+    SchedulerEvent,
+    SchedulerStatistics,
+    TokenState,
+    check_name,
+    due_tick,
+    leader_queue_name,
+    merge_fired,
+    token_decoder,
+    token_encoder,
+)
+from ._topology import quorum_queue_arguments
 
 __all__ = [
     "Fired",
@@ -140,157 +159,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ojs_anyio.scheduler")
-
-Misfire = Literal["skip", "once"]
-_MISFIRE_POLICIES: frozenset[str] = frozenset({"skip", "once"})
-
-#: Entries of schedules this instance doesn't know (another deployment's) are kept in the
-#: token for this long after their last fire, and at most this many: the token stays bounded.
-STATE_RETENTION = timedelta(days=30)
-MAX_STATE_ENTRIES = 10_000
-TOKEN_TYPE = "ojs.scheduler.token"
-H_SCHEDULER = "x-ojs-scheduler"
-#: Bound on a (shielded) token swap: publish, confirm, ack.
-SWAP_TIMEOUT = 5.0
-_MAX_NAME = 200  # leaves room for the prefix in AMQP's 255-byte queue names
-
-
-def leader_queue_name(names: Names, group: str) -> str:
-    """``{prefix}ojs.queue.scheduler.{group}.leader``: the leadership queue of a group."""
-    return f"{names.prefix}ojs.queue.scheduler.{group}.leader"
-
-
-def _check_name(what: str, name: str) -> str:
-    if not name or len(name.encode()) > _MAX_NAME or any(c.isspace() for c in name):
-        raise UsageError(f"{what} {name!r} must be 1-{_MAX_NAME} bytes without whitespace")
-    return name
-
-
-# ------------------------------------------------------------------ schedules (pure)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Schedule:
-    """One periodic job: what :meth:`Scheduler.add` registered.  Pure: no I/O, no clock."""
-
-    name: str
-    cron: str
-    job_type: str
-    args: tuple[Any, ...] = ()
-    queue: str = "default"
-    timezone: str = "UTC"
-    misfire: Misfire = "skip"
-    misfire_grace: timedelta = timedelta(hours=1)
-    priority: int | None = None
-    timeout: int | None = None
-    retry: RetryPolicy | None = None
-    meta: dict[str, Any] | None = None
-    _tz: ZoneInfo = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        _check_name("schedule name", self.name)
-        if self.misfire not in _MISFIRE_POLICIES:
-            raise UsageError(f"misfire must be 'skip' or 'once', not {self.misfire!r}")
-        if self.misfire_grace < timedelta(0):
-            raise UsageError("misfire_grace must not be negative")
-        try:
-            tz = ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise UsageError(f"unknown timezone {self.timezone!r}") from exc
-        object.__setattr__(self, "_tz", tz)
-        if not croniter.is_valid(self.cron, hash_id=self.name.encode()):
-            raise UsageError(f"invalid cron expression {self.cron!r} for schedule {self.name!r}")
-        try:
-            self.next_tick(datetime(2000, 1, 1, tzinfo=UTC))
-        except CroniterBadDateError as exc:
-            raise UsageError(f"cron expression {self.cron!r} never matches a date") from exc
-
-    def _iter(self, start: datetime) -> croniter:
-        return croniter(self.cron, start.astimezone(self._tz), hash_id=self.name.encode())
-
-    def next_tick(self, after: datetime) -> datetime:
-        """The first tick strictly after ``after`` (an aware datetime), in UTC."""
-        return self._iter(after).get_next(datetime).astimezone(UTC)
-
-    def latest_tick(self, now: datetime) -> datetime:
-        """The last tick at or before ``now``, in UTC."""
-        before = self._iter(now).get_prev(datetime)
-        # croniter's get_prev is strict for whole seconds and not for fractions: settle it.
-        nxt = self._iter(before).get_next(datetime)
-        return (nxt if nxt <= now else before).astimezone(UTC)
-
-    def idempotency_key(self, tick: datetime) -> str:
-        """``{name}:{tick in UTC, RFC 3339}``: identical from every instance."""
-        return f"{self.name}:{format_timestamp(tick)}"
-
-
-def due_tick(
-    schedule: Schedule, *, last_fired: datetime | None, leader_since: datetime, now: datetime
-) -> tuple[datetime | None, bool]:
-    """The misfire policy, as a pure function: ``(tick to fire now or None, late)``.
-
-    ``last_fired`` is the schedule's last fired tick (None: never fired), ``leader_since``
-    when this instance became leader.  ``late`` is True for a missed tick fired under
-    ``misfire="once"``.
-    """
-    latest = schedule.latest_tick(now)
-    if last_fired is not None and latest <= last_fired:
-        return None, False
-    if latest >= leader_since:
-        return latest, False
-    if schedule.misfire == "once" and last_fired is not None and now - latest <= schedule.misfire_grace:
-        return latest, True
-    return None, False
-
-
-# ------------------------------------------------------------------ events
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fired:
-    """A tick this instance fired.  ``error`` is set when the broker refused the push."""
-
-    schedule: str
-    tick: datetime
-    idempotency_key: str
-    job_id: str | None
-    late: bool = False
-    error: Exception | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeadershipChanged:
-    """This instance became leader (``leader=True``) or stopped being leader."""
-
-    leader: bool
-    at: datetime
-    reason: str
-
-
-SchedulerEvent = Fired | LeadershipChanged
-
-
-class SchedulerStatistics(NamedTuple):
-    leader: bool
-    leader_since: datetime | None
-    fired: int
-    failed: int
-    leader_changes: int
-    duplicate_tokens: int
-    token_swaps: int
-
-
-class _TokenState(msgspec.Struct, kw_only=True):
-    v: int = 1
-    group: str = ""
-    fired: dict[str, str] = msgspec.field(default_factory=dict)
-    by: str = ""
-    at: str = ""
-
-
-_encode = msgspec.json.Encoder()
-_decode = msgspec.json.Decoder(_TokenState)
-
 
 # ------------------------------------------------------------------ the clock seam
 
@@ -345,9 +213,9 @@ class Scheduler:
         instance_id: str | None = None,
         clock: SchedulerClock | None = None,
     ) -> None:
-        self.name = _check_name("scheduler name", name)
+        self.name = check_name("scheduler name", name)
         self._clock: SchedulerClock = clock or WallClock()
-        if misfire not in _MISFIRE_POLICIES:
+        if misfire not in MISFIRE_POLICIES:
             raise UsageError(f"misfire must be 'skip' or 'once', not {misfire!r}")
         self.misfire: Misfire = misfire
         # Durations: seconds, a timedelta or ISO 8601 (the forms every option takes).
@@ -362,8 +230,8 @@ class Scheduler:
         # leadership
         self._queue = ""
         self._arguments: dict[str, Any] = {"x-single-active-consumer": True}
-        self._leading = False
-        self._leader_since: datetime | None = None
+        #: Whether this instance leads (the pure table of ``_schedule.Leadership``).
+        self._leadership = Leadership()
         self._held: amqp.IncomingMessage | None = None
         self._held_losses = 0
         self._losses = 0  # transports lost since run() began
@@ -384,7 +252,6 @@ class Scheduler:
         # statistics
         self._n_fired = 0
         self._n_failed = 0
-        self._n_changes = 0
         self._n_duplicates = 0
         self._n_swaps = 0
 
@@ -459,11 +326,11 @@ class Scheduler:
     @property
     def is_leader(self) -> bool:
         """True while this instance is its group's active consumer (it fires the ticks)."""
-        return self._leading
+        return self._leadership.leading
 
     @property
     def leader_since(self) -> datetime | None:
-        return self._leader_since if self._leading else None
+        return self._leadership.since if self._leadership.leading else None
 
     def last_fired(self, schedule: str) -> datetime | None:
         """The last fired tick of ``schedule`` this instance knows of."""
@@ -471,11 +338,11 @@ class Scheduler:
 
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(
-            leader=self._leading,
+            leader=self._leadership.leading,
             leader_since=self.leader_since,
             fired=self._n_fired,
             failed=self._n_failed,
-            leader_changes=self._n_changes,
+            leader_changes=self._leadership.changes,
             duplicate_tokens=self._n_duplicates,
             token_swaps=self._n_swaps,
         )
@@ -563,10 +430,10 @@ class Scheduler:
         self._swapped_at = None
         if self._push_scope is not None:
             self._push_scope.cancel()  # a push in flight is no longer ours to make
-        if self._leading:
-            self._leading = False
+        changed = self._leadership.lost(self._clock.now(), reason)
+        if changed is not None:
             log.log(level, "scheduler %s/%s is no longer leader: %s", self.name, self.instance_id, reason)
-            self._emit(LeadershipChanged(leader=False, at=self._clock.now(), reason=reason))
+            self._emit(changed)
         self._wake()
 
     def _holding(self) -> amqp.IncomingMessage | None:
@@ -650,14 +517,14 @@ class Scheduler:
     async def _publish_token(self, ch: amqp.Channel) -> None:
         now = self._clock.now()
         self._prune(now)
-        state = _TokenState(
+        state = TokenState(
             group=self.name,
             fired={name: format_timestamp(tick) for name, tick in self._fired.items()},
             by=self.instance_id,
             at=format_timestamp(now),
         )
         await ch.publish(
-            _encode.encode(state),
+            token_encoder.encode(state),
             exchange="",
             routing_key=self._queue,
             properties=amqp.BasicProperties(
@@ -673,7 +540,7 @@ class Scheduler:
     def _merge(self, body: bytes) -> bool:
         """Merge a token's record into ours; return True when ours is ahead of it."""
         try:
-            state = _decode.decode(body)
+            state = token_decoder.decode(body)
             entries = state.fired
         except msgspec.DecodeError:
             log.warning("scheduler %s: unreadable token %r; treating it as empty", self.name, body[:200])
@@ -684,11 +551,7 @@ class Scheduler:
                 theirs[name] = parse_timestamp(stamp)
             except (TypeError, ValueError):
                 log.warning("scheduler %s: bad tick %r for %r in the token", self.name, stamp, name)
-        for name, tick in theirs.items():
-            mine = self._fired.get(name)
-            if mine is None or tick > mine:
-                self._fired[name] = tick
-        return any(theirs.get(name) != tick for name, tick in self._fired.items())
+        return merge_fired(self._fired, theirs)
 
     def _prune(self, now: datetime) -> None:
         cutoff = now - STATE_RETENTION
@@ -703,12 +566,10 @@ class Scheduler:
         are waiting behind it (a creation race or a crash mid-swap): then merge and drop it."""
         losses = self._losses
         ahead = self._merge(msg.body)
-        if not self._leading:
-            self._leading = True
-            self._leader_since = self._clock.now()
-            self._n_changes += 1
+        changed = self._leadership.gained(self._clock.now())
+        if changed is not None:
             log.info("scheduler %s/%s became leader", self.name, self.instance_id)
-            self._emit(LeadershipChanged(leader=True, at=self._leader_since, reason="token received"))
+            self._emit(changed)
         try:
             info = await ch.queue_declare(self._queue, passive=True)
         except AMQPError:
@@ -780,7 +641,7 @@ class Scheduler:
             changed = self._changed
             assert changed is not None
             held = self._holding()
-            if held is None or self._leader_since is None:
+            if held is None or self._leadership.since is None:
                 swapped_at = self._swapped_at
                 if swapped_at is None:
                     await changed.wait()
@@ -803,7 +664,7 @@ class Scheduler:
                 tick, late = due_tick(
                     schedule,
                     last_fired=self._fired.get(schedule.name),
-                    leader_since=self._leader_since,
+                    leader_since=self._leadership.since,
                     now=now,
                 )
                 if tick is None:
@@ -835,7 +696,7 @@ class Scheduler:
         last = self._fired.get(schedule.name)
         first_due = schedule.next_tick(last) if last is not None and not late else tick
         if first_due < tick:
-            since = self._leader_since
+            since = self._leadership.since
             if since is not None and first_due >= since:
                 log.warning(
                     "scheduler %s: schedule %s fell behind; firing %s, coalescing the ticks since %s",

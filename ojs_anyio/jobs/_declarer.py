@@ -87,6 +87,19 @@ class Declarer:
         opts = self._queue_options
         return opts if isinstance(opts, QueueOptions) else None
 
+    def missing(self, needs: Iterable[Need]) -> bool:
+        """Whether any of ``needs`` is not declared yet (a check, no I/O: the hot path)."""
+        for need in needs:
+            if isinstance(need, JobQueue):
+                if need.queue not in self.declared_queues:
+                    return True
+            elif isinstance(need, Landing):
+                if need.queue not in self.landing_declared:
+                    return True
+            elif need.queue not in self.delayed_bound:
+                return True
+        return False
+
     async def ensure(self, needs: Iterable[Need]) -> bool:
         """Make sure every entity a route needs exists; True if anything was declared now
         (the caller then measures a delay again: declaring takes time)."""

@@ -501,7 +501,11 @@ def _plain(type: object, queue: object, id: object, created: datetime, options: 
     with the Job struct's field rules by ``test_new_job_fast_and_slow_paths_agree``.)"""
     meta, priority, timeout = options["meta"], options["priority"], options["timeout"]
     return (
-        all(options[key] is None for key in _NOT_PLAIN)
+        options["scheduled_at"] is None
+        and options["expires_at"] is None
+        and options["retry"] is None
+        and options["unique"] is None
+        and options["schema"] is None
         and (priority is None or priority.__class__ is int)
         and (timeout is None or (timeout.__class__ is int and timeout >= 0))
         and (meta is None or all(key.__class__ is str for key in meta))
@@ -510,10 +514,6 @@ def _plain(type: object, queue: object, id: object, created: datetime, options: 
         and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
         and created.utcoffset() is not None
     )
-
-
-#: Options that always take the long way (nested objects, timestamps to check).
-_NOT_PLAIN: Final = ("scheduled_at", "expires_at", "retry", "unique", "schema")
 
 
 #: The job ids' generator under its former name (tests and tools import it from here).

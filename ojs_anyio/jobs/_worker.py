@@ -51,17 +51,17 @@ from .. import _pipeline, amqp
 from . import _tracing
 from ._args import check_queue_names
 from ._attempt import JOB_LINE, Attempt
-from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO, SYNC_CANCEL_DETAIL, Client
+from ._client import Client
 from ._context import JobContext, JobOutcome, Outcome
+from ._control import WorkerControl
 from ._dead_letters import dead_letter as settle_dead_letter
 from ._decide import Verdict, dead_letter, decide
 from ._durations import DurationLike, duration_seconds
-from ._envelope import SPEC_VERSION, Job, decode_job, format_timestamp, job_from_dict, parse_timestamp
+from ._envelope import SPEC_VERSION, Job, decode_job, job_from_dict, parse_timestamp
 from ._errors import ArgumentTypeError, ErrorCode, InvalidJobError
 from ._failures import (
     H_ERROR_BACKTRACE,
     H_ERROR_TYPE,
-    error_from_headers,
     error_headers,
     error_object,
     log_extra,
@@ -210,7 +210,10 @@ class Worker:
         #: so CANCEL and the grace period reach each.
         self._running: dict[str, list[tuple[anyio.CancelScope, JobContext]]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
-        self._ready = anyio.Event()
+        #: Set once run() is consuming.  Made in the event loop that uses it (wait_ready or
+        #: run), and dropped when run() ends, so a Worker made at import time runs on asyncio,
+        #: then Trio, then asyncio again.
+        self._ready: anyio.Event | None = None
         self.counts: dict[str, int] = {}
         self.heartbeat_interval = duration_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         self.cancel_memory = duration_seconds(cancel_memory, "cancel_memory")
@@ -224,22 +227,16 @@ class Worker:
         self.tracing = tracing
         self._handler_chain: HandlerChain | None = None
         self._outcome_hooks: tuple[Callable[[JobOutcome], None], ...] = ()
-        #: Jobs cancelled before they reached this worker: job id -> when (monotonic); bounded.
-        self._cancelled: OrderedDict[str, float] = OrderedDict()
-        #: Liveness seen through BEAT messages: job id -> (worker id, monotonic time); bounded.
-        self.liveness: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        #: Jobs this worker finished recently, for INFO: job id -> answer; bounded.
-        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        #: reply_to queue names checked by _may_reply_to: name -> allowed; bounded.
-        self._reply_targets: OrderedDict[str, bool] = OrderedDict()
         #: Whether INFO answers carry the job's result and its errors' backtraces.
         self.info_details = info_details
         #: After this many deliveries that ended without a settlement (its worker died or
         #: lost its connection each time), a job is dead-lettered as WORKER_LOST.
         self.max_deliveries = max_deliveries
-        self._control_ch: amqp.Channel | None = None
-        #: Set whenever a job finishes (the grace-period wait in stop() listens to it).
-        self._jobs_changed = anyio.Event()
+        #: CANCEL, BEAT and INFO (``_control.py``): its task, and what it remembers.
+        self.control = WorkerControl(self, self._rng)
+        #: Set whenever a job finishes (the grace-period wait in stop() listens to it);
+        #: made by that wait, in its event loop.
+        self._jobs_changed: anyio.Event | None = None
 
     # ------------------------------------------------------------- config
 
@@ -324,7 +321,16 @@ class Worker:
 
     async def wait_ready(self) -> None:
         """Wait until every queue's consumer is registered."""
-        await self._ready.wait()
+        await self._ready_event().wait()
+
+    def _wake_stop_wait(self) -> None:
+        if self._jobs_changed is not None:
+            self._jobs_changed.set()
+
+    def _ready_event(self) -> anyio.Event:
+        if self._ready is None:
+            self._ready = anyio.Event()
+        return self._ready
 
     # ---------------------------------------------------------------- run
 
@@ -352,7 +358,8 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 control_started = anyio.Event()
-                tg.start_soon(self._serve_control, client, control_started)
+                control_scope = self.control.scope = anyio.CancelScope()
+                tg.start_soon(self.control.serve, client, control_started)
                 await control_started.wait()
                 started = [anyio.Event() for _ in self.queues]
                 self._queues_done = anyio.Event()
@@ -362,226 +369,39 @@ class Worker:
                 for ev in started:
                     await ev.wait()
                 beat_scope = anyio.CancelScope()
-                tg.start_soon(self._beat_loop, client, beat_scope)
+                tg.start_soon(self.control.beat_loop, client, beat_scope)
                 presence_scope = anyio.CancelScope()  # for observers: docs/jobs.md "Presence"
                 presence = functools.partial(worker_presence, self)
                 tg.start_soon(announce, client, presence, self.heartbeat_interval, presence_scope)
-                self._ready.set()
+                self._ready_event().set()
                 await self._wait_queues_done(started)
                 beat_scope.cancel()
                 presence_scope.cancel()
-                self._control_scope.cancel()
+                control_scope.cancel()
         finally:
             # Also when run() fails: a later stop() must not start a task in a dead group.
             self._tg = None
             self._stopping = False
-            self._ready = anyio.Event()
+            self._ready = None
+            self._jobs_changed = None
 
     async def _wait_queues_done(self, started: list[anyio.Event]) -> None:
         await self._queues_done.wait()
 
-    # ------------------------------------------------------ control plane
-
-    async def _serve_control(self, client: Client, started: anyio.Event) -> None:
-        """Control messages reach every worker of a queue, whoever sent them.
-
-        Clients following the OJS AMQP binding publish CANCEL, BEAT and INFO to the durable
-        ``ojs.queue.control.{q}`` (through the default exchange or ``ojs.exchange.direct``),
-        where each message reaches one consumer only.  So every worker consumes that queue
-        as a competing consumer and relays each message, unchanged, to the broadcast
-        exchange ``ojs.exchange.control`` with key ``q`` (confirmed, then acked), and reads
-        its own exclusive queue bound there.  The durable queue is not bound to the
-        broadcast exchange, so a relayed copy never comes back to it (no loop), and each
-        message is relayed once (no duplicates, but for a relay interrupted between its
-        publish and its ack)."""
-        names = client.names
-        self._control_scope = anyio.CancelScope()
-        with self._control_scope:
-            async with client.conn.channel(confirms=True) as ch:
-                self._control_ch = ch
-                await ch.exchange_declare(names.control_exchange, "direct", durable=True)
-                own = await ch.queue_declare("", exclusive=True, auto_delete=True)
-                for queue in self.queues:
-                    await client.declare_control_queue(queue)
-                    await ch.queue_bind(own.name, names.control_exchange, queue)
-                async with anyio.create_task_group() as tg:
-                    for queue in self.queues:
-                        await tg.start(self._relay_control, client, queue)
-                    async with ch.consume(own.name, prefetch=64) as messages:
-                        started.set()
-                        async for msg in messages:
-                            await self._control_message(client, ch, msg)
-        self._control_ch = None
-
-    async def _relay_control(
-        self, client: Client, queue: str, *, task_status: anyio.abc.TaskStatus[None]
-    ) -> None:
-        names = client.names
-        async with (
-            client.conn.channel(confirms=True) as ch,
-            ch.consume(names.control_queue(queue), prefetch=64) as messages,
-        ):
-            task_status.started()
-            async for msg in messages:
-                if msg.malformed is not None:
-                    _drop_malformed_control(msg, names.control_queue(queue))  # it cannot be relayed
-                    await msg.ack()
-                    continue
-                try:
-                    await self._relay_one(ch, names.control_exchange, queue, msg)
-                except amqp.DELIVERY_LOST_ERRORS as exc:
-                    kind = msg.properties.type
-                    log.warning("control message %r on %s not relayed (%s); it comes again", kind, queue, exc)
-
-    async def _relay_one(
-        self, ch: amqp.Channel, exchange: str, queue: str, msg: amqp.IncomingMessage
-    ) -> None:
-        relayed = await amqp.republish(
-            ch, msg.body, exchange=exchange, routing_key=queue,
-            properties=msg.properties, policy=self.republish, rng=self._rng,
-        )  # fmt: skip
-        kind = msg.properties.type
-        if relayed.gave_up:
-            # Back to the durable queue, for this relay or another worker's to try again.
-            log.warning("control message %r on %s not relayed: %s; requeued", kind, queue, relayed.reason)
-            await msg.nack(requeue=True)
-            return
-        if relayed.final:
-            why = relayed.reason
-            log.warning("control message %r on %s cannot be relayed: %s; dropped", kind, queue, why)
-        await msg.ack()
-
-    async def _control_message(self, client: Client, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
-        """One relayed control message, acked whatever it holds: no message stops the
-        control plane (the broadcast queue has no dead-letter queue: a bad one is logged)."""
-        try:
-            await self._on_control(client, ch, msg)
-            await msg.ack()
-        except amqp.DELIVERY_LOST_ERRORS as exc:
-            kind = msg.properties.type
-            log.warning("control message %r not settled (%s); the broker delivers it again", kind, exc)
-        except Exception:
-            log.exception("control message %r (%d bytes) failed; dropped", msg.properties.type, len(msg.body))
-            await msg.ack()
-
-    async def _on_control(self, client: Client, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
-        if msg.malformed is not None:  # published straight to the broadcast exchange
-            _drop_malformed_control(msg, msg.queue)
-            return
-        kind = msg.properties.type
-        try:
-            data = _json_decode.decode(msg.body)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-            why = type(exc).__name__
-            log.warning("ignoring malformed control message %r (%s): %r", kind, why, msg.body[:200])
-            return
-        job_id = data.get("job_id") if isinstance(data, dict) else None
-        if not isinstance(job_id, str):
-            log.warning("ignoring control message %r without a job_id", kind)
-            return
-        now = time.monotonic()
-        if kind == CONTROL_CANCEL:
-            if self.cancel_job(job_id):
-                ctx = self.active.get(job_id)
-                if ctx is not None and not self._interruptible(ctx):
-                    log.info("job %s: %s", job_id, SYNC_CANCEL_DETAIL)
-                else:
-                    log.info("job %s: cancel requested, handler cancelled", job_id)
-            else:
-                _remember(self._cancelled, job_id, now, limit=10_000)
-        elif kind == CONTROL_HEARTBEAT:
-            worker_id = data.get("worker_id")
-            if isinstance(worker_id, str):
-                _remember(self.liveness, job_id, (worker_id, now), limit=10_000)
-        elif kind == CONTROL_INFO:
-            answer = self._info(job_id)
-            reply_to = msg.properties.reply_to
-            if answer is not None and reply_to and await self._may_reply_to(client, reply_to):
-                await ch.publish(
-                    _json.encode(answer),
-                    exchange="",
-                    routing_key=reply_to,
-                    properties=amqp.BasicProperties(
-                        correlation_id=msg.properties.correlation_id,
-                        content_type="application/json",
-                        app_id="ojs",
-                    ),
-                )
-
-    def _info(self, job_id: str) -> dict[str, Any] | None:
-        """The INFO answer about ``job_id`` (None: not known here); without the result
-        and the backtraces when ``info_details`` is off."""
-        answer = self._info_answer(job_id)
-        if answer is not None and not self.info_details:
-            answer.pop("result", None)
-            error = answer.get("error")
-            if isinstance(error, dict) and "backtrace" in error:
-                answer["error"] = {k: v for k, v in error.items() if k != "backtrace"}
-        return answer
-
-    def _info_answer(self, job_id: str) -> dict[str, Any] | None:
-        ctx = self.active.get(job_id)
-        if ctx is not None:
-            answer: dict[str, Any] = {
-                "job_id": job_id,
-                "state": "active",
-                "attempt": ctx.attempt,
-                "worker_id": self.worker_id,
-                "started_at": ctx.started_wall,
-                "interruptible": self._interruptible(ctx),
-            }
-            if ctx.cancel_requested:
-                answer["cancel_requested"] = True
-                if not answer["interruptible"]:
-                    answer["detail"] = SYNC_CANCEL_DETAIL
-            previous = error_from_headers(ctx.message.properties.headers)  # the last attempt's
-            if previous is not None:
-                answer["error"] = previous
-            return answer
-        recent = self._recent.get(job_id)
-        if recent is None:
-            return None
-        return {**recent, "finished_at": recent["finished_at"].text()}
-
-    def _interruptible(self, ctx: JobContext) -> bool:
+    def interruptible(self, ctx: JobContext) -> bool:
         """Whether CANCEL stops the job's handler: not a plain ``def``, which runs in a thread."""
         spec = self._handlers.get(ctx.job.type)
         return spec is None or spec.is_async
 
-    def _was_cancelled(self, job_id: str) -> bool:
-        when = self._cancelled.get(job_id)
-        if when is None:
-            return False
-        if time.monotonic() - when > self.cancel_memory:
-            del self._cancelled[job_id]
-            return False
-        return True
+    @property
+    def liveness(self) -> OrderedDict[str, tuple[str, float]]:
+        """Liveness seen through BEAT messages: job id -> (worker id, monotonic time)."""
+        return self.control.liveness
 
     @property
     def active(self) -> dict[str, JobContext]:
         """The jobs running now: job id -> context (the first, if one id runs twice)."""
         return {job_id: entries[0][1] for job_id, entries in self._running.items()}
-
-    async def _beat_loop(self, client: Client, scope: anyio.CancelScope) -> None:
-        """BEAT (001 §5.7): every ``heartbeat_interval``, one heartbeat per running job."""
-        with scope:
-            while True:
-                await anyio.sleep(self.heartbeat_interval)
-                ch = self._control_ch
-                if ch is None:
-                    continue
-                for ctx in list(self.active.values()):
-                    try:
-                        await ch.publish(
-                            _json.encode({"job_id": ctx.id, "worker_id": self.worker_id}),
-                            exchange=client.names.direct_exchange,
-                            routing_key=client.names.control_routing_key(ctx.queue),
-                            properties=amqp.BasicProperties(
-                                type=CONTROL_HEARTBEAT, content_type="application/json", app_id="ojs"
-                            ),
-                        )
-                    except amqp.PublishError as exc:
-                        log.warning("heartbeat for job %s not confirmed: %s", ctx.id, exc)
 
     @property
     def stopping(self) -> bool:
@@ -671,7 +491,7 @@ class Worker:
     # ---------------------------------------------------------- one job
 
     async def _handle(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
-        a = Attempt(client=client, ch=ch, queue=queue, msg=msg)
+        a = Attempt(client, ch, queue, msg)
         try:
             await self._handle_one(a)
         except amqp.DELIVERY_LOST_ERRORS as exc:
@@ -706,122 +526,11 @@ class Worker:
             job=job, attempt=a.number, max_attempts=max_attempts, queue=a.queue, worker_id=self.worker_id,
             message=a.msg, policy=policy,
         )  # fmt: skip
-        args = await self._arguments(a, spec, ctx)
-        if args is None:
+        args = self._arguments(spec, ctx)
+        if isinstance(args, Verdict):
+            await self._settle(a, args)
             return
         timeout = self._timeout(job)
-        raised, result, cancelled_caught = await self._run(spec, ctx, args, timeout)
-        verdict = decide(
-            raised,
-            cancelled_caught=cancelled_caught,
-            cancel_requested=ctx.cancel_requested,
-            abandoned=ctx.abandoned,
-            timeout=timeout,
-            policy=policy,
-            attempt=a.number,
-            max_attempts=max_attempts,
-            rng=self._rng,
-        )
-        await self._settle(a, verdict, result)
-
-    async def _admit(self, a: Attempt) -> tuple[HandlerSpec, EffectiveRetryPolicy, int] | None:
-        """Everything before the handler runs: decode the job, count unsettled deliveries,
-        skip a cancelled job, find its handler and policy, refuse an expired one.  None when
-        the delivery was settled here (or moved)."""
-        msg = a.msg
-        if msg.malformed is not None:
-            await self._reject_malformed(a)
-            return None
-        headers = msg.properties.headers or {}
-        # (A header once made the worker reject a job unrun, with no log line and no outcome:
-        # any vhost client could set it.  It means nothing now; `dlq requeue` still strips it.)
-        try:
-            a.number = header_attempt(headers)
-            job = a.job = _decode_delivered(msg.body)
-        except InvalidJobError as exc:
-            a.number = 1
-            await self._settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
-            return None
-        if msg.redelivered and await self._redelivered(a, headers):
-            return None
-        if self._was_cancelled(job.id):
-            await msg.ack()
-            log.info(
-                "job %s type=%s queue=%s outcome=cancelled (cancelled before it started)",
-                job.id, job.type, a.queue,
-            )  # fmt: skip
-            self._report(a.outcome(Outcome.CANCELLED, timed=False))
-            return None
-        spec = self._handlers.get(job.type)
-        if spec is None:
-            await self._unknown_type(a)
-            return None
-        try:
-            policy = self._policy(job, a.client)
-            max_attempts = header_max_attempts(headers, policy.max_attempts)
-        except InvalidJobError as exc:
-            await self._settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
-            return None
-        if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
-            await self._settle(a, dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}"))
-            return None
-        return spec, policy, max_attempts
-
-    async def _redelivered(self, a: Attempt, headers: dict[str, Any]) -> bool:
-        """A redelivered job: dead-lettered as WORKER_LOST past ``max_deliveries``, else
-        moved to the redelivered queue.  True when the delivery was settled here."""
-        lost = unsettled_deliveries(headers) + 1
-        if lost >= self.max_deliveries:
-            verdict = dead_letter(
-                ErrorCode.WORKER_LOST,
-                f"delivered {lost} times, and each delivery ended without a settlement (a worker "
-                f"died or lost its connection holding it); max_deliveries is {self.max_deliveries}",
-            )
-            await self._settle(a, verdict)
-            return True
-        return await self._move_redelivered(a, lost)  # the copy carries the count
-
-    async def _arguments(self, a: Attempt, spec: HandlerSpec, ctx: JobContext) -> list[Any] | None:
-        """The job's arguments converted for the handler; None (dead-lettered as
-        INVALID_ARGS) when they do not fit its parameters."""
-        job = ctx.job
-        args = job.args
-        try:
-            # Checked against the arity worked out at registration; the full bind (which
-            # words the error) only for handlers whose parameters need it.
-            arity = spec.arity
-            if arity is None or not arity[0] <= len(args) + 1 <= arity[1]:
-                spec.signature.bind(ctx, *args)
-            return spec.convert(args)
-        except TypeError as exc:
-            why = f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}"
-        except ArgumentsError as exc:
-            why = str(exc)
-        await self._settle(a, dead_letter(ErrorCode.INVALID_ARGS, why))
-        return None
-
-    def _timeout(self, job: Job) -> float:
-        """The job's timeout in seconds, below the broker's consumer timeout."""
-        own_timeout = isinstance(job.timeout, int) and job.timeout > 0
-        timeout = float(job.timeout) if own_timeout else self.default_timeout  # type: ignore[arg-type]
-        # The broker's clock starts at delivery, and a job may wait prefetched before its
-        # handler starts: keep a 10% margin below the consumer timeout.  The worker's own
-        # default is capped silently; a job that asks for more is warned about.
-        cap = self.broker_consumer_timeout * 0.9
-        if timeout > cap and own_timeout:
-            log.warning(
-                "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): "
-                "the broker would close the channel and redeliver it; it is capped at %.0fs",
-                job.id, timeout, self.broker_consumer_timeout, cap,
-            )  # fmt: skip
-        return min(timeout, cap)
-
-    async def _run(
-        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], timeout: float
-    ) -> tuple[BaseException | None, Any, bool]:
-        """Run the handler (through the middleware) under its timeout; return what it
-        raised, what it returned, and whether its own scope was cancelled."""
-        job = ctx.job
         # One scope per job serves as its timeout (the deadline) and as the handle that
         # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
         backend = self._backend or _Backend()
@@ -860,8 +569,111 @@ class Worker:
             else:
                 entries[:] = [e for e in entries if e is not entry]
             if self._stopping:  # only _enforce_grace (started by stop()) waits on it
-                self._jobs_changed.set()
-        return raised, result, scope.cancelled_caught
+                self._wake_stop_wait()
+        verdict = decide(
+            raised,
+            cancelled_caught=scope.cancelled_caught,
+            cancel_requested=ctx.cancel_requested,
+            abandoned=ctx.abandoned,
+            timeout=timeout,
+            policy=policy,
+            attempt=a.number,
+            max_attempts=max_attempts,
+            rng=self._rng,
+        )
+        await self._settle(a, verdict, result)
+
+    async def _admit(self, a: Attempt) -> tuple[HandlerSpec, EffectiveRetryPolicy, int] | None:
+        """Everything before the handler runs: decode the job, count unsettled deliveries,
+        skip a cancelled job, find its handler and policy, refuse an expired one.  None when
+        the delivery was settled here (or moved)."""
+        msg = a.msg
+        if msg.malformed is not None:
+            await self._reject_malformed(a)
+            return None
+        headers = msg.properties.headers or {}
+        # (A header once made the worker reject a job unrun, with no log line and no outcome:
+        # any vhost client could set it.  It means nothing now; `dlq requeue` still strips it.)
+        try:
+            a.number = header_attempt(headers)
+            job = a.job = _decode_delivered(msg.body)
+        except InvalidJobError as exc:
+            a.number = 1
+            await self._settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
+            return None
+        if msg.redelivered and await self._redelivered(a, headers):
+            return None
+        if self.control.was_cancelled(job.id):
+            await msg.ack()
+            log.info(
+                "job %s type=%s queue=%s outcome=cancelled (cancelled before it started)",
+                job.id, job.type, a.queue,
+            )  # fmt: skip
+            self._report(a.outcome(Outcome.CANCELLED, timed=False))
+            return None
+        spec = self._handlers.get(job.type)
+        if spec is None:
+            await self._unknown_type(a)
+            return None
+        try:
+            policy = self._policy(job, a.client)
+            max_attempts = header_max_attempts(headers, policy.max_attempts)
+        except InvalidJobError as exc:
+            await self._settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
+            return None
+        if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
+            await self._settle(a, dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}"))
+            return None
+        return spec, policy, max_attempts
+
+    async def _redelivered(self, a: Attempt, headers: dict[str, Any]) -> bool:
+        """A redelivered job: dead-lettered as WORKER_LOST past ``max_deliveries``, else
+        moved to the redelivered queue.  True when the delivery was settled here."""
+        lost = unsettled_deliveries(headers) + 1
+        if lost >= self.max_deliveries:
+            verdict = dead_letter(
+                ErrorCode.WORKER_LOST,
+                f"delivered {lost} times, and each delivery ended without a settlement (a worker "
+                f"died or lost its connection holding it); max_deliveries is {self.max_deliveries}",
+            )
+            await self._settle(a, verdict)
+            return True
+        return await self._move_redelivered(a, lost)  # the copy carries the count
+
+    @staticmethod
+    def _arguments(spec: HandlerSpec, ctx: JobContext) -> list[Any] | Verdict:
+        """The job's arguments converted for the handler, or the INVALID_ARGS dead-letter
+        verdict when they do not fit its parameters."""
+        job = ctx.job
+        args = job.args
+        try:
+            # Checked against the arity worked out at registration; the full bind (which
+            # words the error) only for handlers whose parameters need it.
+            arity = spec.arity
+            if arity is None or not arity[0] <= len(args) + 1 <= arity[1]:
+                spec.signature.bind(ctx, *args)
+            return spec.convert(args)
+        except TypeError as exc:
+            why = f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}"
+        except ArgumentsError as exc:
+            why = str(exc)
+        return dead_letter(ErrorCode.INVALID_ARGS, why)
+
+    def _timeout(self, job: Job) -> float:
+        """The job's timeout in seconds, below the broker's consumer timeout."""
+        own_timeout = isinstance(job.timeout, int) and job.timeout > 0
+        timeout = float(job.timeout) if own_timeout else self.default_timeout  # type: ignore[arg-type]
+        # The broker's clock starts at delivery, and a job may wait prefetched before its
+        # handler starts: keep a 10% margin below the consumer timeout.  The worker's own
+        # default is capped silently; a job that asks for more is warned about.
+        cap = self.broker_consumer_timeout * 0.9
+        if timeout > cap and own_timeout:
+            log.warning(
+                "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): "
+                "the broker would close the channel and redeliver it; it is capped at %.0fs",
+                job.id, timeout, self.broker_consumer_timeout, cap,
+            )  # fmt: skip
+        return min(timeout, cap)
 
     async def _reject_malformed(self, a: Attempt) -> None:
         """A delivery whose content header the codec let through as malformed
@@ -904,7 +716,7 @@ class Worker:
             type="ojs.result",
             app_id="ojs",
         )
-        if not await self._may_reply_to(a.client, reply_to):
+        if not await self.control.may_reply_to(a.client, reply_to):
             log.warning(
                 "job %s: reply_to %r is not a requester's own queue; the result is not sent there",
                 job.id, reply_to,
@@ -914,33 +726,6 @@ class Worker:
             await a.ch.publish(body, exchange="", routing_key=reply_to, properties=props)
         except amqp.PublishError as exc:
             log.warning("job %s: the result reply to %r was refused: %s", job.id, reply_to, exc)
-
-    async def _may_reply_to(self, client: Client, reply_to: str) -> bool:
-        """Whether a reply (a result, an INFO answer) may go to queue ``reply_to``.
-
-        ``reply_to`` comes from the message, which any client of the vhost can write, and
-        the reply goes out with this worker's credentials.  So replies go only where a
-        requester is waiting: a queue exclusive to another connection (a passive declare
-        answers 405 RESOURCE_LOCKED), a reply queue of the client this worker runs on, or
-        RabbitMQ's direct reply-to.  A durable or shared queue named there gets nothing.
-        Checked once per name (bounded memory)."""
-        if reply_to.startswith("amq.rabbitmq.reply-to") or client.owns_reply_queue(reply_to):
-            return True
-        known = self._reply_targets.get(reply_to)
-        if known is None:
-            try:
-                async with client.conn.channel(confirms=False) as probe:
-                    await probe.queue_declare(reply_to, passive=True)
-            except amqp.ResourceLocked:
-                known = True  # exclusive to another connection: a waiting requester
-            except amqp.NotFound:
-                return False  # gone (the requester left): nothing to send
-            except ValueError:  # not a queue name at all (pamqp's check, or ours)
-                known = False
-            else:
-                known = False  # any client could read it
-            _remember(self._reply_targets, reply_to, known, limit=1000)
-        return known
 
     async def _call_handler(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
@@ -1217,27 +1002,12 @@ class Worker:
             finally:
                 self._settle_scopes.discard(scope)
                 if self._stopping:
-                    self._jobs_changed.set()
+                    self._wake_stop_wait()
         return None
 
     def _report(self, outcome: JobOutcome) -> None:
         self.counts[outcome.outcome] = self.counts.get(outcome.outcome, 0) + 1
-        if outcome.job_id:
-            state = _OUTCOME_STATE.get(outcome.outcome, outcome.outcome)
-            _remember(
-                self._recent,
-                outcome.job_id,
-                {
-                    "job_id": outcome.job_id,
-                    "state": state,
-                    "attempt": outcome.attempt,
-                    "worker_id": self.worker_id,
-                    "finished_at": _FinishedAt(time.time()),
-                    **({"error": outcome.error} if outcome.error is not None else {}),
-                    **({"result": outcome.result} if _small_json(outcome.result) else {}),
-                },
-                limit=1000,
-            )
+        self.control.finished(outcome)
         if outcome.outcome in ("completed", "cancelled", "abandoned") and log.isEnabledFor(logging.INFO):
             fields = {
                 "job_id": outcome.job_id, "job_type": outcome.type, "queue": outcome.queue,
@@ -1268,28 +1038,6 @@ class Worker:
         return True
 
 
-_OUTCOME_STATE = {
-    "completed": "completed",
-    "retried": "retryable",
-    "dead_lettered": "discarded",
-    "cancelled": "cancelled",
-    "abandoned": "available",
-    "requeued": "available",
-    "deferred": "scheduled",
-}
-
-
-def _drop_malformed_control(msg: amqp.IncomingMessage, queue: str) -> None:
-    """A control message with a malformed content header (``msg.malformed``) is acked
-    unread: its properties cannot be trusted, it cannot be relayed, and no control queue
-    has a dead-letter queue.  Logged at WARNING with the reason."""
-    log.warning(
-        "dropping control message %s (type %s) from %s: malformed message: %s",
-        amqp.property_text(msg.properties.message_id), amqp.property_text(msg.properties.type),
-        queue, msg.malformed,
-    )  # fmt: skip
-
-
 def _decode_delivered(body: bytes) -> Job:
     """:func:`decode_job`, but an envelope without ``specversion`` is read as version 1.0.
 
@@ -1307,22 +1055,6 @@ def _decode_delivered(body: bytes) -> Job:
         if not isinstance(data, dict) or "specversion" in data:
             raise
         return job_from_dict({"specversion": SPEC_VERSION, **data})
-
-
-class _FinishedAt(float):
-    """A finish time kept as epoch seconds; formatted only if INFO asks for it."""
-
-    __slots__ = ()
-
-    def text(self) -> str:
-        return format_timestamp(datetime.fromtimestamp(self, UTC))
-
-
-def _remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) -> None:
-    table[key] = value
-    table.move_to_end(key)
-    while len(table) > limit:
-        table.popitem(last=False)
 
 
 def _error_type(exc: BaseException) -> str:
@@ -1371,17 +1103,3 @@ def _warn_policy(policy: RetryPolicy | None, where: str) -> None:
             UserWarning,
             stacklevel=3,
         )
-
-
-
-def _small_json(value: Any) -> bool:
-    """Whether a result may be kept for INFO answers (JSON, at most 4 KiB encoded)."""
-    if value is None:
-        return False
-    try:
-        return len(_RESULT_ENCODER.encode(value)) <= 4096
-    except (TypeError, ValueError, OverflowError):
-        return False
-
-
-_RESULT_ENCODER = msgspec.json.Encoder()

@@ -556,7 +556,12 @@ async def _fill(
         window = WORKFLOW_EXPIRES_MS
         try:
             await claim_key(
-                ch, lock_queue(client.names.prefix, key, window), window, key=key, job_id=wf, queue=""
+                client.conn,
+                lock_queue(client.names.prefix, key, window),
+                window,
+                key=key,
+                job_id=wf,
+                queue="",
             )
         except DuplicateJobError:
             return

@@ -56,13 +56,13 @@ def test_confirms_tracker_returns_what_to_resolve() -> None:
     for tag, handle in handles.items():
         tracker.track(tag, handle)
     returned = Returned(1, 312, "NO_ROUTE", "ex", "rk2", BasicProperties(), b"")
-    outcomes = tracker.confirmed(Confirmed(1, [1, 2], True, {2: returned}))
-    assert [(h.tag, o) for h, o in outcomes if o is True] == [(1, True)]
-    assert isinstance(outcomes[1][1], UnroutableError) and outcomes[1][0] is handles[2]
+    acked, failed = tracker.confirmed(Confirmed(1, [1, 2], True, {2: returned}))
+    assert acked == [handles[1]]
+    assert len(failed) == 1 and failed[0][0] is handles[2] and isinstance(failed[0][1], UnroutableError)
     assert not any(h.done for h in handles.values())  # resolving is the channel's job
-    (handle, outcome), = tracker.confirmed(Confirmed(1, [3], False, None))
-    assert handle is handles[3] and isinstance(outcome, PublishNackedError)
-    assert tracker.confirmed(Confirmed(1, [3], True, None)) == []  # already resolved: ignored
+    acked, [(handle, outcome)] = tracker.confirmed(Confirmed(1, [3], False, None))
+    assert acked == [] and handle is handles[3] and isinstance(outcome, PublishNackedError)
+    assert tracker.confirmed(Confirmed(1, [3], True, None)) == ([], [])  # already resolved: ignored
     (handle, outcome), = tracker.fail_all(RuntimeError("lost"))
     assert handle is handles[4] and isinstance(outcome, PublishOutcomeUnknownError)
     assert len(tracker) == 0

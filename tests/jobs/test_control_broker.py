@@ -90,12 +90,12 @@ async def test_cancel_running_job_only_its_worker_cancels(
         owner = next((w, o) for w, o in workers if w.worker_id == runner[0])
         final = await owner[1].wait_final(job.id)
         # The others saw the CANCEL too (remembered, in case the job reaches them later).
-        await wait_until(lambda: all(job.id in w._cancelled for w, _ in workers if w is not owner[0]))
+        await wait_until(lambda: all(job.id in w.control.cancelled for w, _ in workers if w is not owner[0]))
         await assert_settled_and_not_dead(client, raw, q)
     assert final.outcome == "cancelled" and final.attempt == 1
     assert runner == [owner[0].worker_id]  # ran once, on one worker
     assert cancelled_in_handler == runner
-    assert job.id not in owner[0]._cancelled  # it ran here: nothing to remember
+    assert job.id not in owner[0].control.cancelled  # it ran here: nothing to remember
     for worker, outcomes in workers:
         expected = [("cancelled", 1)] if worker is owner[0] else []
         assert [(o.outcome, o.attempt) for o in outcomes.of(job.id)] == expected
@@ -120,7 +120,7 @@ async def test_cancel_before_the_job_arrives_skips_it(
     async with three_workers(client, q, register) as workers:
         with anyio.fail_after(WAIT):
             await client.cancel(job_id, queue=q)
-        await wait_until(lambda: all(job_id in w._cancelled for w, _ in workers))
+        await wait_until(lambda: all(job_id in w.control.cancelled for w, _ in workers))
         await client.push_job(job)
         other = await client.push("some.job", [], queue=q)
         with anyio.fail_after(WAIT):

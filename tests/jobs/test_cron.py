@@ -24,6 +24,7 @@ import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.jobs._cron import Misfire, due_tick, leader_queue_name
 from ojs_anyio.jobs._envelope import decode_job, format_timestamp, parse_timestamp
+from ojs_anyio.jobs._schedule import Leadership, merge_fired
 
 from .broker_support import WAIT, current_url
 from .conftest import Cleanup
@@ -148,6 +149,65 @@ def test_misfire_grace_bounds_once() -> None:
         None,
         False,
     )
+
+
+# ====================================================================== pure: leadership
+
+
+T0, T1 = at("2024-01-01T00:00:00"), at("2024-01-01T00:00:05")
+
+#: (leading before, input, leading after, what is reported: None or (leader, reason)).
+LEADERSHIP_TABLE: list[tuple[bool, tuple[str, ...], bool, tuple[bool, str] | None]] = [
+    (False, ("gained",), True, (True, "token received")),
+    (True, ("gained",), True, None),
+    (True, ("lost", "connection lost: boom"), False, (False, "connection lost: boom")),
+    (False, ("lost", "scheduler stopped"), False, None),
+]
+
+
+@pytest.mark.parametrize(("before", "event", "after", "reported"), LEADERSHIP_TABLE, ids=repr)
+def test_leadership_transitions_table(
+    before: bool, event: tuple[str, ...], after: bool, reported: tuple[bool, str] | None
+) -> None:
+    lead = Leadership()
+    if before:
+        lead.gained(T0)
+    changes = lead.changes
+    out = lead.gained(T1) if event[0] == "gained" else lead.lost(T1, event[1])
+    assert lead.leading is after
+    if reported is None:
+        assert out is None and lead.changes == changes
+    else:
+        assert out == ojs.LeadershipChanged(leader=reported[0], at=T1, reason=reported[1])
+    assert lead.since == (T1 if not before and after else T0 if before else None)
+
+
+def test_leadership_counts_changes_and_keeps_when_it_last_became_leader() -> None:
+    lead = Leadership()
+    for event in ("gained", "gained", "lost", "lost", "gained"):
+        lead.gained(T1) if event == "gained" else lead.lost(T1, "x")
+    assert (lead.leading, lead.changes, lead.since) == (True, 2, T1)
+
+
+MERGE_TABLE: list[tuple[dict[str, str], dict[str, str], dict[str, str], bool]] = [
+    ({}, {}, {}, False),
+    ({}, {"a": "2024-01-01T00:00:05"}, {"a": "2024-01-01T00:00:05"}, False),
+    ({"a": "2024-01-01T00:00:05"}, {}, {"a": "2024-01-01T00:00:05"}, True),
+    ({"a": "2024-01-01T00:00:05"}, {"a": "2024-01-01T00:00:01"}, {"a": "2024-01-01T00:00:05"}, True),
+    ({"a": "2024-01-01T00:00:01"}, {"a": "2024-01-01T00:00:05"}, {"a": "2024-01-01T00:00:05"}, False),
+    ({"a": "2024-01-01T00:00:05"}, {"b": "2024-01-01T00:00:01"},
+     {"a": "2024-01-01T00:00:05", "b": "2024-01-01T00:00:01"}, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("ours", "theirs", "merged", "ahead"), MERGE_TABLE, ids=repr)
+def test_token_merge_table(
+    ours: dict[str, str], theirs: dict[str, str], merged: dict[str, str], ahead: bool
+) -> None:
+    """The later tick wins per schedule; ``ahead`` says the token must be saved again."""
+    mine = {k: at(v) for k, v in ours.items()}
+    assert merge_fired(mine, {k: at(v) for k, v in theirs.items()}) is ahead
+    assert mine == {k: at(v) for k, v in merged.items()}
 
 
 # ====================================================================== broker helpers

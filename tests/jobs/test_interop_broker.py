@@ -139,7 +139,7 @@ async def test_our_declarations_first_then_spec_snippets_and_pika_consumer(
     by our client is read by a plain pika consumer with every property and header of
     001 §6 that applies to it; the pika-published job is run by our worker."""
     q = spec_queue
-    cleanup.queue(lock_queue("", f"digest-2026-w07-{q}", 86_400_000), url=ojs_vhost)
+    cleanup.queue(lock_queue("", f"digest-2026-w07-{q}"), url=ojs_vhost)
     trace_id, span_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     span = NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(1)))

@@ -140,8 +140,8 @@ async def test_the_control_plane_and_the_reply_readers_skip_malformed_messages(
                 info = await client.info(pending.id, queue=q, timeout=WAIT)
             assert info.state == "active"
             # The INFO reply queue now exists: malformed replies there, then INFO again.
-            assert client._reply is not None
-            await _publish(broker_url, poison("", client._reply[1].name, "info"))
+            assert client.control.reply_queue is not None
+            await _publish(broker_url, poison("", client.control.reply_queue, "info"))
             with anyio.fail_after(WAIT):
                 assert (await client.info(pending.id, queue=q, timeout=WAIT)).state == "active"
             release.set()

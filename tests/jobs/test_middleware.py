@@ -1,5 +1,5 @@
 """Middleware chains and the per-job-type metrics, without a broker (the worker and client
-wiring is covered in test_middleware_broker.py)."""
+wiring is covered in test_job_api_broker.py)."""
 
 from __future__ import annotations
 

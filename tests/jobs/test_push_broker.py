@@ -47,7 +47,7 @@ async def test_amqp_005_010_011_012_013_015_018_message_as_delivered(
     001 §6.1 (010 content_type, 011 delivery_mode 2, 012 message_id), every header of
     §6.2 that applies (018 x-ojs-attempt as int 1), the body is the job as JSON (013)."""
     retry = ojs.RetryPolicy(max_attempts=5)
-    cleanup.queue(lock_queue("", f"order-42-{q}", 86_400_000))  # the key's lock queue
+    cleanup.queue(lock_queue("", f"order-42-{q}"))  # the key's lock queue
     span = NonRecordingSpan(SpanContext(TRACE_ID, SPAN_ID, is_remote=False, trace_flags=TraceFlags(1)))
     with trace.use_span(span), anyio.fail_after(WAIT):
         job = await client.push(
@@ -220,3 +220,18 @@ async def test_priority_only_when_given_clamped_never_refused_attempt_headers_in
             assert (msg.properties.message_id, msg.properties.priority) == (job.id, expected)
         async with client.conn.channel(confirms=False) as ch:
             await ch.queue_purge(client.names.job_queue(q))
+
+
+@pytest.mark.anyio
+async def test_push_returns_the_job_as_enqueued(client: ojs.Client, q: str) -> None:
+    """enqueued_at, created_at and state, as the OJS conformance suite reads a PUSH's answer."""
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    ready = await client.push("a.job", [1], queue=q)
+    later = await client.push("a.job", [2], queue=q, delay=3600)
+    [batched] = await client.push_batch([client.build("a.job", [3], queue=q)])
+    after = datetime.now(UTC) + timedelta(seconds=1)
+    assert ready.state == "available" and later.state == "scheduled"
+    assert batched.ok and batched.job.state == "available"
+    for job in (ready, later, batched.job):
+        assert isinstance(job.enqueued_at, str) and isinstance(job.created_at, str)
+        assert before <= datetime.fromisoformat(job.enqueued_at) <= after

@@ -316,15 +316,18 @@ def test_4_on_exhaustion_discard_warns_at_construction() -> None:
 
 
 @pytest.mark.anyio
-async def test_4_discard_warns_at_push_and_unique_is_refused(
+async def test_4_discard_warns_at_push_and_unenforceable_unique_policies_are_refused(
     client: ojs.Client, raw: amqp.Connection, q: str
 ) -> None:
     await client.declare_queue(q)
     with pytest.warns(UserWarning, match="on_exhaustion='discard'"):
         await client.push("a.job", [], queue=q, retry=ojs.RetryPolicy(on_exhaustion="discard"))
-    job = ojs.new_job("a.job", [], queue=q, unique=ojs.UniquePolicy(keys=("type",)))
-    with pytest.raises(NotImplementedError, match="unique jobs"):
-        await client.push_job(job)
+    no_period = ojs.new_job("a.job", [], queue=q, unique=ojs.UniquePolicy(keys=("type",)))
+    with pytest.raises(ojs.UsageError, match="needs a 'period'"):
+        await client.push_job(no_period)
+    replace = ojs.UniquePolicy(period="PT1M", on_conflict="replace")
+    with pytest.raises(ojs.UsageError, match="cannot be taken back out"):
+        await client.push_job(ojs.new_job("a.job", [], queue=q, unique=replace))
     assert await job_count(raw, client.names.job_queue(q)) == 1  # only the first went out
 
 
@@ -334,9 +337,9 @@ async def test_4_idempotency_key_deduplicates_across_clients(
 ) -> None:
     """Two clients (two connections) push the same key: one job is enqueued, the other push
     raises DuplicateJobError and publishes nothing; once the window has passed the key is free."""
-    key = f"order-{uuid.uuid4().hex}"
-    cleanup.queue(lock_queue("", key, 500))
-    cleanup.queue(lock_queue("", key, 86_400_000))
+    key, fresh = f"order-{uuid.uuid4().hex}", f"order-{uuid.uuid4().hex}"
+    cleanup.queue(lock_queue("", key))
+    cleanup.queue(lock_queue("", fresh))
     first = await client.push("a.job", [1], queue=q, idempotency_key=key)
     async with ojs.connect(current_url()) as other:
         with pytest.raises(
@@ -344,12 +347,15 @@ async def test_4_idempotency_key_deduplicates_across_clients(
         ) as caught:
             await other.push("a.job", [2], queue=q, idempotency_key=key)
         assert caught.value.code == "DUPLICATE" and caught.value.key == key
+        # The scope is the key alone: another window is the same key.
+        with pytest.raises(ojs.DuplicateJobError):
+            await other.push("a.job", [2], queue=q, idempotency_key=key, idempotency_window=0.5)
         # Concurrent pushes of a fresh key (short window): exactly one wins.
         results: list[str] = []
 
         async def push(c: ojs.Client, n: int) -> None:
             try:
-                await c.push("a.job", [n], queue=q, idempotency_key=key, idempotency_window=0.5)
+                await c.push("a.job", [n], queue=q, idempotency_key=fresh, idempotency_window=0.5)
                 results.append("ok")
             except ojs.DuplicateJobError:
                 results.append("duplicate")
@@ -367,20 +373,23 @@ async def test_4_idempotency_key_deduplicates_across_clients(
         assert (msg.properties.headers or {})["x-ojs-idempotency-key"] == key
         assert msg.properties.message_id == first.id
         await msg.ack()
-    # The window (0.5 s) passes: the marker expires and the key can be used again.
+    # The window (0.5 s) passes: the marker expires and the key can be used again, with
+    # another window too (its lock is declared again).
     with anyio.fail_after(WAIT):
         while True:
             try:
-                await client.push("a.job", [3], queue=q, idempotency_key=key, idempotency_window=0.5)
+                await client.push("a.job", [3], queue=q, idempotency_key=fresh, idempotency_window=60)
                 break
             except ojs.DuplicateJobError:
                 await anyio.sleep(0.1)  # waiting on the broker's TTL: there is no event for it
+    with pytest.raises(ojs.DuplicateJobError):
+        await client.push("a.job", [4], queue=q, idempotency_key=fresh, idempotency_window=0.5)
 
 
 @pytest.mark.anyio
 async def test_4_a_failed_push_frees_its_idempotency_key(client: ojs.Client, cleanup: Any) -> None:
     key = f"k-{uuid.uuid4().hex}"
-    cleanup.queue(lock_queue("", key, 86_400_000))
+    cleanup.queue(lock_queue("", key))
     missing = f"t{uuid.uuid4().hex[:10]}"
     await client.declare_queue(missing)
     ch = await client.channel()
