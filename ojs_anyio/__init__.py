@@ -54,10 +54,36 @@ from .jobs._tracing import Tracing
 from .jobs._typed import JobHandle
 from .jobs._verdicts import DeadLetter, Discard, Retry
 from .jobs._worker import Worker
+from .jobs._workflows import (
+    Batch,
+    Chain,
+    Group,
+    Step,
+    WorkflowHandle,
+    WorkflowMiddleware,
+    WorkflowState,
+    batch,
+    chain,
+    group,
+    step,
+    workflow_from_dict,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
+    "Chain",
+    "Group",
+    "Step",
+    "WorkflowHandle",
+    "WorkflowMiddleware",
+    "WorkflowState",
+    "batch",
+    "chain",
+    "group",
+    "step",
+    "workflow_from_dict",
     "ArgumentTypeError",
     "Client",
     "DeadJob",

@@ -19,7 +19,7 @@ import anyio
 
 # The modules that declare the commands (importing them declares them).
 from . import demo as _demo  # noqa: F401
-from ._cli import _dashboard, _events, _ops, _worker  # noqa: F401
+from ._cli import _dashboard, _events, _ops, _worker, _workflow  # noqa: F401
 from ._cli._common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,

@@ -727,6 +727,44 @@ class Client:
 
     # -------------------------------------------------------------- misc
 
+    # ---------------------------------------------------------- workflows (docs/workflows.md)
+
+    async def start_workflow(self, workflow: Any) -> Any:
+        """Start an ``ojs.chain/group/batch(...)``; returns its :class:`WorkflowHandle`."""
+        from ._workflows import start_workflow
+
+        return await start_workflow(self, workflow)
+
+    async def workflow(self, workflow_id: str) -> Any:
+        """A workflow's :class:`WorkflowState`, from any process (docs/workflows.md)."""
+        from ._workflows import inspect_workflow
+
+        return await inspect_workflow(self, workflow_id)
+
+    async def cancel_workflow(self, workflow_id: str) -> list[str]:
+        """Cancel a workflow: nothing more of it is pushed, its jobs get CANCEL."""
+        from ._workflows import cancel_workflow
+
+        return await cancel_workflow(self, workflow_id)
+
+    async def chain(self, *steps: Any, name: str | None = None) -> Any:
+        """Start ``ojs.chain(*steps)`` (OJS workflows §4)."""
+        from ._workflows import chain
+
+        return await self.start_workflow(chain(*steps, name=name))
+
+    async def group(self, *jobs: Any, name: str | None = None) -> Any:
+        """Start ``ojs.group(*jobs)`` (OJS workflows §5)."""
+        from ._workflows import group
+
+        return await self.start_workflow(group(*jobs, name=name))
+
+    async def batch(self, jobs: Sequence[Any], **callbacks: Any) -> Any:
+        """Start ``ojs.batch(jobs, on_complete=…, on_success=…, on_failure=…)`` (§6)."""
+        from ._workflows import batch
+
+        return await self.start_workflow(batch(jobs, **callbacks))
+
     def dead_letters(self, queue: str) -> DeadLetters:
         return DeadLetters(self, queue)
 

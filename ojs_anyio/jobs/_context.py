@@ -10,10 +10,16 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import amqp
 from ._envelope import Job, format_timestamp
+
+if TYPE_CHECKING:
+    from ._retry import EffectiveRetryPolicy
+
+#: The job ``meta`` key a workflow's jobs carry their place in it under (``docs/workflows.md``).
+WORKFLOW_META_KEY = "ojs.workflow"
 
 __all__ = ["JobContext", "JobOutcome", "Outcome"]
 
@@ -46,6 +52,11 @@ class JobContext:
     cancel_requested: bool = False
     #: Set by a graceful stop whose grace period ran out: the job is left unacked.
     abandoned: bool = False
+    #: The retry policy this attempt runs under (the worker's decision uses it; so does
+    #: the workflow middleware, to tell a final failure from one that will be retried).
+    policy: EffectiveRetryPolicy | None = None
+    #: When the handler's timeout ends (``anyio.current_time()`` terms; set when it starts).
+    deadline: float | None = None
 
     @property
     def started_wall(self) -> str:
@@ -55,6 +66,20 @@ class JobContext:
     @property
     def id(self) -> str:
         return self.job.id
+
+    @property
+    def workflow_id(self) -> str | None:
+        """The id of the workflow this job is part of (``docs/workflows.md``), else None."""
+        place = self.job.effective_meta().get(WORKFLOW_META_KEY)
+        return place.get("id") if isinstance(place, dict) else None
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """The results of the upstream jobs of a workflow (OJS workflows §7), keyed by step
+        or job index as strings; ``{}`` for a job outside a workflow or without upstream."""
+        place = self.job.effective_meta().get(WORKFLOW_META_KEY)
+        results = place.get("parent_results") if isinstance(place, dict) else None
+        return results if isinstance(results, dict) else {}
 
     @property
     def args(self) -> list[Any]:

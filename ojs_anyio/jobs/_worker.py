@@ -535,7 +535,7 @@ class Worker:
         assert job is not None
         ctx = JobContext(
             job=job, attempt=a.number, max_attempts=max_attempts, queue=a.queue, worker_id=self.worker_id,
-            message=a.msg,
+            message=a.msg, policy=policy,
         )  # fmt: skip
         args = self._arguments(spec, ctx)
         if isinstance(args, Verdict):
@@ -546,6 +546,7 @@ class Worker:
         # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
         backend = self._backend or _Backend()
         scope = backend.scope_type(deadline=backend.clock() + timeout)
+        ctx.deadline = scope.deadline
         entry = (scope, ctx)
         same_id = self._running.get(job.id)
         if same_id is None:
