@@ -29,17 +29,17 @@ the pure message helpers (requeue properties, death times) are ``_dlq.py``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-import anyio
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ojs_anyio.amqp import UsageError
 
 from .. import amqp
+from .._dead_letter_queue import DeadLetterQueue, return_to_queue
 from . import _tracing
 from ._dlq import died_at, requeue_properties
 from ._durations import DurationLike, duration_seconds
@@ -161,28 +161,25 @@ class DeadLetters:
         info = await ch.queue_declare(self.name, passive=True)
         return info.message_count
 
+    def _dlq(self) -> DeadLetterQueue:
+        return DeadLetterQueue(self.client.conn, self.name)
+
     async def peek(self, limit: int = 100) -> list[DeadJob]:
         """Up to ``limit`` dead jobs, oldest first, left in the queue.
 
         Implemented with Basic.Get + one Basic.Reject(requeue) per message on a private
         channel, so it sets ``redelivered`` on them but never removes one.
         """
-        out: list[DeadJob] = []
-        async with self.client.conn.channel(confirms=False) as ch:
-            held: list[amqp.IncomingMessage] = []
-            try:
-                for _ in range(limit):
-                    msg = await ch.get(self.name)
-                    if msg is None:
-                        break
-                    held.append(msg)
-                    out.append(_dead_job(msg))
-            finally:
-                await return_to_queue(held)
-        return out
+        return await self._dlq().peek(limit, _dead_job)
 
     async def requeue(
-        self, limit: int | None = None, *, ids: Collection[str] | None = None, reset_attempts: bool = True
+        self,
+        limit: int | None = None,
+        *,
+        ids: Collection[str] | None = None,
+        reset_attempts: bool = True,
+        on_moved: Callable[[int], object] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> int:
         """Move dead jobs back to ``ojs.queue.{q}`` with the id kept and (``reset_attempts``)
         the attempt reset to 1; only the jobs whose id is in ``ids``, when given.
@@ -192,40 +189,24 @@ class DeadLetters:
         cannot be published again as it is, and a worker would only dead-letter it
         again: it is held while the queue is scanned and put back, and not counted; so
         are the jobs ``ids`` leaves out, in their order.  At most the messages present at
-        the start are looked at.
+        the start are looked at.  ``on_moved(n)`` reports progress; ``stop()`` ends early.
+        The scan is ``ojs_anyio/_dead_letter_queue.py``'s, shared with the event bus.
         """
         if isinstance(ids, str):
             raise ArgumentTypeError("ids must be a collection of job ids, not one str: write ids=[job_id]")
-        client = self.client
-        await client.declare_queue(self.queue)
-        wanted = None if ids is None else set(ids)
-        moved = 0
-        async with client.conn.channel(confirms=True) as ch:
-            present = (await ch.queue_declare(self.name, passive=True)).message_count
-            held: list[amqp.IncomingMessage] = []
-            try:
-                for _ in range(present):
-                    if (limit is not None and moved >= limit) or wanted == set():
-                        break
-                    msg = await ch.get(self.name)
-                    if msg is None:
-                        break
-                    job_id = amqp.property_text(msg.properties.message_id) or ""
-                    if msg.malformed is not None or (wanted is not None and job_id not in wanted):
-                        held.append(msg)
-                        continue
-                    try:
-                        await self.republish(ch, msg, reset_attempts=reset_attempts)
-                    except BaseException:
-                        held.append(msg)
-                        raise
-                    await msg.ack()
-                    moved += 1
-                    if wanted is not None:
-                        wanted.discard(job_id)
-            finally:
-                await return_to_queue(held)
-        return moved
+        await self.client.declare_queue(self.queue)
+
+        async def move(ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
+            await self.republish(ch, msg, reset_attempts=reset_attempts)
+
+        return await self._dlq().move(
+            move,
+            key=lambda msg: amqp.property_text(msg.properties.message_id) or "",
+            limit=limit,
+            ids=ids,
+            on_moved=on_moved,
+            stop=stop,
+        )
 
     async def republish(
         self, ch: amqp.Channel, msg: amqp.IncomingMessage, *, reset_attempts: bool = True
@@ -286,49 +267,21 @@ class DeadLetters:
                 raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")
             if value < 0:
                 raise UsageError(f"{name} must be zero or more, got {value}")
-        now = datetime.now(UTC)
         cutoff = None
         if older_than is not None:
             seconds = duration_seconds(older_than, "older_than")
             try:
-                cutoff = now - timedelta(seconds=seconds)
+                cutoff = datetime.now(UTC) - timedelta(seconds=seconds)
             except OverflowError:  # before year 1: no job is that old
                 cutoff = None
-        dropped = 0
-        async with self.client.conn.channel(confirms=False) as ch:
-            excess = 0
-            if max_jobs is not None:
-                info = await ch.queue_declare(self.name, passive=True)
-                excess = max(0, info.message_count - max_jobs)
-            while dropped < limit and not (stop is not None and stop()):
-                msg = await ch.get(self.name)
-                if msg is None:
-                    break
-                if dropped >= excess:
-                    when = died_at(msg.properties, now=now)
-                    if cutoff is None or when is None or when >= cutoff:
-                        # The queue is oldest first: everything after this is kept too.
-                        with anyio.CancelScope(shield=True):
-                            await msg.reject(requeue=True)
-                        break
-                await msg.ack()
-                dropped += 1
-                if on_dropped is not None:
-                    on_dropped(dropped)
-        return dropped
-
-
-async def return_to_queue(held: Sequence[amqp.IncomingMessage]) -> None:
-    """Put messages taken with ``Basic.Get`` back in their queue, in order (``Basic.Reject``
-    with requeue), shielded from cancellation.  Once their channel or connection is gone
-    the broker has put them back itself, so that is not an error (the error that closed it
-    is the caller's to report)."""
-    with anyio.CancelScope(shield=True):
-        for msg in held:
-            try:
-                await msg.reject(requeue=True)
-            except (amqp.StaleDeliveryError, amqp.ConnectionLostError, amqp.ConnectionClosedError):
-                return
+        return await self._dlq().prune(
+            cutoff=cutoff,
+            max_count=max_jobs,
+            limit=limit,
+            died=lambda props, now: died_at(props, now=now),
+            on_dropped=on_dropped,
+            stop=stop,
+        )
 
 
 def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:

@@ -6,11 +6,13 @@ interrupted requeue neither loses nor doubles one.  Pure functions, no I/O.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
+from .._dead_letter_queue import DEATH_CLOCK_SKEW, latest_death
+from .._dead_letter_queue import died_at as shared_died_at
 from ..amqp import BasicProperties, Int32
 from ._envelope import format_timestamp, parse_timestamp
 from ._failures import H_ERROR_BACKTRACE, H_ERROR_TYPE
@@ -31,9 +33,6 @@ from ._wire import (
 __all__ = ["DEATH_CLOCK_SKEW", "death_reason", "died_at", "requeue_properties"]
 
 _DEAD_LETTERED_AT = "x-ojs-dead-lettered-at"
-#: How far ahead of the reader's clock a death time may be (clock skew between the host
-#: that wrote it and the one reading it); a later time cannot be right.
-DEATH_CLOCK_SKEW = timedelta(minutes=5)
 
 
 def requeue_properties(
@@ -71,13 +70,6 @@ def requeue_properties(
     return out
 
 
-def _x_death(headers: dict[str, Any]) -> dict[str, Any] | None:
-    deaths = headers.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        return deaths[0]  # the most recent death comes first
-    return None
-
-
 def died_at(props: BasicProperties, *, now: datetime | None = None) -> datetime | None:
     """When the job was dead-lettered, in UTC, or None when that is unknown.
 
@@ -91,31 +83,7 @@ def died_at(props: BasicProperties, *, now: datetime | None = None) -> datetime 
     ``x-ojs-dead-lettered-at`` falls back to the ``x-death`` time only, never to the
     creation time, so a bad stamp never makes a job look older than it is: with no
     ``x-death`` the time is unknown (None), and ``prune`` keeps the job."""
-    headers = props.headers or {}
-    now = datetime.now(UTC) if now is None else now
-    death = _x_death(headers)
-    broker = _usable(death.get("time"), now) if death is not None else None
-    if _DEAD_LETTERED_AT in headers:
-        marked = headers[_DEAD_LETTERED_AT]
-        stamped = None
-        if isinstance(marked, str):
-            try:
-                stamped = _usable(parse_timestamp(marked), now)
-            except (ValueError, OverflowError):
-                stamped = None
-        return stamped if stamped is not None else broker
-    return broker if broker is not None else _usable(props.timestamp, now)
-
-
-def _usable(when: object, now: datetime) -> datetime | None:
-    """``when`` in UTC if it is a datetime that can be a death time (see :func:`died_at`)."""
-    if not isinstance(when, datetime):
-        return None
-    try:
-        utc = (when if when.tzinfo else when.replace(tzinfo=UTC)).astimezone(UTC)
-    except OverflowError:  # an offset that takes it past year 1 or 9999
-        return None
-    return utc if utc <= now + DEATH_CLOCK_SKEW else None
+    return shared_died_at(props, _DEAD_LETTERED_AT, parse_timestamp, now=now)
 
 
 def death_reason(props: BasicProperties) -> str:
@@ -123,7 +91,7 @@ def death_reason(props: BasicProperties) -> str:
     else RabbitMQ's reason (``rejected``, ``expired``, ``maxlen``...)."""
     headers = props.headers or {}
     code, message = headers.get(H_ERROR_CODE), headers.get(H_ERROR_MESSAGE)
-    death = _x_death(headers)
+    death = latest_death(headers)
     broker = f"{death.get('reason')}" if death is not None and death.get("reason") else None
     parts = [p for p in (code, message) if isinstance(p, str) and p]
     if parts:
