@@ -21,19 +21,16 @@ from typing import Any
 from .. import amqp, events
 from ._app import load_object
 from ._common import (
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     count_arg,
     fail,
     format_age,
-    parse_duration,
     print_json,
     print_table,
 )
 from ._common import resolve_url as _resolve_url
-from ._ops import Interrupt, confirm, interruptible
-from ._progress import Progress
+from ._ops import Interrupt, confirm, interruptible, prune_max_age, prune_rules, scan, scanned
 from ._registry import command, group, sync_command
 
 __all__ = [
@@ -177,21 +174,14 @@ async def cmd_events_dlq_requeue(args: Any) -> int:
             total = await _count(dlq)
             if args.all:
                 confirm(f"Move all {total} dead events of {dlq.name} back to {dlq.queue}?", args.yes)
-            progress = Progress(len(args.id) if args.id else total, "requeue", enabled=not args.json)
-            try:
-                moved = await dlq.requeue(
-                    limit=total,
-                    ids=None if args.all else args.id,
-                    on_moved=progress.update,
-                    stop=lambda: interrupt.requested,
-                )
-            finally:
-                progress.close()
-        if args.json:
-            print_json({"queue": dlq.name, "requeued": moved, "interrupted": interrupt.requested})
-        else:
-            print(f"requeued {moved} dead event(s) to {dlq.queue}")
-        return EXIT_INTERRUPTED if interrupt.requested else EXIT_OK
+            ids = None if args.all else args.id
+            moved = await scan(
+                args, len(args.id) if args.id else total, "requeue", interrupt,
+                lambda on_moved, stop: dlq.requeue(limit=total, ids=ids, on_moved=on_moved, stop=stop),
+            )  # fmt: skip
+        return scanned(
+            args, interrupt, dlq.name, "requeued", moved, f"requeued {moved} dead event(s) to {dlq.queue}"
+        )
 
     return await interruptible(run)
 
@@ -217,34 +207,22 @@ async def cmd_events_dlq_purge(args: Any) -> int:
     arguments=_prune_arguments,
 )
 async def cmd_events_dlq_prune(args: Any) -> int:
-    max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
-    if max_age is None and args.max_count is None:
-        fail("give --max-age and/or --max-count", EXIT_USAGE)
+    max_age = prune_max_age(args)
 
     async def run(interrupt: Interrupt) -> int:
         async with _open_bus(args) as bus:
             dlq = bus.dead_letters(args.name)
             total = await _count(dlq)
-            rules = [f"older than {args.max_age}"] if max_age is not None else []
-            if args.max_count is not None:
-                rules.append(f"beyond the newest {args.max_count}")
-            confirm(f"Delete the dead events in {dlq.name} {' or '.join(rules)} (of {total})?", args.yes)
-            progress = Progress(total, "prune", enabled=not args.json)
-            try:
-                dropped = await dlq.prune(
-                    max_age,
-                    max_events=args.max_count,
-                    limit=total,
-                    on_dropped=progress.update,
-                    stop=lambda: interrupt.requested,
-                )
-            finally:
-                progress.close()
-        if args.json:
-            print_json({"queue": dlq.name, "pruned": dropped, "interrupted": interrupt.requested})
-        else:
-            print(f"pruned {dropped} dead event(s) from {dlq.name}")
-        return EXIT_INTERRUPTED if interrupt.requested else EXIT_OK
+            confirm(f"Delete the dead events in {dlq.name} {prune_rules(args)} (of {total})?", args.yes)
+            dropped = await scan(
+                args, total, "prune", interrupt,
+                lambda on_dropped, stop: dlq.prune(
+                    max_age, max_events=args.max_count, limit=total, on_dropped=on_dropped, stop=stop
+                ),
+            )  # fmt: skip
+        return scanned(
+            args, interrupt, dlq.name, "pruned", dropped, f"pruned {dropped} dead event(s) from {dlq.name}"
+        )
 
     return await interruptible(run)
 

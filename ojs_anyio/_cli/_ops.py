@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import anyio
@@ -488,40 +488,66 @@ def _prune_arguments(p: argparse.ArgumentParser) -> None:
     arguments=_prune_arguments,
 )
 async def cmd_dlq_prune(args: Any) -> int:
-    max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
-    max_count: int | None = args.max_count
-    if max_age is None and max_count is None:
-        fail("give --max-age and/or --max-count", EXIT_USAGE)
+    max_age = prune_max_age(args)
 
     async def run(interrupt: Interrupt) -> int:
         async with open_client(args.url, args.prefix) as client:
             name = client.names.dlx_queue(args.queue)
             total = await _dead_letter_total(client, args.queue)
-            rules = []
-            if max_age is not None:
-                rules.append(f"older than {args.max_age}")
-            if max_count is not None:
-                rules.append(f"beyond the newest {max_count}")
-            confirm(f"Delete the dead jobs in {name} {' or '.join(rules)} (of {total})?", args.yes)
-            progress = Progress(total, "prune", enabled=not args.json)
-            try:
-                # At most the jobs there at the start.
-                dropped = await client.dead_letters(args.queue).prune(
-                    max_age,
-                    max_jobs=max_count,
-                    limit=total,
-                    on_dropped=progress.update,
-                    stop=lambda: interrupt.requested,
-                )
-            finally:
-                progress.close()
-        if args.json:
-            print_json({"queue": args.queue, "pruned": dropped, "interrupted": interrupt.requested})
-        else:
-            print(f"pruned {dropped} dead job(s) from {name}")
-        return EXIT_INTERRUPTED if interrupt.requested else EXIT_OK
+            confirm(f"Delete the dead jobs in {name} {prune_rules(args)} (of {total})?", args.yes)
+            dead = client.dead_letters(args.queue)
+            dropped = await scan(  # at most the jobs there at the start
+                args, total, "prune", interrupt,
+                lambda moved, stop: dead.prune(
+                    max_age, max_jobs=args.max_count, limit=total, on_dropped=moved, stop=stop
+                ),
+            )  # fmt: skip
+        return scanned(
+            args, interrupt, args.queue, "pruned", dropped, f"pruned {dropped} dead job(s) from {name}"
+        )
 
     return await interruptible(run)
+
+
+def prune_max_age(args: Any) -> timedelta | None:
+    """``--max-age`` of a prune command (a usage error when neither bound is given)."""
+    max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
+    if max_age is None and args.max_count is None:
+        fail("give --max-age and/or --max-count", EXIT_USAGE)
+    return max_age
+
+
+def prune_rules(args: Any) -> str:
+    """What a prune command will delete, for its confirmation question."""
+    rules = [f"older than {args.max_age}"] if args.max_age else []
+    if args.max_count is not None:
+        rules.append(f"beyond the newest {args.max_count}")
+    return " or ".join(rules)
+
+
+async def scan(
+    args: Any,
+    total: int,
+    label: str,
+    interrupt: Interrupt,
+    run: Callable[[Callable[[int], object], Callable[[], bool]], Awaitable[int]],
+) -> int:
+    """A dead-letter scan (requeue, prune) with its progress bar on a terminal, stopped
+    after the current message by the first SIGINT: ``run(on_progress, stop)``."""
+    progress = Progress(total, label, enabled=not args.json)
+    try:
+        return await run(progress.update, lambda: interrupt.requested)
+    finally:
+        progress.close()
+
+
+def scanned(args: Any, interrupt: Interrupt, queue: str, key: str, count: int, text: str) -> int:
+    """A scan's report (``--json`` or ``text``) and exit code (130 when interrupted)."""
+    if args.json:
+        print_json({"queue": queue, key: count, "interrupted": interrupt.requested})
+    else:
+        print(text)
+    return EXIT_INTERRUPTED if interrupt.requested else EXIT_OK
 
 
 # -------------------------------------------------------------- push / cancel / info

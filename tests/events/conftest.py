@@ -29,6 +29,17 @@ async def names() -> AsyncIterator[Names]:
             await n.cleanup()
 
 
+@pytest.fixture
+async def any_names(amqp_url: str) -> AsyncIterator[Names]:
+    """``names`` on the test's broker (``amqp_url``: RabbitMQ, then memory://), cleaned up after."""
+    n = Names(amqp_url)
+    try:
+        yield n
+    finally:
+        with anyio.CancelScope(shield=True), anyio.fail_after(30):
+            await n.cleanup()
+
+
 @pytest.fixture(scope="session")
 def vhosts() -> Iterator[Callable[[int], list[str]]]:
     """``vhosts(n)``: the URLs of ``n`` fresh vhosts, made once per session (rabbitmqctl takes

@@ -3,8 +3,6 @@ job DLQ's guarantees, on RabbitMQ and memory://, asyncio and Trio."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import anyio
@@ -13,20 +11,14 @@ from helpers import message_count
 
 from ojs_anyio import amqp, events
 
-from .support import URL, Names, Seen
+from .support import Names, Seen
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["rabbitmq", "memory"])
-async def names(request: pytest.FixtureRequest) -> AsyncIterator[Names]:
-    url = URL if request.param == "rabbitmq" else f"memory://dlq-{uuid.uuid4().hex[:8]}/"
-    n = Names(url)
-    try:
-        yield n
-    finally:
-        with anyio.CancelScope(shield=True), anyio.fail_after(30):
-            await n.cleanup()
+@pytest.fixture
+def names(any_names: Names) -> Names:
+    return any_names
 
 
 async def _kill(bus: events.EventBus, name: str, count: int) -> list[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any, TypedDict
 
 import anyio
@@ -58,13 +58,8 @@ if pydantic is not None:
 
 
 @pytest.fixture
-async def names(amqp_url: str) -> AsyncIterator[Names]:
-    n = Names(amqp_url)
-    try:
-        yield n
-    finally:
-        with anyio.CancelScope(shield=True), anyio.fail_after(30):
-            await n.cleanup()
+def names(any_names: Names) -> Names:
+    return any_names
 
 
 @pytest.fixture

@@ -4,10 +4,6 @@ RabbitMQ and memory://, asyncio and Trio."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-
-import anyio
 import pytest
 from harness.broker import rabbitmqctl
 from helpers import message_count
@@ -20,15 +16,9 @@ from .support import URL, Names, Seen
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["rabbitmq", "memory"])
-async def names(request: pytest.FixtureRequest) -> AsyncIterator[Names]:
-    url = URL if request.param == "rabbitmq" else f"memory://qo-{uuid.uuid4().hex[:8]}/"
-    n = Names(url)
-    try:
-        yield n
-    finally:
-        with anyio.CancelScope(shield=True), anyio.fail_after(30):
-            await n.cleanup()
+@pytest.fixture
+def names(any_names: Names) -> Names:
+    return any_names
 
 
 LOG = ojs.QueueOptions(max_length=5, overflow="reject-publish", max_priority=None)
