@@ -34,7 +34,7 @@ from ._bus import (
 from ._catalog import ASYNCAPI_VERSION, Catalog
 from ._dead_letters import DeadEvent, EventDeadLetters
 from ._redelivery import MAX_WAIT_QUEUES, WAIT_LADDER_MS, RedeliveryPolicy, ladder_ms
-from ._subscriber import DeadLetter, EventContext, Handler, Subscription
+from ._subscriber import DeadLetter, EventContext, Handler, HandlerTimeoutError, Subscription
 from ._wire import (
     CONTENT_BYTES,
     CONTENT_JSON,
@@ -68,6 +68,7 @@ __all__ = [
     "H_REASON",
     "H_ROUTING_KEY",
     "Handler",
+    "HandlerTimeoutError",
     "MAX_WAIT_QUEUES",
     "QueueFullError",
     "QueueOptions",

@@ -402,6 +402,7 @@ class EventBus:
         redelivery: RedeliveryPolicy | None = None,
         grace_period: float = 10.0,
         queue: QueueOptions | None = None,
+        timeout: float | None = None,
     ) -> AsyncIterator[Subscription]:
         """Consume queue ``{queue_tag}{name}`` with ``handler`` for the duration of the block.
 
@@ -429,6 +430,9 @@ class EventBus:
         A handler that raises rejects the event (redelivery with backoff, then the
         dead-letter queue); ``raise DeadLetter(reason)`` dead-letters it at once; a body
         that does not decode is dead-lettered as ``invalid_payload``.
+
+        ``timeout``: seconds an attempt may take; past it the attempt fails with
+        :class:`HandlerTimeoutError` (redelivery with backoff, then the dead-letter queue).
 
         ``queue``: a :class:`~ojs_anyio.QueueOptions` for the queue (length and byte limits
         with an overflow policy, message TTL, ``QueueOptions.quorum()`` for a cluster; its
@@ -464,6 +468,7 @@ class EventBus:
             consumers=consumers,
             redelivery=redelivery or self.redelivery,
             queue_options=queue,
+            timeout=timeout,
         )
         async with AsyncExitStack() as stack:
             declared: set[int] = set()

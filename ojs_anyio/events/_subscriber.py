@@ -69,6 +69,12 @@ class BusView(Protocol):
     def queue_name(self, name: str) -> str: ...
 
 
+class HandlerTimeoutError(TimeoutError):
+    """An event handler's attempt ran past its subscription's ``timeout``: a failed attempt
+    (redelivered with backoff, then dead-lettered).  A plain ``def`` handler runs in a
+    thread, which cannot be interrupted: its attempt fails when it returns."""
+
+
 class DeadLetter(Exception):
     """Raise from a handler to send the event to the dead-letter queue at once, no retry."""
 
@@ -165,9 +171,18 @@ class Subscription:
         consumers: int,
         redelivery: RedeliveryPolicy,
         queue_options: QueueOptions | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.bus = bus
         self.name = name
+        #: Seconds an attempt may take (``subscribe(timeout=...)``); past it the attempt
+        #: fails with :class:`HandlerTimeoutError` and the event is redelivered as for any
+        #: failure.  None: no limit.
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise amqp.UsageError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        self.timeout = timeout
         #: The queue's limits, overflow, TTL and type (``subscribe(queue=...)``).
         self.queue_options = QueueOptions() if queue_options is None else queue_options
         self.queue = bus.queue_name(name)
@@ -327,7 +342,16 @@ class Subscription:
         failure: Exception | None = None
         try:
             with consumer_span(headers, self.queue, routing_key, message_id, attempt):
-                await _pipeline.call(self.handler, self._is_async, args, self._limiter)
+                if self.timeout is None:
+                    await _pipeline.call(self.handler, self._is_async, args, self._limiter)
+                else:
+                    with anyio.fail_after(self.timeout):
+                        await _pipeline.call(self.handler, self._is_async, args, self._limiter)
+        except TimeoutError as exc:
+            failure = HandlerTimeoutError(
+                f"the handler of {self.queue} ran past its timeout of {self.timeout:g} s"
+            ) if self.timeout is not None else exc  # fmt: skip
+            failure.__cause__ = exc
         except Exception as exc:
             failure = exc
         if self._metrics is not None:

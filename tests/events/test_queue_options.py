@@ -4,6 +4,7 @@ RabbitMQ and memory://, asyncio and Trio."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from harness.broker import rabbitmqctl
 from helpers import message_count
@@ -120,3 +121,27 @@ async def test_quorum_queues_for_a_cluster() -> None:
     finally:
         await names.cleanup()
     assert sorted(seen.items) == [0, 1, 2]
+
+
+async def test_a_handler_timeout_fails_the_attempt_and_the_event_comes_again(names: Names) -> None:
+    name = names.sub("slow")
+    seen = Seen()
+    attempts: list[int] = []
+
+    async def slow_once(event: dict[str, int], ctx: events.EventContext) -> None:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            await anyio.sleep_forever()  # the subscription's timeout ends it
+        seen.add(ctx.headers.get(events.H_ERROR))
+
+    async with events.connect(names.url, **names.bus_options()) as bus:
+        async with bus.subscribe(name, slow_once, timeout=0.2) as sub:
+            await bus.publish(name, {"n": 1})
+            await seen.wait(1)
+        assert sub.redelivered == 1 and sub.dead_lettered == 0
+        with pytest.raises(amqp.UsageError, match="timeout must be a positive"):
+            async with bus.subscribe(name, slow_once, timeout=0):
+                pass
+    assert attempts == [1, 2]
+    [error] = seen.items
+    assert "HandlerTimeoutError" in error and "0.2 s" in error
