@@ -47,10 +47,10 @@ def _run(tree: Path, *args: str) -> dict[str, object]:
     return result
 
 
-def run_once(tree: Path, n: int) -> dict[str, float]:
+def run_once(tree: Path, n: int, smoke: bool = False) -> dict[str, float]:
     """One round on ``tree``: {path: operations per second}."""
     rates: dict[str, float] = {}
-    codec = _run(tree, "benchmarks/codec_bench.py", "--json")
+    codec = _run(tree, "benchmarks/codec_bench.py", "--json", *(["--smoke"] if smoke else []))
     for name, op in codec["ops"].items():  # type: ignore[attr-defined]
         rates[f"codec {name}"] = 1e6 / op["fast_us"]
         if "pure_us" in op:
@@ -68,16 +68,22 @@ def run_once(tree: Path, n: int) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("a", type=Path, help="tree A (the baseline)")
-    ap.add_argument("b", type=Path, help="tree B")
+    ap.add_argument("a", type=Path, nargs="?", help="tree A (the baseline)")
+    ap.add_argument("b", type=Path, nargs="?", help="tree B")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--n", type=int, default=20000, help="messages per hotpath workload")
+    ap.add_argument("--smoke", action="store_true", help="this tree against itself, tiny counts, one round")
     args = ap.parse_args()
+    if args.smoke:
+        here = Path(__file__).resolve().parent.parent
+        args.a, args.b, args.rounds, args.n = args.a or here, args.b or here, 1, 200
+    elif args.a is None or args.b is None:
+        ap.error("two trees are needed: A B")
     trees = [args.a.resolve(), args.b.resolve()]
     runs: list[list[dict[str, float]]] = [[], []]
     for rnd in range(args.rounds):
         for i in (0, 1) if rnd % 2 == 0 else (1, 0):
-            rates = run_once(trees[i], args.n)
+            rates = run_once(trees[i], args.n, args.smoke)
             runs[i].append(rates)
             shown = ", ".join(f"{k} {v:,.0f}" for k, v in rates.items())
             print(f"round {rnd + 1}, {'AB'[i]}: {shown}", file=sys.stderr, flush=True)
