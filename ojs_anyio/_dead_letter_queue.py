@@ -193,15 +193,18 @@ class DeadLetterQueue:
         died: Callable[[amqp.BasicProperties, datetime], datetime | None],
         on_dropped: Callable[[int], object] | None = None,
         stop: Callable[[], bool] | None = None,
+        count_name: str = "max_count",
     ) -> int:
         """Drop messages that died before ``cutoff``, then the oldest beyond ``max_count``.
 
         The queue is FIFO by death, so the scan stops at the first message young enough
         to keep while the count is within bounds; a message whose death time is unknown
         (``died(props, now)`` is None) is never dropped for its age, so the age rule stops
-        there too.  At most ``limit`` are dropped."""
-        for value, name in ((max_count, "max_count"), (limit, "limit")):
-            if value is None and name == "max_count":
+        there too.  At most ``limit`` are dropped.  ``max_count`` and ``limit`` must be whole
+        numbers, zero or more (refused before anything is touched; ``count_name`` names
+        ``max_count`` in the error, as the caller's own parameter is called)."""
+        for value, name in ((max_count, count_name), (limit, "limit")):
+            if value is None and name == count_name:
                 continue
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")

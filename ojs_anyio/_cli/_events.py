@@ -56,10 +56,6 @@ async def _open_bus(args: Any) -> AsyncIterator[events.EventBus]:
         yield bus
 
 
-async def _count(dlq: events.EventDeadLetters) -> int:
-    return await dlq.count()
-
-
 group("events", help="the event bus: a subscription's dead letters, the AsyncAPI document")
 
 
@@ -116,7 +112,7 @@ async def cmd_events_dlq_peek(args: Any) -> int:
     async with _open_bus(args) as bus:
         dlq = bus.dead_letters(args.name)
         dead = await dlq.peek(args.n)
-        total = await _count(dlq)
+        total = await dlq.count()
     now = datetime.now(UTC)
     if args.json:
         print_json(
@@ -171,7 +167,7 @@ async def cmd_events_dlq_requeue(args: Any) -> int:
     async def run(interrupt: Interrupt) -> int:
         async with _open_bus(args) as bus:
             dlq = bus.dead_letters(args.name)
-            total = await _count(dlq)
+            total = await dlq.count()
             if args.all:
                 confirm(f"Move all {total} dead events of {dlq.name} back to {dlq.queue}?", args.yes)
             ids = None if args.all else args.id
@@ -190,7 +186,7 @@ async def cmd_events_dlq_requeue(args: Any) -> int:
 async def cmd_events_dlq_purge(args: Any) -> int:
     async with _open_bus(args) as bus:
         dlq = bus.dead_letters(args.name)
-        total = await _count(dlq)
+        total = await dlq.count()
         confirm(f"Delete all {total} dead events in {dlq.name}?", args.yes)
         purged = await dlq.purge()
     if args.json:
@@ -212,7 +208,7 @@ async def cmd_events_dlq_prune(args: Any) -> int:
     async def run(interrupt: Interrupt) -> int:
         async with _open_bus(args) as bus:
             dlq = bus.dead_letters(args.name)
-            total = await _count(dlq)
+            total = await dlq.count()
             confirm(f"Delete the dead events in {dlq.name} {prune_rules(args)} (of {total})?", args.yes)
             dropped = await scan(
                 args, total, "prune", interrupt,

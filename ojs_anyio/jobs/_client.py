@@ -590,8 +590,9 @@ class Client:
             return [PushResult(job, push_error(exc, job)) for job in jobs]
         window = ch.publish_window(max_in_flight=max_in_flight)
         handles: list[amqp.PublishHandle | PushError] = []
-        sent: list[Job] = []
+        sent: list[Job] = []  # each job as its result reports it: as enqueued once sent
         for job in jobs:
+            pushed = job
             with _tracing.producer_span(job, self.names.direct_exchange) as span:
                 try:
                     with before_sending(deadline):
@@ -601,7 +602,6 @@ class Client:
                     props, body = self._message(pushed, route, None, None, now)
                     if route.exchange != self.names.direct_exchange:
                         span.set_attribute("messaging.destination.name", route.exchange)
-                    sent.append(pushed)
                     handles.append(
                         await window.publish(
                             body,
@@ -614,10 +614,9 @@ class Client:
                     )
                     deadline.restart()
                 except SEND_FAILURES as exc:
-                    if len(sent) > len(handles):
-                        sent.pop()  # built, not sent
-                    sent.append(job)
+                    pushed = job  # not sent: the job as built
                     handles.append(push_error(exc, job))
+            sent.append(pushed)
         await window.wait_all(self.confirm_timeout)
         results: list[PushResult] = []
         for job, handle in zip(sent, handles, strict=True):

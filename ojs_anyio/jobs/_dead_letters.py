@@ -36,8 +36,6 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ojs_anyio.amqp import UsageError
-
 from .. import amqp
 from .._dead_letter_queue import DeadLetterQueue, return_to_queue
 from . import _tracing
@@ -64,6 +62,7 @@ class DeadLetterClient(Protocol):
 
 
 log = logging.getLogger("ojs_anyio.worker")
+
 
 async def dead_letter(
     ch: amqp.Channel,
@@ -260,13 +259,6 @@ class DeadLetters:
         ``max_jobs`` and ``limit`` must be whole numbers, zero or more (a negative one is
         refused before anything is touched: it would otherwise drop every job).
         """
-        for value, name in ((max_jobs, "max_jobs"), (limit, "limit")):
-            if value is None and name == "max_jobs":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")
-            if value < 0:
-                raise UsageError(f"{name} must be zero or more, got {value}")
         cutoff = None
         if older_than is not None:
             seconds = duration_seconds(older_than, "older_than")
@@ -281,6 +273,7 @@ class DeadLetters:
             died=lambda props, now: died_at(props, now=now),
             on_dropped=on_dropped,
             stop=stop,
+            count_name="max_jobs",
         )
 
 
