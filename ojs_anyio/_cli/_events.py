@@ -185,7 +185,9 @@ async def cmd_events_dlq_requeue(args: Any) -> int:
     return await interruptible(run)
 
 
-@command("events", "dlq", "purge", help="delete every dead event of a subscription", arguments=_purge_arguments)
+@command(
+    "events", "dlq", "purge", help="delete every dead event of a subscription", arguments=_purge_arguments
+)
 async def cmd_events_dlq_purge(args: Any) -> int:
     async with _open_bus(args) as bus:
         dlq = bus.dead_letters(args.name)

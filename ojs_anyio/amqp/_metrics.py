@@ -228,9 +228,10 @@ def register() -> None:
     )
     for name, table, operation, desc in (
         ("messaging.client.sent.messages", "published", "publish", "Messages published"),
-        ("messaging.client.consumed.messages", "consumed", "deliver", "Messages delivered to the application"),
+        ("messaging.client.consumed.messages", "consumed", "deliver", "Messages delivered to the app"),
     ):
-        meter.create_observable_counter(name, [_semconv(table, operation)], unit="{message}", description=desc)
+        callbacks = [_semconv(table, operation)]
+        meter.create_observable_counter(name, callbacks, unit="{message}", description=desc)
     operation_duration = meter.create_histogram(
         "messaging.client.operation.duration",
         unit="s",

@@ -36,7 +36,10 @@ MAX_ERROR_TYPES: Final = 50
 class SubscriptionMetrics:
     """The instruments of one subscription (created when metrics are on)."""
 
-    __slots__ = ("_attrs", "_dead", "_duration", "_error_types", "_failed", "_handled", "_process_attrs", "_redelivered")
+    __slots__ = (
+        "_attrs", "_dead", "_duration", "_error_types", "_failed", "_handled", "_process_attrs",
+        "_redelivered",
+    )  # fmt: skip
 
     def __init__(self, meter_provider: metrics.MeterProvider, queue: str) -> None:
         meter = meter_provider.get_meter("ojs_anyio.events", "0.1.0")

@@ -355,8 +355,10 @@ async def test_metrics_publish_consume_ack_nack_by_queue(
         p.attributes for p in after.points["messaging.client.sent.messages"] if _queue_of(p) == queue
     )
     assert sent == {
-        "messaging.system": "rabbitmq", "messaging.operation.name": "publish", "messaging.destination.name": queue
-    }  # fmt: skip
+        "messaging.system": "rabbitmq",
+        "messaging.operation.name": "publish",
+        "messaging.destination.name": queue,
+    }
     operation = after.histogram("messaging.client.operation.duration", queue)
     assert operation is not None and operation.count == hist_after.count
 
