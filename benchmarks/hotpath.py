@@ -55,9 +55,9 @@ import os
 import platform
 import pstats
 import resource
+import shutil
 import socket
 import statistics
-import shutil
 import struct
 import subprocess
 import sys
