@@ -20,6 +20,12 @@ Clients:
   (``asyncio.gather`` over batches of ``channel.basic_publish``), ``pika`` (blocking,
   ``confirm_delivery()``, synchronous publish) and ``pika-select`` (SelectConnection,
   a sliding window of unconfirmed publishes).  A peer that isn't installed is skipped.
+* ``amqplib``: the physical anchor outside Python, Node's most used AMQP client, in its
+  own ``node`` process (``benchmarks/amqplib/bench.js``; ``npm ci`` from its lockfile on
+  first use, skipped without Node): a confirm channel with at most ``--window``
+  unconfirmed publishes (each confirm callback frees a slot), then a consumer at the same
+  prefetch acking each delivery.  Timed inside Node, start-up excluded.  Targets: ours
+  at least as fast on both paths.
 
 Each round runs every scenario once (rounds interleave scenarios, so drift hits all
 alike); the best of ``--repeat`` rounds is reported, every sample is printed.  A
