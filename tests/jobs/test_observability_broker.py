@@ -74,6 +74,13 @@ def metric_reader() -> InMemoryMetricReader:
     return _READER
 
 
+def _queue_of(point: Any) -> object:
+    """The queue of a point: ``queue`` (001 §12.1's instruments) or
+    ``messaging.destination.name`` (OpenTelemetry's ``messaging.client.*`` ones)."""
+    attributes = point.attributes
+    return attributes.get("queue", attributes.get("messaging.destination.name"))
+
+
 class Snapshot:
     """One collection of the ``ojs_anyio.amqp`` meter: values by (metric, queue)."""
 
@@ -91,13 +98,13 @@ class Snapshot:
     def value(self, name: str, queue: str | None = None) -> float:
         """A counter's or gauge's value (for ``queue``; 0 when it has no point)."""
         for point in self.points.get(name, []):
-            if queue is None or point.attributes.get("queue") == queue:
+            if queue is None or _queue_of(point) == queue:
                 return float(point.value)
         return 0.0
 
     def histogram(self, name: str, queue: str) -> HistogramDataPoint | None:
         for point in self.points.get(name, []):
-            if point.attributes.get("queue") == queue:
+            if _queue_of(point) == queue:
                 assert isinstance(point, HistogramDataPoint)
                 return point
         return None
@@ -341,6 +348,19 @@ async def test_metrics_publish_consume_ack_nack_by_queue(
     # Sampled (at most one per Basic.Ack frame and per millisecond): 1 to 50 samples.
     assert hist_after is not None and 1 <= hist_after.count <= 50
     assert 0 < hist_after.sum / hist_after.count < WAIT
+    # The same counts under OpenTelemetry's messaging names and attributes.
+    assert delta("messaging.client.sent.messages") == 50
+    assert delta("messaging.client.consumed.messages") == 50
+    sent = next(
+        p.attributes for p in after.points["messaging.client.sent.messages"] if _queue_of(p) == queue
+    )
+    assert sent == {
+        "messaging.system": "rabbitmq",
+        "messaging.operation.name": "publish",
+        "messaging.destination.name": queue,
+    }
+    operation = after.histogram("messaging.client.operation.duration", queue)
+    assert operation is not None and operation.count == hist_after.count
 
 
 async def test_metrics_basic_get_counts_under_its_queue(
