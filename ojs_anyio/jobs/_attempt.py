@@ -12,8 +12,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from .. import amqp
-from ._context import JobOutcome, Outcome
+from ._context import JobContext, JobOutcome, Outcome
+from ._decide import Verdict
 from ._envelope import Job
 from ._failures import log_extra
 
@@ -29,9 +32,19 @@ JOB_LINE = "job %(job_id)s type=%(job_type)s queue=%(queue)s attempt=%(attempt)d
 class Attempt:
     """One delivery (see the module docstring)."""
 
-    __slots__ = ("ch", "client", "job", "msg", "number", "queue", "started")
+    __slots__ = (
+        "ch", "client", "ctx", "job", "msg", "number", "queue", "result", "scope", "started", "timeout",
+        "verdict",
+    )  # fmt: skip
 
-    def __init__(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
+    def __init__(
+        self,
+        client: Client,
+        ch: amqp.Channel,
+        queue: str,
+        msg: amqp.IncomingMessage,
+        scope: anyio.CancelScope,
+    ) -> None:
         self.client = client
         self.ch = ch
         #: The OJS queue the delivery came from.
@@ -43,6 +56,16 @@ class Attempt:
         self.job: Job | None = None
         #: The attempt number the delivery runs as (``x-ojs-attempt``; 1 until read).
         self.number = 1
+        #: The pulling task's scope: while the handler runs, its deadline is the job's, and
+        #: CANCEL and the grace period cancel it (the worker's ``_pull_loop``).
+        self.scope = scope
+        #: The handler's context and timeout, once it is about to run.
+        self.ctx: JobContext | None = None
+        self.timeout = 0.0
+        #: The verdict on a handler that returned as its scope was cancelled, and its result:
+        #: settled outside that scope.
+        self.verdict: Verdict | None = None
+        self.result: Any = None
 
     @property
     def job_id(self) -> str | None:

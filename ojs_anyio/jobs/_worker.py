@@ -30,6 +30,7 @@ import builtins
 import contextlib
 import functools
 import logging
+import math
 import random
 import time
 import uuid
@@ -44,6 +45,7 @@ import anyio.abc
 import anyio.to_thread
 import msgspec
 import sniffio
+from msgspec import UNSET
 
 from ojs_anyio.amqp import Int32, UsageError
 
@@ -204,8 +206,9 @@ class Worker:
         #: Redelivered jobs being moved now, and the event their end sets (_moves_settled).
         self._moving = 0
         self._moved: anyio.Event | None = None
-        #: (worker policy, it merged over the OJS defaults): see _policy.
-        self._defaults: tuple[RetryPolicy | None, RetryPolicy] | None = None
+        #: (worker policy, it merged over the OJS defaults, that resolved for jobs without
+        #: their own policy): see _policy.
+        self._defaults: tuple[RetryPolicy | None, RetryPolicy, EffectiveRetryPolicy] | None = None
         #: job type -> the handler, inspected at registration
         self._handlers: dict[str, HandlerSpec] = {}
         #: Bounds the threads of sync handlers (created in run(): one per event loop).
@@ -322,8 +325,10 @@ class Worker:
         """
         cached = self._defaults
         if cached is None or cached[0] is not self.retry:
-            cached = self._defaults = (self.retry, merge(self.retry, DEFAULT_RETRY_POLICY))
-        return resolve_retry(job.retry, cached[1])
+            merged = merge(self.retry, DEFAULT_RETRY_POLICY)
+            cached = self._defaults = (self.retry, merged, resolve_retry(None, merged))
+        # A job without its own policy (most): the worker's, resolved once.
+        return cached[2] if job.retry is UNSET else resolve_retry(job.retry, cached[1])
 
     def add_listener(self, callback: Callable[[JobOutcome], None]) -> Callable[[], None]:
         """Call ``callback`` with every :class:`JobOutcome` (synchronously)."""
@@ -470,24 +475,40 @@ class Worker:
     async def _pull_loop(
         self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer, *, lone: bool = False
     ) -> None:
-        # One scope for the task's whole life, not one per fetch: it is in _fetch_scopes
-        # (where stop() cancels it) only while the task waits for a delivery, never while
-        # it runs a job.
+        # One cancel scope for many jobs, not one per job (anyio spends about thirty calls
+        # making, entering and leaving one; setting a deadline costs a few).  It is in
+        # _fetch_scopes (where stop() cancels it) only while the task waits for a delivery;
+        # while a job's handler runs, its deadline is the job's and it is the handle CANCEL
+        # and the grace period cancel (_running).  A cancelled scope is spent: the loop
+        # leaves it, settles the job it cut short, and makes a new one.
         backend = self._backend or _Backend()
-        scope = backend.scope_type()
         idle = self._fetch_scopes
-        with scope:
-            while not self._stopping:
-                idle.add(scope)
-                try:
-                    msg = await deliveries.__anext__()
-                except StopAsyncIteration:
-                    return
-                finally:
-                    idle.discard(scope)
-                if lone:
-                    await self._moves_settled()
-                await self._handle(client, ch, queue, msg)
+        while not self._stopping:
+            scope = backend.scope_type()
+            cut: Attempt | None = None
+            with scope:
+                while not self._stopping:
+                    idle.add(scope)
+                    try:
+                        msg = await deliveries.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    finally:
+                        idle.discard(scope)
+                    if scope.cancel_called:
+                        return  # stop() came with this delivery: left unacked, the broker redelivers it
+                    if lone:
+                        await self._moves_settled()
+                    cut = Attempt(client, ch, queue, msg, scope)
+                    await self._guarded(cut, self._handle_one)
+                    if scope.cancel_called:
+                        break  # cancelled as its handler returned: settled below, outside the scope
+                    cut = None
+            if cut is not None and cut.ctx is not None:
+                # The scope was cancelled while the job ran (its deadline, CANCEL or the
+                # grace period) or as it returned; the worker itself was not (that would
+                # have gone on up from here, leaving the job unacked).
+                await self._guarded(cut, self._settle_cut)
 
     async def _moves_settled(self) -> None:
         """Wait until every redelivered job this worker is moving has its original acked
@@ -501,17 +522,19 @@ class Worker:
 
     # ---------------------------------------------------------- one job
 
-    async def _handle(self, client: Client, ch: amqp.Channel, queue: str, msg: amqp.IncomingMessage) -> None:
-        a = Attempt(client, ch, queue, msg)
+    async def _guarded(self, a: Attempt, step: Callable[[Attempt], Awaitable[None]]) -> None:
+        """Run ``step`` (admit, run and settle, or settle) for one delivery; a fault of
+        ours with it must not stop this worker."""
+        msg = a.msg
         try:
-            await self._handle_one(a)
+            await step(a)
         except amqp.DELIVERY_LOST_ERRORS as exc:
             # The connection or channel died while settling, or stayed away longer than
             # publish_timeout: the job was not acked, so the broker redelivers it
             # (redelivered=True).  At-least-once, never lost.
             log.warning(
                 "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
-                msg.properties.message_id, msg.delivery_tag, queue, exc,
+                msg.properties.message_id, msg.delivery_tag, a.queue, exc,
             )  # fmt: skip
         except Exception:
             # The backstop: a fault of ours with this one delivery (the handler's own errors
@@ -520,13 +543,15 @@ class Worker:
             job_id = msg.properties.message_id
             log.exception(
                 "job %s on queue %s could not be processed; rejected into the dead-letter queue",
-                job_id, queue, extra=log_extra(job_id, msg.properties.type, queue, 0),
+                job_id, a.queue, extra=log_extra(job_id, msg.properties.type, a.queue, 0),
             )  # fmt: skip
             with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
                 await msg.nack(requeue=False)
 
     async def _handle_one(self, a: Attempt) -> None:
-        """Admit the delivery (decode, checks), then run its handler and settle it."""
+        """Admit the delivery (decode, checks), then run its handler and settle it.  When
+        the pull task's scope is cancelled during the handler, the cancellation goes on up
+        to the pull loop, which settles the job (:meth:`_settle_cut`)."""
         admitted = await self._admit(a)
         if admitted is None:
             return
@@ -535,18 +560,17 @@ class Worker:
         assert job is not None
         ctx = JobContext(
             job=job, attempt=a.number, max_attempts=max_attempts, queue=a.queue, worker_id=self.worker_id,
-            message=a.msg, policy=policy,
+            message=a.msg, started_at=a.started, policy=policy,
         )  # fmt: skip
         args = self._arguments(spec, ctx)
         if isinstance(args, Verdict):
             await self._settle(a, args)
             return
-        timeout = self._timeout(job)
-        # One scope per job serves as its timeout (the deadline) and as the handle that
-        # CANCEL and the grace period use (they set a flag on ctx before cancelling it).
+        timeout = a.timeout = self._timeout(job)
         backend = self._backend or _Backend()
-        scope = backend.scope_type(deadline=backend.clock() + timeout)
-        ctx.deadline = scope.deadline
+        scope = a.scope
+        ctx.deadline = scope.deadline = backend.clock() + timeout
+        a.ctx = ctx
         entry = (scope, ctx)
         same_id = self._running.get(job.id)
         if same_id is None:
@@ -556,16 +580,15 @@ class Worker:
         raised: BaseException | None = None
         result: Any = None
         try:
-            with scope:  # tracing is middleware (_tracing.Tracing, added by _prepare_middleware)
-                chain = self._handler_chain
-                if chain is not None:
-                    result = await chain(ctx, functools.partial(self._call_handler, spec, ctx, args, scope))
-                elif spec.is_async:
-                    result = await spec.fn(ctx, *args)
-                else:
-                    result = await self._run_sync(spec, ctx, args, scope)
+            chain = self._handler_chain  # tracing is middleware (_tracing.Tracing, see _prepare_middleware)
+            if chain is not None:
+                result = await chain(ctx, functools.partial(self._call_handler, spec, ctx, args, scope))
+            elif spec.is_async:
+                result = await spec.fn(ctx, *args)
+            else:
+                result = await self._run_sync(spec, ctx, args, scope)
         except backend.cancelled:
-            raise  # the worker itself is being cancelled: leave the job unacked
+            raise  # this scope (timeout, CANCEL, grace period: see _pull_loop) or the worker's
         except KeyboardInterrupt:
             raise  # Ctrl-C reached the handler: the process is stopping, the job stays unacked
         except BaseException as exc:  # whatever the handler raised, decided on below
@@ -574,6 +597,7 @@ class Worker:
             # stops the worker gracefully through stop(), never through SystemExit.
             raised = exc
         finally:
+            scope.deadline = math.inf  # settling is not the handler's time
             entries = self._running[job.id]
             if len(entries) == 1:
                 del self._running[job.id]
@@ -582,17 +606,28 @@ class Worker:
             if self._stopping:  # only _enforce_grace (started by stop()) waits on it
                 self._wake_stop_wait()
         verdict = decide(
-            raised,
-            cancelled_caught=scope.cancelled_caught,
-            cancel_requested=ctx.cancel_requested,
-            abandoned=ctx.abandoned,
-            timeout=timeout,
-            policy=policy,
-            attempt=a.number,
-            max_attempts=max_attempts,
-            rng=self._rng,
-        )
+            raised, cancelled_caught=False, cancel_requested=ctx.cancel_requested, abandoned=ctx.abandoned,
+            timeout=timeout, policy=policy, attempt=a.number, max_attempts=max_attempts, rng=self._rng,
+        )  # fmt: skip
+        if scope.cancel_called:  # cancelled as the handler returned: the pull loop settles it
+            a.verdict, a.result = verdict, result
+            return
         await self._settle(a, verdict, result)
+
+    async def _settle_cut(self, a: Attempt) -> None:
+        """Settle a job whose handler the pull task's scope cut short (or that returned as
+        it was cancelled: its verdict is then kept on the attempt)."""
+        if a.verdict is not None:
+            await self._settle(a, a.verdict, a.result)
+            return
+        ctx = a.ctx
+        assert ctx is not None and ctx.policy is not None
+        verdict = decide(
+            None, cancelled_caught=True, cancel_requested=ctx.cancel_requested, abandoned=ctx.abandoned,
+            timeout=a.timeout, policy=ctx.policy, attempt=a.number, max_attempts=ctx.max_attempts,
+            rng=self._rng,
+        )  # fmt: skip
+        await self._settle(a, verdict)
 
     async def _admit(self, a: Attempt) -> tuple[HandlerSpec, EffectiveRetryPolicy, int] | None:
         """Everything before the handler runs: decode the job, count unsettled deliveries,
