@@ -595,3 +595,45 @@ async def test_dead_letter_of_a_full_queue_still_reaches_the_dlq(raw: amqp.Conne
     h = msg.properties.headers or {}
     assert h["x-death"][0]["reason"] == "rejected"
     assert "x-ojs-dead-letter" not in h
+
+
+async def test_one_pull_task_runs_jobs_after_a_timeout_and_a_cancel(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
+    """With concurrency 1 every job goes through the same pull task: a job that times out
+    and a job that is cancelled each end as they should, and the jobs after them run as
+    usual (the task's cancel scope, spent by each, is renewed)."""
+    worker = ojs.Worker(queues=[q], concurrency=1)
+    outcomes = Outcomes(worker)
+    started = anyio.Event()
+    ran: list[str] = []
+
+    @worker.handler("hang.job")
+    async def hang(ctx: ojs.JobContext) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    @worker.handler("quick.job")
+    async def quick(ctx: ojs.JobContext, i: int) -> int:
+        ran.append(ctx.id)
+        return i
+
+    once = ojs.RetryPolicy(max_attempts=1)
+    async with running(worker, client):
+        slow = await client.push("hang.job", [], queue=q, timeout=1, retry=once)
+        first = await client.push("quick.job", [1], queue=q)
+        timed_out = await outcomes.wait_final(slow.id)
+        assert (await outcomes.wait_final(first.id)).outcome == "completed"
+        started = anyio.Event()
+        cancelled_job = await client.push("hang.job", [], queue=q, retry=once)
+        with anyio.fail_after(WAIT):
+            await started.wait()
+        with anyio.fail_after(WAIT):
+            await client.cancel(cancelled_job.id, queue=q)
+        cancelled = await outcomes.wait_final(cancelled_job.id)
+        second = await client.push("quick.job", [2], queue=q)
+        done = await outcomes.wait_final(second.id)
+    assert timed_out.outcome == "dead_lettered" and timed_out.error_code == "HANDLER_TIMEOUT"
+    assert cancelled.outcome == "cancelled"
+    assert done.outcome == "completed" and done.result == 2
+    assert ran == [first.id, second.id]
