@@ -15,7 +15,6 @@ period cancel it (:attr:`JobRunner.running`); a spent scope is replaced.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -28,20 +27,19 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 import msgspec
-import sniffio
 from msgspec import UNSET
 
 from .. import _pipeline, amqp
 from . import _tracing
-from ._attempt import Attempt
+from ._attempt import Attempt, Backend, decode_delivered, handler_arguments
 from ._client import Client
 from ._context import JobContext, Outcome
 from ._control import WorkerControl
 from ._decide import Verdict, dead_letter, decide
-from ._envelope import SPEC_VERSION, Job, decode_job, job_from_dict, parse_timestamp
+from ._envelope import Job, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._failures import log_extra
-from ._handlers import ArgumentsError, HandlerSpec
+from ._handlers import HandlerSpec
 from ._job_metrics import JobMetrics
 from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks
 from ._retry import DEFAULT_RETRY_POLICY, EffectiveRetryPolicy, RetryPolicy, merge, resolve_retry
@@ -60,6 +58,7 @@ class RunningWorker(Protocol):
 
     worker_id: str
     concurrency: int
+    prefetch: int
     retry: RetryPolicy | None
     default_timeout: float
     broker_consumer_timeout: float
@@ -96,7 +95,7 @@ class JobRunner:
         #: (worker policy, it merged over the OJS defaults, that resolved for jobs without
         #: their own policy): see _policy.
         self._defaults: tuple[RetryPolicy | None, RetryPolicy, EffectiveRetryPolicy] | None = None
-        self._backend: _Backend | None = None
+        self._backend: Backend | None = None
         #: Bounds the threads of sync handlers (made by prepare(): one per event loop).
         self._thread_limiter: anyio.CapacityLimiter | None = None
         self._handler_chain: HandlerChain | None = None
@@ -108,7 +107,7 @@ class JobRunner:
     def start(self, queues: int) -> None:
         """Per run, in its event loop: the backend's primitives, the thread bound, the
         handler chain, and the count of queues :meth:`queues_done` waits for."""
-        self._backend = _Backend()
+        self._backend = Backend()
         self._thread_limiter = anyio.CapacityLimiter(self._worker.concurrency * queues)
         self.prepare()
         self._queues_running = queues
@@ -161,7 +160,7 @@ class JobRunner:
         try:
             async with (
                 client.conn.channel(confirms=True) as ch,
-                ch.consume(names.job_queue(queue), prefetch=self._worker.concurrency) as deliveries,
+                ch.consume(names.job_queue(queue), prefetch=self._worker.prefetch) as deliveries,
                 client.conn.channel(confirms=True) as lone_ch,
                 # Jobs whose delivery ended unsettled run one at a time, so a job that kills
                 # its worker is the only one in flight when it does (see _move_redelivered).
@@ -187,7 +186,7 @@ class JobRunner:
         # while a job's handler runs, its deadline is the job's and it is the handle CANCEL
         # and the grace period cancel (_running).  A cancelled scope is spent: the loop
         # leaves it, settles the job it cut short, and makes a new one.
-        backend = self._backend or _Backend()
+        backend = self._backend or Backend()
         idle = self._fetch_scopes
         while not self._worker.stopping:
             scope = backend.scope_type()
@@ -256,12 +255,12 @@ class JobRunner:
             job=job, attempt=a.number, max_attempts=max_attempts, queue=a.queue,
             worker_id=self._worker.worker_id, message=a.msg, started_at=a.started, policy=policy,
         )  # fmt: skip
-        args = self._arguments(spec, ctx)
+        args = handler_arguments(spec, ctx)
         if isinstance(args, Verdict):
             await self._settler.settle(a, args)
             return
         timeout = a.timeout = self._timeout(job)
-        backend = self._backend or _Backend()
+        backend = self._backend or Backend()
         scope = a.scope
         ctx.deadline = scope.deadline = backend.clock() + timeout
         a.ctx = ctx
@@ -336,7 +335,7 @@ class JobRunner:
         # any vhost client could set it.  It means nothing now; `dlq requeue` still strips it.)
         try:
             a.number = header_attempt(headers)
-            job = a.job = _decode_delivered(msg.body)
+            job = a.job = decode_delivered(msg.body)
         except InvalidJobError as exc:
             a.number = 1
             await self._settler.settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
@@ -379,25 +378,6 @@ class JobRunner:
             await self._settler.settle(a, verdict)
             return True
         return await self._settler.move_redelivered(a, lost)  # the copy carries the count
-
-    @staticmethod
-    def _arguments(spec: HandlerSpec, ctx: JobContext) -> list[Any] | Verdict:
-        """The job's arguments converted for the handler, or the INVALID_ARGS dead-letter
-        verdict when they do not fit its parameters."""
-        job = ctx.job
-        args = job.args
-        try:
-            # Checked against the arity worked out at registration; the full bind (which
-            # words the error) only for handlers whose parameters need it.
-            arity = spec.arity
-            if arity is None or not arity[0] <= len(args) + 1 <= arity[1]:
-                spec.signature.bind(ctx, *args)
-            return spec.convert(args)
-        except TypeError as exc:
-            why = f"args {job.args!r} do not fit {spec.name}{spec.signature}: {exc}"
-        except ArgumentsError as exc:
-            why = str(exc)
-        return dead_letter(ErrorCode.INVALID_ARGS, why)
 
     def _timeout(self, job: Job) -> float:
         """The job's timeout in seconds, below the broker's consumer timeout."""
@@ -456,43 +436,3 @@ class JobRunner:
                 ctx.id, spec.name, why, extra=log_extra(ctx.id, ctx.job.type, ctx.queue, ctx.attempt),
             )  # fmt: skip
         return result
-
-
-def _decode_delivered(body: bytes) -> Job:
-    """:func:`decode_job`, but an envelope without ``specversion`` is read as version 1.0.
-
-    The binding's own publishing example (§15.1) sends ``{"id", "type", "queue", "args",
-    "created_at"}`` without ``specversion``; jobs from that example must run here too.
-    Everything else stays strict, and the body is never rewritten (retries and dead
-    letters carry the bytes the producer sent).
-    """
-    try:
-        return decode_job(body)
-    except InvalidJobError as exc:
-        if exc.field != "specversion":
-            raise
-        data = _json_decode.decode(body)  # decoded fine the first time
-        if not isinstance(data, dict) or "specversion" in data:
-            raise
-        return job_from_dict({"specversion": SPEC_VERSION, **data})
-
-
-class _Backend:
-    """The running backend's per-job primitives, looked up once per run: anyio finds the
-    backend anew on every ``CancelScope()``, ``current_time()`` and
-    ``get_cancelled_exc_class()``, which is a measurable share of a no-op job."""
-
-    __slots__ = ("cancelled", "clock", "scope_type")
-
-    def __init__(self) -> None:
-        self.scope_type: Callable[..., anyio.CancelScope] = type(anyio.CancelScope())
-        self.cancelled: type[BaseException] = anyio.get_cancelled_exc_class()
-        self.clock: Callable[[], float]
-        if self.cancelled is asyncio.CancelledError:
-            self.clock = asyncio.get_running_loop().time  # what anyio.current_time() reads
-        elif sniffio.current_async_library() == "trio":
-            import trio
-
-            self.clock = trio.current_time  # likewise
-        else:
-            self.clock = anyio.current_time

@@ -100,6 +100,7 @@ class Worker:
         queues: list[str] | tuple[str, ...] = ("default",),
         *,
         concurrency: int = 10,
+        prefetch: int | None = None,
         retry: RetryPolicy | None = None,
         grace_period: DurationLike = 25.0,
         default_timeout: DurationLike = DEFAULT_TIMEOUT,
@@ -120,6 +121,13 @@ class Worker:
         self.queues = check_queue_names(queues, "Worker(queues=...)")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UsageError(f"concurrency must be an int >= 1 (jobs at once per queue), got {concurrency!r}")
+        if prefetch is not None and (
+            isinstance(prefetch, bool) or not isinstance(prefetch, int) or not concurrency <= prefetch < 2**16
+        ):
+            raise UsageError(
+                f"prefetch must be None (= concurrency) or an int from concurrency ({concurrency}) to 65535, "
+                f"got {prefetch!r}: a prefetch below the concurrency would leave pull tasks idle"
+            )
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ArgumentTypeError(
                 f"retry must be an ojs_anyio.RetryPolicy or None, not {type(retry).__name__}"
@@ -136,6 +144,9 @@ class Worker:
             raise ArgumentTypeError(f"rng must be a random.Random or None, not {type(rng).__name__}")
         _warn_policy(retry, "Worker(retry=...)")
         self.concurrency = concurrency
+        #: ``Basic.Qos(prefetch_count)`` of each job queue's consumer: the concurrency by
+        #: default (001's FETCH mapping); larger is a documented departure (docs/jobs.md).
+        self.prefetch = concurrency if prefetch is None else prefetch
         self.retry = retry
         self.grace_period = duration_seconds(grace_period, "grace_period")
         self.default_timeout = duration_seconds(default_timeout, "default_timeout", allow_zero=False)

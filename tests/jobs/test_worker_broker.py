@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import ojs_anyio as ojs
@@ -637,3 +638,40 @@ async def test_one_pull_task_runs_jobs_after_a_timeout_and_a_cancel(
     assert cancelled.outcome == "cancelled"
     assert done.outcome == "completed" and done.result == 2
     assert ran == [first.id, second.id]
+
+
+@pytest.mark.parametrize("prefetch", [None, 8])
+async def test_prefetch_is_what_the_worker_asked_for(
+    client: ojs.Client, q: str, prefetch: int | None
+) -> None:
+    """The job queue's consumer has the prefetch the worker asked for (as the broker reports
+    it): the concurrency by default (001's FETCH mapping), or ``Worker(prefetch=...)``;
+    jobs still run at most ``concurrency`` at once."""
+    concurrency = 2
+    worker = ojs.Worker(queues=[q], concurrency=concurrency, prefetch=prefetch)
+    outcomes = Outcomes(worker)
+    most = now = 0
+
+    @worker.handler("count.job")
+    async def handler(ctx: ojs.JobContext, i: int) -> None:
+        nonlocal most, now
+        now += 1
+        most = max(most, now)
+        await anyio.lowlevel.checkpoint()
+        now -= 1
+
+    async with running(worker, client):
+        with anyio.fail_after(WAIT):
+            consumers = await consumer_facts(client.names.job_queue(q))
+        jobs = [await client.push("count.job", [i], queue=q) for i in range(12)]
+        for job in jobs:
+            assert (await outcomes.wait_final(job.id)).outcome == "completed"
+    assert [c["prefetch_count"] for c in consumers] == [prefetch or concurrency]
+    assert worker.prefetch == (prefetch or concurrency)
+    assert most <= concurrency
+
+
+@pytest.mark.parametrize("prefetch", [1, 0, True, 1.5, 70_000])
+def test_prefetch_below_concurrency_or_not_an_int_is_refused(prefetch: Any) -> None:
+    with pytest.raises(ojs.UsageError, match="prefetch"):
+        ojs.Worker(queues=["q"], concurrency=2, prefetch=prefetch)
