@@ -149,6 +149,8 @@ TARGET = 5.0
 ARGS = ("a", "b")
 PUSH_TASKS = 100
 CONCURRENCIES = (1, 10, 100)
+#: ``Worker(concurrency=1, prefetch=...)`` in the c=1 rounds (ours only).
+PREFETCH_C1 = 10
 STAMP_ENV = "OJS_BENCH_STAMPS"
 _STAMP = struct.Struct("<d")
 
@@ -309,6 +311,16 @@ async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
             cpu: list[float] = []
             out.add(f"worker_c{c}", await _ours_worker(client, q, n, c, cpu=cpu))
             out.add_cpu(f"worker_c{c}", cpu[0] if cpu else None)
+            if c == 1:
+                # What Worker(prefetch=...) buys at c=1 (a departure from 001's FETCH mapping,
+                # never the default): the same drain, with PREFETCH_C1 jobs prefetched.
+                refill = [client.build("bench.noop", ARGS, queue=q) for _ in range(n)]
+                if not all(r.ok for r in await client.push_batch(refill)):
+                    raise RuntimeError("push_batch: some jobs failed")
+                key = f"worker_c1_prefetch{PREFETCH_C1}"
+                cpu = []
+                out.add(key, await _ours_worker(client, q, n, 1, cpu=cpu, prefetch=PREFETCH_C1))
+                out.add_cpu(key, cpu[0] if cpu else None)
         finally:
             for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
                          names.redelivered_queue(q)):  # fmt: skip
@@ -958,6 +970,8 @@ def print_cpu(ours: dict[str, Rates], memory: dict[str, Rates], concurrencies: t
         return
     keys = [(k, label) for k, label in SCENARIOS if k in ("push_batch", "push_concurrent")]
     keys += [(f"worker_c{c}", f"worker concurrency={c}") for c in concurrencies]
+    if 1 in concurrencies:
+        keys.append((f"worker_c1_prefetch{PREFETCH_C1}", f"worker c=1, prefetch={PREFETCH_C1}"))
     print()
     print("client CPU per job, µs (this process, time.process_time; lower is better)")
     print(f"{'scenario':<34}" + "".join(f"{c:>16}" for c in cols))
@@ -987,6 +1001,8 @@ def print_report(
     width = max(12, *(len(c) + 2 for c in cols))
     keys = [(k, label) for k, label in SCENARIOS]
     keys += [(f"worker_c{c}", f"worker concurrency={c}") for c in concurrencies]
+    if 1 in concurrencies:
+        keys.append((f"worker_c1_prefetch{PREFETCH_C1}", f"worker c=1, ours prefetch={PREFETCH_C1}"))
     print(f"ojs-anyio job throughput in jobs/s: N={n:,} no-op jobs, args {list(ARGS)}, {_host(args.url)}")
     print(
         f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs;"
