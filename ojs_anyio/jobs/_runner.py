@@ -58,7 +58,6 @@ class RunningWorker(Protocol):
 
     worker_id: str
     concurrency: int
-    prefetch: int
     retry: RetryPolicy | None
     default_timeout: float
     broker_consumer_timeout: float
@@ -68,6 +67,9 @@ class RunningWorker(Protocol):
     metrics: bool
     tracing: bool
     control: WorkerControl
+
+    @property
+    def prefetch(self) -> int: ...
 
     @property
     def stopping(self) -> bool: ...

@@ -144,9 +144,7 @@ class Worker:
             raise ArgumentTypeError(f"rng must be a random.Random or None, not {type(rng).__name__}")
         _warn_policy(retry, "Worker(retry=...)")
         self.concurrency = concurrency
-        #: ``Basic.Qos(prefetch_count)`` of each job queue's consumer: the concurrency by
-        #: default (001's FETCH mapping); larger is a documented departure (docs/jobs.md).
-        self.prefetch = concurrency if prefetch is None else prefetch
+        self._prefetch = prefetch
         self.retry = retry
         self.grace_period = duration_seconds(grace_period, "grace_period")
         self.default_timeout = duration_seconds(default_timeout, "default_timeout", allow_zero=False)
@@ -334,6 +332,14 @@ class Worker:
     def active(self) -> dict[str, JobContext]:
         """The jobs running now: job id -> context (the first, if one id runs twice)."""
         return {job_id: entries[0][1] for job_id, entries in self._running.items()}
+
+    @property
+    def prefetch(self) -> int:
+        """``Basic.Qos(prefetch_count)`` of each job queue's consumer: the concurrency by
+        default (001's FETCH mapping), else ``Worker(prefetch=...)`` (a documented
+        departure, docs/jobs.md), never below the concurrency (which the command line may
+        set after construction)."""
+        return self.concurrency if self._prefetch is None else max(self._prefetch, self.concurrency)
 
     @property
     def stopping(self) -> bool:

@@ -675,3 +675,15 @@ async def test_prefetch_is_what_the_worker_asked_for(
 def test_prefetch_below_concurrency_or_not_an_int_is_refused(prefetch: Any) -> None:
     with pytest.raises(ojs.UsageError, match="prefetch"):
         ojs.Worker(queues=["q"], concurrency=2, prefetch=prefetch)
+
+
+def test_prefetch_follows_a_concurrency_set_later() -> None:
+    """The command line sets ``worker.concurrency`` after construction: the default
+    prefetch follows it, and a chosen prefetch never falls below it."""
+    default = ojs.Worker(queues=["q"], concurrency=2)
+    default.concurrency = 5
+    assert default.prefetch == 5
+    chosen = ojs.Worker(queues=["q"], concurrency=1, prefetch=8)
+    assert chosen.prefetch == 8
+    chosen.concurrency = 20
+    assert chosen.prefetch == 20
