@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import ojs_anyio as ojs
@@ -595,3 +596,94 @@ async def test_dead_letter_of_a_full_queue_still_reaches_the_dlq(raw: amqp.Conne
     h = msg.properties.headers or {}
     assert h["x-death"][0]["reason"] == "rejected"
     assert "x-ojs-dead-letter" not in h
+
+
+async def test_one_pull_task_runs_jobs_after_a_timeout_and_a_cancel(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
+    """With concurrency 1 every job goes through the same pull task: a job that times out
+    and a job that is cancelled each end as they should, and the jobs after them run as
+    usual (the task's cancel scope, spent by each, is renewed)."""
+    worker = ojs.Worker(queues=[q], concurrency=1)
+    outcomes = Outcomes(worker)
+    started = anyio.Event()
+    ran: list[str] = []
+
+    @worker.handler("hang.job")
+    async def hang(ctx: ojs.JobContext) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    @worker.handler("quick.job")
+    async def quick(ctx: ojs.JobContext, i: int) -> int:
+        ran.append(ctx.id)
+        return i
+
+    once = ojs.RetryPolicy(max_attempts=1)
+    async with running(worker, client):
+        slow = await client.push("hang.job", [], queue=q, timeout=1, retry=once)
+        first = await client.push("quick.job", [1], queue=q)
+        timed_out = await outcomes.wait_final(slow.id)
+        assert (await outcomes.wait_final(first.id)).outcome == "completed"
+        started = anyio.Event()
+        cancelled_job = await client.push("hang.job", [], queue=q, retry=once)
+        with anyio.fail_after(WAIT):
+            await started.wait()
+        with anyio.fail_after(WAIT):
+            await client.cancel(cancelled_job.id, queue=q)
+        cancelled = await outcomes.wait_final(cancelled_job.id)
+        second = await client.push("quick.job", [2], queue=q)
+        done = await outcomes.wait_final(second.id)
+    assert timed_out.outcome == "dead_lettered" and timed_out.error_code == "HANDLER_TIMEOUT"
+    assert cancelled.outcome == "cancelled"
+    assert done.outcome == "completed" and done.result == 2
+    assert ran == [first.id, second.id]
+
+
+@pytest.mark.parametrize("prefetch", [None, 8])
+async def test_prefetch_is_what_the_worker_asked_for(
+    client: ojs.Client, q: str, prefetch: int | None
+) -> None:
+    """The job queue's consumer has the prefetch the worker asked for (as the broker reports
+    it): the concurrency by default (001's FETCH mapping), or ``Worker(prefetch=...)``;
+    jobs still run at most ``concurrency`` at once."""
+    concurrency = 2
+    worker = ojs.Worker(queues=[q], concurrency=concurrency, prefetch=prefetch)
+    outcomes = Outcomes(worker)
+    most = now = 0
+
+    @worker.handler("count.job")
+    async def handler(ctx: ojs.JobContext, i: int) -> None:
+        nonlocal most, now
+        now += 1
+        most = max(most, now)
+        await anyio.lowlevel.checkpoint()
+        now -= 1
+
+    async with running(worker, client):
+        with anyio.fail_after(WAIT):
+            consumers = await consumer_facts(client.names.job_queue(q))
+        jobs = [await client.push("count.job", [i], queue=q) for i in range(12)]
+        for job in jobs:
+            assert (await outcomes.wait_final(job.id)).outcome == "completed"
+    assert [c["prefetch_count"] for c in consumers] == [prefetch or concurrency]
+    assert worker.prefetch == (prefetch or concurrency)
+    assert most <= concurrency
+
+
+@pytest.mark.parametrize("prefetch", [1, 0, True, 1.5, 70_000])
+def test_prefetch_below_concurrency_or_not_an_int_is_refused(prefetch: Any) -> None:
+    with pytest.raises(ojs.UsageError, match="prefetch"):
+        ojs.Worker(queues=["q"], concurrency=2, prefetch=prefetch)
+
+
+def test_prefetch_follows_a_concurrency_set_later() -> None:
+    """The command line sets ``worker.concurrency`` after construction: the default
+    prefetch follows it, and a chosen prefetch never falls below it."""
+    default = ojs.Worker(queues=["q"], concurrency=2)
+    default.concurrency = 5
+    assert default.prefetch == 5
+    chosen = ojs.Worker(queues=["q"], concurrency=1, prefetch=8)
+    assert chosen.prefetch == 8
+    chosen.concurrency = 20
+    assert chosen.prefetch == 20
