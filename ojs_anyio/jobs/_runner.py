@@ -420,6 +420,8 @@ class JobRunner:
                 m.registered = frozenset(self._registry)
         self._handler_chain = build_handler_chain(middleware)
         self._settler.hooks = outcome_hooks(middleware)
+        # Settlements get spans when handlers do (a Tracing middleware is in the chain).
+        self._settler.traced = any(isinstance(m, _tracing.Tracing) for m in middleware)
 
     async def _run_sync(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope

@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ import anyio
 from ojs_anyio.amqp import Int32
 
 from .. import _pipeline, amqp
+from .._trace_context import NO_SPAN
 from ._attempt import JOB_LINE, Attempt
 from ._context import JobOutcome, Outcome
 from ._control import WorkerControl
@@ -35,6 +37,7 @@ from ._failures import H_ERROR_BACKTRACE, H_ERROR_TYPE, error_headers, error_obj
 from ._results import encode_reply
 from ._retry import error_type_name, ladder_delay_ms
 from ._topology import strip_dead_letter_headers
+from ._tracing import settle_span
 from ._wire import (
     H_ATTEMPT,
     H_DELIVERY_COUNT,
@@ -85,6 +88,20 @@ class Settler:
         self._moving = 0
         self._moved: anyio.Event | None = None
         self._unknown_logged: set[str] = set()
+        #: Whether settlements get spans (``settle_span``): set per run, with the handlers'
+        #: Tracing middleware, so an untraced worker pays nothing per job.
+        self.traced = False
+
+    def _span(self, a: Attempt, operation: str, outcome: str) -> AbstractContextManager[Any]:
+        """The settle span of ``a`` (``{ack|nack} job {type}``), or none when untraced."""
+        if not self.traced:
+            return NO_SPAN
+        job = a.job
+        job_type = job.type if job is not None else amqp.property_text(a.msg.properties.type)
+        return settle_span(
+            a.msg.properties.headers, queue=a.queue, job_id=a.job_id, job_type=job_type,
+            operation=operation, outcome=str(outcome),
+        )  # fmt: skip
 
     async def moves_settled(self) -> None:
         """Wait until every redelivered job this worker is moving has its original acked
@@ -103,7 +120,8 @@ class Settler:
         published again, so it is dead-lettered unrun with ``Basic.Nack(requeue=false)``:
         the job queue's dead-letter arguments take it to the DLQ as it is."""
         msg = a.msg
-        await msg.nack(requeue=False)
+        with self._span(a, "nack", Outcome.DEAD_LETTERED):
+            await msg.nack(requeue=False)
         job_id = amqp.property_text(msg.properties.message_id)
         job_type = amqp.property_text(msg.properties.type)
         message = f"malformed message: {msg.malformed}"
@@ -162,8 +180,12 @@ class Settler:
                 log.exception("job %s: the result reply to %r failed; the job is settled all the same",
                               job.id, reply_to)  # fmt: skip
         if action == "ack" or action == "cancelled":
-            await a.msg.ack()
             outcome = Outcome.COMPLETED if action == "ack" else Outcome.CANCELLED
+            if self.traced:
+                with self._span(a, "ack", outcome):
+                    await a.msg.ack()
+            else:
+                await a.msg.ack()
             self.report(a.outcome(outcome, result=result))
         elif action == "abandoned":
             # Left unacked: the broker redelivers it when the channel closes.
@@ -248,7 +270,8 @@ class Settler:
                 msg.properties.message_id, queue, lost, published.reason,
             )  # fmt: skip
             return False
-        await msg.ack()
+        with self._span(a, "ack", "moved"):
+            await msg.ack()
         # On the wire before the copy can run here (and perhaps end this process): a batched
         # ack lost with the process would leave the original to come back as a second copy.
         await client.conn.flush()
@@ -338,7 +361,8 @@ class Settler:
         if published.gave_up:
             await self._requeue(a, f"the retry was not confirmed: {published.reason}")
             return False
-        await msg.ack()
+        with self._span(a, "ack", Outcome.RETRIED):
+            await msg.ack()
         return True
 
     async def _dead_letter(
@@ -347,11 +371,12 @@ class Settler:
         """``Basic.Nack(requeue=false)`` (or the opt-in annotated copy; ``_dead_letter.py``),
         an ERROR line with the failure's traceback, and the outcome."""
         job_id = a.job_id
-        await settle_dead_letter(
-            a.ch, a.msg, dlx_exchange=a.client.names.dlx_exchange, queue=a.queue, job_id=job_id,
-            code=str(code), message=message,
-            republish=self._republish if self._worker.annotate_dead_letters else None,
-        )  # fmt: skip
+        annotated = self._worker.annotate_dead_letters
+        with self._span(a, "ack" if annotated else "nack", Outcome.DEAD_LETTERED):
+            await settle_dead_letter(
+                a.ch, a.msg, dlx_exchange=a.client.names.dlx_exchange, queue=a.queue, job_id=job_id,
+                code=str(code), message=message, republish=self._republish if annotated else None,
+            )  # fmt: skip
         _pipeline.log_dead_letter(
             log, failure, a.log_extra(),
             f"{JOB_LINE} outcome=dead_lettered code=%(code)s: %(message)s",
@@ -367,7 +392,8 @@ class Settler:
     async def _requeue(self, a: Attempt, why: str) -> None:
         """Give the delivery back to the broker unchanged (``Basic.Nack``, requeue): a
         transient refusal of a settling publish must not change the job's fate."""
-        await a.msg.nack(requeue=True)
+        with self._span(a, "nack", Outcome.REQUEUED):
+            await a.msg.nack(requeue=True)
         log.warning(
             f"{JOB_LINE} outcome=requeued: %(why)s; the broker delivers it again",
             {**a.fields(), "why": why}, extra=a.log_extra(),

@@ -240,6 +240,50 @@ async def test_retried_attempts_join_the_original_trace(
     assert consumers[1].status.status_code is StatusCode.UNSET
 
 
+async def test_settlements_get_spans_in_the_producers_trace(
+    client: ojs.Client, q: str, spans: InMemorySpanExporter
+) -> None:
+    """Each settlement is a CLIENT span ``{ack|nack} job {type}`` (``messaging.operation.type``
+    ``settle``) in the producer's trace, saying what it meant: the retry's ack, the final
+    ack, and the Nack of a job that is dead-lettered."""
+    worker = ojs.Worker(queues=[q])
+    outcomes = Outcomes(worker)
+    policy = ojs.RetryPolicy(max_attempts=2, initial_interval="PT0.1S", jitter=False)
+
+    @worker.handler("flaky.job")
+    async def flaky(ctx: ojs.JobContext) -> None:
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    @worker.handler("doomed.job")
+    async def doomed(ctx: ojs.JobContext) -> None:
+        raise RuntimeError("always fails")
+
+    async with running(worker, client):
+        with anyio.fail_after(WAIT):
+            ok = await client.push("flaky.job", [], queue=q, retry=policy)
+            dead = await client.push("doomed.job", [], queue=q, retry=ojs.RetryPolicy(max_attempts=1))
+        await outcomes.wait_final(ok.id)
+        await outcomes.wait_final(dead.id)
+
+    settles = sorted(job_spans(spans, "settle", q), key=lambda s: s.start_time or 0)
+    seen = {
+        (s.name, s.attributes["messaging.operation.name"], s.attributes["ojs.outcome"])
+        for s in settles
+        if s.attributes is not None
+    }
+    assert seen == {
+        ("ack job flaky.job", "ack", "retried"),
+        ("ack job flaky.job", "ack", "completed"),
+        ("nack job doomed.job", "nack", "dead_lettered"),
+    }
+    producers = {s.attributes["messaging.message.id"]: s for s in job_spans(spans, "send", q) if s.attributes}
+    for span in settles:
+        assert span.kind is SpanKind.CLIENT and span.attributes is not None
+        job_id = span.attributes["messaging.message.id"]
+        assert span.context.trace_id == producers[job_id].context.trace_id
+
+
 async def test_tracing_middleware_is_outermost_and_follows_pushes_from_handlers(
     client: ojs.Client, q: str, spans: InMemorySpanExporter
 ) -> None:
