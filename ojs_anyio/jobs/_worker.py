@@ -77,7 +77,14 @@ from ._failures import (
 )
 from ._handlers import ArgumentsError, HandlerSpec, inspect_handler
 from ._job_metrics import JobMetrics
-from ._middleware import HandlerChain, Middleware, build_handler_chain, check_middleware, outcome_hooks
+from ._middleware import (
+    HandlerChain,
+    Middleware,
+    build_handler_chain,
+    check_middleware,
+    outcome_hooks,
+    skip_hooks,
+)
 from ._presence import announce, worker_presence
 from ._results import encode_reply
 from ._retry import (
@@ -237,6 +244,7 @@ class Worker:
         self.tracing = tracing
         self._handler_chain: HandlerChain | None = None
         self._outcome_hooks: tuple[Callable[[JobOutcome], None], ...] = ()
+        self._skip_hooks: tuple[Callable[[Job], Awaitable[None]], ...] = ()
         #: Whether INFO answers carry the job's result and its errors' backtraces.
         self.info_details = info_details
         #: After this many deliveries that ended without a settlement (its worker died or
@@ -615,6 +623,8 @@ class Worker:
         if msg.redelivered and await self._redelivered(a, headers):
             return None
         if self.control.was_cancelled(job.id):
+            for hook in self._skip_hooks:  # a workflow settles the job as cancelled
+                await hook(job)
             await msg.ack()
             log.info(
                 "job %s type=%s queue=%s outcome=cancelled (cancelled before it started)",
@@ -761,6 +771,7 @@ class Worker:
                 m.registered = frozenset(self._handlers)
         self._handler_chain = build_handler_chain(middleware)
         self._outcome_hooks = outcome_hooks(middleware)
+        self._skip_hooks = skip_hooks(middleware)
 
     async def _settle(self, a: Attempt, verdict: Verdict, result: Any = None) -> None:
         """Carry out ``verdict`` on the broker, then report the outcome."""

@@ -321,18 +321,22 @@ async def test_a_nested_batch_with_no_triggered_callback_moves_its_chain_on(
 
 
 async def test_fan_in_queues_are_declared_as_documented(client: ojs.Client, q: str) -> None:
-    """docs/conformance.md: durable, x-expires 7 days, x-max-length N / 2N+16 / 1, reject-publish."""
+    """docs/conformance.md: durable, x-expires 7 days; tokens x-max-length N, records 4N+64
+    (reject-publish); the lock one message (free), no length bound (it is replaced inside a
+    transaction)."""
     handle = await client.group(ojs.step("a", queue=q), ojs.step("b", queue=q))
     base = f"ojs.workflow.{handle.id}.r"
     facts = await queue_facts(f"{base}.tokens", f"{base}.results", f"{base}.lock")
     week = 7 * 86_400_000
-    for name, length, ready in [(f"{base}.tokens", 2, 2), (f"{base}.results", 20, 0), (f"{base}.lock", 1, 1)]:
+    bounded = {"x-expires": week, "x-overflow": "reject-publish"}
+    expected = [
+        (f"{base}.tokens", {**bounded, "x-max-length": 2}, 2),
+        (f"{base}.results", {**bounded, "x-max-length": 72}, 0),
+        (f"{base}.lock", {"x-expires": week}, 1),
+    ]
+    for name, arguments, ready in expected:
         assert facts[name]["durable"] is True
-        assert facts[name]["arguments"] == {
-            "x-expires": week,
-            "x-max-length": length,
-            "x-overflow": "reject-publish",
-        }
+        assert facts[name]["arguments"] == arguments
         assert facts[name]["messages_ready"] == ready
     assert len(handle.job_ids) == 2
 
