@@ -61,8 +61,9 @@ _GUARD = amqp.BasicProperties(delivery_mode=2, type="ojs.workflow.guard")
 _TOKEN = amqp.BasicProperties(delivery_mode=2, type="ojs.workflow.token")
 _RECORD = amqp.BasicProperties(delivery_mode=2, type="ojs.workflow.result")
 
-#: A test hook: awaited with a point's name (``"fire"``: a guard taken, the successor's
-#: messages published in the transaction, not committed yet).  None in production.
+#: A test hook: awaited with a point's name: ``"fire"`` (a guard taken, the successor's
+#: messages published in the transaction, not committed yet) and ``"fired"`` (committed,
+#: the job not acknowledged yet).  None in production.
 crash_point: Any = None
 
 
@@ -221,12 +222,15 @@ async def _guarded(flow: Flow, guard: str, effects: Effects) -> None:
     async with flow.client.conn.channel(confirms=False) as ch:
         await ch.tx_select()
         taken = await _acquire(ch, guard)
-        if taken.body == SPENT:  # a repeat: the successor was pushed
-            await taken.nack(requeue=True)
-        else:
+        fired = taken.body != SPENT
+        if fired:
             await _publish_in(flow, ch, effects)
             await _spend(ch, guard, taken)
+        else:  # a repeat: the successor was pushed
+            await taken.nack(requeue=True)
         await ch.tx_commit()
+    if fired and crash_point is not None:
+        await crash_point("fired")
 
 
 async def _spend(ch: amqp.Channel, guard: str, taken: amqp.IncomingMessage) -> None:
@@ -260,6 +264,7 @@ async def fan_in(flow: Flow, then: dict[str, Any], outcome: Outcome) -> None:
         await ch.publish(body, exchange="", routing_key=then["results"], properties=_RECORD)
         await ch.tx_commit()  # the record is in its queue before the token is taken
         token = await ch.get(then["tokens"])
+        fired = False
         if token is None or token.message_count == 0:
             # The queue is empty after this take: every other job took its token, so every
             # other job recorded first, unless a repeat took a second token.  Read the
@@ -276,9 +281,12 @@ async def fan_in(flow: Flow, then: dict[str, Any], outcome: Outcome) -> None:
                     await _fire(flow, then, records, effects)
                     await _publish_in(flow, ch, effects)
                     await _spend(ch, lock, taken)
+                    fired = True
         if token is not None:
             await token.ack()
         await ch.tx_commit()
+    if fired and crash_point is not None:
+        await crash_point("fired")
 
 
 async def _read_records(ch: amqp.Channel, queue: str, n: int) -> dict[int, tuple[bool, Any]] | None:

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from helpers import wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio.jobs._workflows import workflow_queues
@@ -486,3 +487,71 @@ async def test_a_cancelled_job_fails_its_group(client: ojs.Client, q: str) -> No
         state = await client.workflow(handle.id)
     assert rec.ran("alert")[0][2] == {"0": 1, "1": None}
     assert state.jobs["r.1"] == "cancelled" and state.state == "completed"
+
+
+async def test_a_job_cancelled_before_it_starts_settles_its_batch(client: ojs.Client, q: str) -> None:
+    """A CANCEL of one job of a batch that reaches the worker before the job does: the worker
+    skips it, and the batch still settles, counting it as cancelled (a failure): on_failure
+    and on_complete fire once, with None as its result; inspection says cancelled."""
+    rec = Recorder(client, q, concurrency=1)
+    rec.handle("skipped")
+    rec.handle("alert")
+    rec.handle("report")
+    cancel_seen = anyio.Event()
+
+    async def hold(ctx: ojs.JobContext) -> int:
+        await cancel_seen.wait()
+        return 1
+
+    rec.worker.register("hold", hold)
+    async with running(rec.worker, client):
+        handle = await client.batch(
+            [ojs.step("hold", queue=q), ojs.step("skipped", queue=q)],
+            on_failure=ojs.step("alert", queue=q),
+            on_complete=ojs.step("report", queue=q),
+        )
+        await client.cancel(handle.job_ids[1], queue=q)
+        await wait_until(lambda: rec.worker.control.was_cancelled(handle.job_ids[1]), 15)
+        cancel_seen.set()
+        await rec.wait_completed("alert")
+        await rec.wait_completed("report")
+        await rec.outcomes.wait_for(lambda o: o.type == "skipped" and o.outcome == "cancelled")
+        state = await client.workflow(handle.id)
+    assert rec.ran("skipped") == []
+    assert rec.ran("alert")[0][2] == {"0": 1, "1": None}
+    assert len(rec.ran("alert")) == len(rec.ran("report")) == 1
+    assert state.jobs["r.1"] == "cancelled"
+    assert state.state == "completed"  # a batch whose callbacks ran is done (§8.3)
+
+
+async def test_a_job_cancelled_before_it_starts_fails_its_group_and_chain(client: ojs.Client, q: str) -> None:
+    """The same in a group that is a chain's first step: the group fails, the chain stops
+    (its next step is never pushed) and the workflow settles as failed."""
+    rec = Recorder(client, q, concurrency=1)
+    rec.handle("skipped")
+    rec.handle("next")
+    rec.handle("marker")
+    cancel_seen = anyio.Event()
+
+    async def hold(ctx: ojs.JobContext) -> int:
+        await cancel_seen.wait()
+        return 1
+
+    rec.worker.register("hold", hold)
+    async with running(rec.worker, client):
+        handle = await client.chain(
+            ojs.group(ojs.step("hold", queue=q), ojs.step("skipped", queue=q)), ojs.step("next", queue=q)
+        )
+        await client.cancel(handle.job_ids[1], queue=q)
+        await wait_until(lambda: rec.worker.control.was_cancelled(handle.job_ids[1]), 15)
+        cancel_seen.set()
+        await rec.outcomes.wait_for(lambda o: o.type == "skipped" and o.outcome == "cancelled")
+        await rec.wait_completed("hold")
+        # Both outcomes are reported after their acks, and each job moved the workflow on
+        # before its ack (the skipped one in on_skipped): the group has settled.
+        state = await client.workflow(handle.id)
+        await client.push("marker", queue=q)  # one at a time: a successor would come first
+        await rec.wait_completed("marker")
+    assert rec.ran("next") == []
+    assert state.state == "failed"
+    assert state.jobs == {"r.0.0": "completed", "r.0.1": "cancelled", "r.1": "cancelled"}
