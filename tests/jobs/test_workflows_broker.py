@@ -555,3 +555,35 @@ async def test_a_job_cancelled_before_it_starts_fails_its_group_and_chain(client
     assert rec.ran("next") == []
     assert state.state == "failed"
     assert state.jobs == {"r.0.0": "completed", "r.0.1": "cancelled", "r.1": "cancelled"}
+
+
+async def test_workflow_queues_are_quorum_queues_when_the_job_queues_are(
+    broker_url: str, q: str, cleanup: Cleanup
+) -> None:
+    """A client with QueueOptions.quorum(): the workflow's own queues (fan-in tokens, records
+    and lock, chain permits, journal, cancel mark) are quorum queues, still with x-expires;
+    the workflow runs to its end on them."""
+    async with ojs.connect(broker_url, queue_options=ojs.QueueOptions.quorum()) as quorum_client:
+        rec = Recorder(quorum_client, q)
+        rec.handle("a", lambda: 1)
+        rec.handle("b", lambda: 2)
+        rec.handle("c")
+        async with running(rec.worker, quorum_client):
+            handle = await quorum_client.chain(
+                ojs.group(ojs.step("a", queue=q), ojs.step("b", queue=q)), ojs.step("c", queue=q)
+            )
+            for name in workflow_queues("", handle.envelope):
+                cleanup.queue(name)
+            await rec.wait_completed("c")
+            state = await quorum_client.workflow(handle.id)
+    assert rec.ran("c")[0][2] == {"0": {"0": 1, "1": 2}}
+    assert state.state == "completed"
+    base = f"ojs.workflow.{handle.id}"
+    names = [f"{base}.r.0.tokens", f"{base}.r.0.results", f"{base}.r.0.lock", f"{base}.r.1.permit"]
+    names += [f"{base}.journal", f"{base}.cancelled"]
+    facts = await queue_facts(*names)
+    assert sorted(facts) == sorted(names)
+    for name in names:
+        assert facts[name]["type"] == "quorum", name
+        assert facts[name]["arguments"]["x-queue-type"] == "quorum"
+        assert facts[name]["arguments"]["x-expires"] == 7 * 86_400_000
