@@ -267,15 +267,16 @@ async def fan_in(flow: Flow, then: dict[str, Any], outcome: Outcome) -> None:
         fired = False
         if token is None or token.message_count == 0:
             # The queue is empty after this take: every other job took its token, so every
-            # other job recorded first, unless a repeat took a second token.  Read the
-            # records under the lock (held, like the records, until the commit).
+            # other job recorded first, unless a repeat took a second token.  Under the lock,
+            # fold the records that came since the last reader into the lock's own state.
             taken = await _acquire(ch, lock)
             if taken.body == SPENT:  # fired already (this is a repeat)
                 await taken.nack(requeue=True)
             else:
-                records = await _read_records(ch, then["results"], then["n"])
-                if records is None:  # a job has not recorded yet; it will find the queue empty
-                    await taken.nack(requeue=True)
+                records = await _fold_records(ch, then["results"], then["n"], _lock_state(taken.body))
+                if len(records) < then["n"]:  # a job has not recorded yet: it will come here
+                    await ch.publish(_encode_state(records), exchange="", routing_key=lock, properties=_GUARD)
+                    await taken.ack()
                 else:
                     effects = Effects()
                     await _fire(flow, then, records, effects)
@@ -289,18 +290,31 @@ async def fan_in(flow: Flow, then: dict[str, Any], outcome: Outcome) -> None:
         await crash_point("fired")
 
 
-async def _read_records(ch: amqp.Channel, queue: str, n: int) -> dict[int, tuple[bool, Any]] | None:
-    """All N records of a fan-in, or None when some are missing.  Each is held, and put back
-    at the caller's commit (the nacks of a transactional channel wait for it)."""
-    found: dict[int, tuple[bool, Any]] = {}
+def _lock_state(body: bytes) -> dict[int, tuple[bool, Any]]:
+    """The records a fan-in's free lock carries (folded in by earlier readers)."""
+    if body == FREE or not body:
+        return {}
+    return {int(k): (bool(v[0]), v[1]) for k, v in _decoder.decode(body)["records"].items()}
+
+
+def _encode_state(records: dict[int, tuple[bool, Any]]) -> bytes:
+    return _encoder.encode({"records": {str(k): [ok, value] for k, (ok, value) in records.items()}})
+
+
+async def _fold_records(
+    ch: amqp.Channel, queue: str, n: int, found: dict[int, tuple[bool, Any]]
+) -> dict[int, tuple[bool, Any]]:
+    """``found`` with the records now in the fan-in's record queue added (a repeat's record
+    of an index counts once).  Each is taken and acked: the acks, like the lock's new state,
+    wait for the caller's commit, so a crash before it puts them all back."""
     for _ in range(4 * n + 64):
         msg = await ch.get(queue)
         if msg is None:
             break
         data = _decoder.decode(msg.body)
         found.setdefault(int(data["index"]), (bool(data["ok"]), data.get("value")))
-        await msg.nack(requeue=True)
-    return found if len(found) >= n else None
+        await msg.ack()
+    return found
 
 
 async def _fire(

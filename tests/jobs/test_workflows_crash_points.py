@@ -69,12 +69,19 @@ async def main():
             note(f"work {i}")
             return i
 
+        # A successor delivered to the first process before it kills itself (between the
+        # commit and the kill) waits, unacked, and is redelivered: each line below is one
+        # push of it, not a rerun of a delivery the kill interrupted.
         @worker.handler("cp.next")
         async def next_step(ctx):
+            if not os.path.exists(MARKER):
+                await anyio.sleep_forever()
             note(f"next {sorted(ctx.parent_results.items())}")
 
         @worker.handler("cp.complete")
         async def complete(ctx):
+            if not os.path.exists(MARKER):
+                await anyio.sleep_forever()
             note(f"complete {sorted(ctx.parent_results.items())}")
 
         async with anyio.create_task_group() as tg:
