@@ -41,7 +41,7 @@ from ._errors import ErrorCode, InvalidJobError
 from ._failures import log_extra
 from ._handlers import HandlerSpec
 from ._job_metrics import JobMetrics
-from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks
+from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks, skip_hooks
 from ._retry import DEFAULT_RETRY_POLICY, EffectiveRetryPolicy, RetryPolicy, merge, resolve_retry
 from ._settle import Settler
 from ._wire import header_attempt, header_max_attempts, unsettled_deliveries
@@ -101,6 +101,9 @@ class JobRunner:
         #: Bounds the threads of sync handlers (made by prepare(): one per event loop).
         self._thread_limiter: anyio.CapacityLimiter | None = None
         self._handler_chain: HandlerChain | None = None
+        #: Middleware ``on_skipped`` hooks (set per run), awaited before a job cancelled
+        #: before it started is acked unrun.
+        self._skip_hooks: tuple[Callable[[Job], Awaitable[None]], ...] = ()
         #: Set whenever a job finishes during a graceful stop (enforce_grace listens to it).
         self._changed: anyio.Event | None = None
         self._queues_running = 0
@@ -345,6 +348,8 @@ class JobRunner:
         if msg.redelivered and await self._redelivered(a, headers):
             return None
         if self._worker.control.was_cancelled(job.id):
+            for hook in self._skip_hooks:  # a workflow settles the job as cancelled
+                await hook(job)
             await msg.ack()
             log.info(
                 "job %s type=%s queue=%s outcome=cancelled (cancelled before it started)",
@@ -420,6 +425,7 @@ class JobRunner:
                 m.registered = frozenset(self._registry)
         self._handler_chain = build_handler_chain(middleware)
         self._settler.hooks = outcome_hooks(middleware)
+        self._skip_hooks = skip_hooks(middleware)
         # Settlements get spans when handlers do (a Tracing middleware is in the chain).
         self._settler.traced = any(isinstance(m, _tracing.Tracing) for m in middleware)
 
