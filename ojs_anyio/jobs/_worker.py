@@ -978,12 +978,9 @@ class Worker:
     ) -> None:
         """``Basic.Nack(requeue=false)`` (or the opt-in annotated copy; ``_dead_letter.py``),
         an ERROR line with the failure's traceback, and the outcome."""
-        job_id = a.job_id
         await settle_dead_letter(
-            a.ch, a.msg, dlx_exchange=a.client.names.dlx_exchange, queue=a.queue, job_id=job_id,
-            code=str(code), message=message,
-            republish=self._republish if self.annotate_dead_letters else None,
-        )  # fmt: skip
+            a, code=str(code), message=message, publish=self._republish, annotate=self.annotate_dead_letters
+        )  # with a death note unless annotated: _death_notes.py
         _pipeline.log_dead_letter(
             log, failure, a.log_extra(),
             f"{JOB_LINE} outcome=dead_lettered code=%(code)s: %(message)s",

@@ -137,7 +137,8 @@ async def test_dead_letters_with_reasons_requeue_one_then_purge() -> None:
         for n, job in enumerate(jobs):
             row = by_id[job.id]
             assert (row.type, row.attempt, row.malformed) == ("t.fail", 2, None)
-            assert row.reason == f"HANDLER_ERROR: ValueError: no invoice {n}"
+            # The final attempt's reason, from the worker's death note (default mode: Nack).
+            assert row.reason == f"HANDLER_ERROR: ValueError: no invoice {n} (attempt 2 of 2, retries exhausted)"
             assert row.error is not None and row.error["backtrace"]  # shown only when the operator asks
             assert row.died_at is not None
 

@@ -69,8 +69,11 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
             assert all(d.error_code == "DISCARDED" for d in peeked)
             assert all(d.death_reason is None for d in peeked)  # published, not dead-lettered
         else:
-            # Nack(requeue=false): the broker's own dead-lettering, the reason in the worker's log.
-            assert all(d.error_code is None and d.error_message is None for d in peeked)
+            # Nack(requeue=false): the broker's own dead-lettering; the final reason comes
+            # from the worker's death note, joined by job id.
+            reasons = sorted(d.error_message or "" for d in peeked)
+            assert reasons == [f"dependency down ({n})" for n in range(3)]
+            assert all(d.error_code == "DISCARDED" and d.noted for d in peeked)
             assert all(d.death_reason == "rejected" for d in peeked)
         assert all(d.attempt == 1 and d.died_at is not None for d in peeked)
         assert await dead_letters.count() == 3
