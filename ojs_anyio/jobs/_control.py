@@ -25,6 +25,7 @@ import anyio.abc
 import msgspec
 
 from .. import amqp
+from .._pipeline import model_json
 from ._context import JobContext, JobOutcome
 from ._envelope import format_timestamp
 from ._failures import error_from_headers, error_history
@@ -46,7 +47,7 @@ SYNC_CANCEL_DETAIL = (
     "cancel requested; the handler is synchronous and cannot be interrupted: it runs to completion"
 )
 
-_json = msgspec.json.Encoder()
+_json = msgspec.json.Encoder(enc_hook=model_json)  # results: pydantic models as JSON
 _json_decode = msgspec.json.Decoder()
 
 
@@ -404,4 +405,4 @@ def _small_json(value: Any) -> bool:
         return False
 
 
-_RESULT_ENCODER = msgspec.json.Encoder()
+_RESULT_ENCODER = msgspec.json.Encoder(enc_hook=model_json)
