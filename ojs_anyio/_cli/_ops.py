@@ -235,7 +235,7 @@ def _dead_row(job: DeadJob, now: datetime) -> dict[str, Any]:
     when = job.died_at
     attempt = job.headers.get("x-ojs-attempt")
     return {
-        "id": job.job_id,
+        "id": job.id,
         "type": job.type,
         "attempt": attempt if isinstance(attempt, int) else None,
         "reason": job.reason,
@@ -669,7 +669,7 @@ async def cmd_push(args: Any) -> int:
 
 def _info_dict(info: JobInfo) -> dict[str, Any]:
     return {
-        "job_id": info.job_id,
+        "job_id": info.id,
         "state": info.state,
         "attempt": info.attempt,
         "worker_id": info.worker_id,

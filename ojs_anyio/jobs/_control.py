@@ -102,14 +102,14 @@ class WorkerControl:
 
     def finished(self, outcome: JobOutcome) -> None:
         """Remember what became of a job, for INFO."""
-        if not outcome.job_id:
+        if not outcome.id:
             return
         now = time.time()
         remember(
             self.recent,
-            outcome.job_id,
+            outcome.id,
             {
-                "job_id": outcome.job_id,
+                "job_id": outcome.id,
                 "state": _OUTCOME_STATE.get(outcome.outcome, outcome.outcome),
                 "attempt": outcome.attempt,
                 "worker_id": self._worker.worker_id,

@@ -49,6 +49,7 @@ from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp
 from ._errors import ArgumentTypeError
 from ._failures import error_history
+from ._renamed import warn_renamed
 from ._topology import DLQ_MAX_AGE_MS, DLQ_MAX_LENGTH, Names
 from ._wire import H_ATTEMPT, H_DEAD_LETTERED_AT, H_ERROR_CODE, H_ERROR_MESSAGE, header_int, with_headers
 
@@ -162,7 +163,8 @@ class DeadJob:
     escapes, and ``requeue`` leaves it where it is).
     """
 
-    job_id: str | None
+    #: The job's id (``job_id`` is a deprecated alias).
+    id: str | None
     type: str | None
     error_code: str | None
     error_message: str | None
@@ -179,6 +181,12 @@ class DeadJob:
     #: ``error_code`` / ``error_message`` come from the death note the worker wrote when it
     #: Nacked the job (the default mode; ``_death_notes.py``), not from the message's headers.
     noted: bool = False
+
+    @property
+    def job_id(self) -> str | None:
+        """Deprecated alias of :attr:`id`."""
+        warn_renamed("DeadJob", "job_id", "id")
+        return self.id
 
     @property
     def reason(self) -> str:
@@ -213,11 +221,9 @@ class DeadLetters:
         """
         jobs = await self._dlq().peek(limit, _dead_job)
         # Jobs Nacked by a worker carry no final reason: join them to their death notes.
-        bare = {
-            j.job_id for j in jobs if j.job_id and j.malformed is None and H_DEAD_LETTERED_AT not in j.headers
-        }
+        bare = {j.id for j in jobs if j.id and j.malformed is None and H_DEAD_LETTERED_AT not in j.headers}
         notes = await read_notes(self.client.conn, self.client.names, self.queue, bare)
-        return [_with_note(j, notes[j.job_id]) if j.job_id in notes else j for j in jobs]
+        return [_with_note(j, notes[j.id]) if j.id in notes else j for j in jobs]
 
     async def requeue(
         self,
@@ -342,7 +348,7 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
     if H_DEAD_LETTERED_AT not in headers and isinstance(latest, dict):
         reason = latest.get("reason")
     return DeadJob(
-        job_id=amqp.property_text(msg.properties.message_id),
+        id=amqp.property_text(msg.properties.message_id),
         type=amqp.property_text(msg.properties.type),
         error_code=code if isinstance(code, str) else None,
         error_message=message if isinstance(message, str) else None,

@@ -705,7 +705,7 @@ class Worker:
         )  # fmt: skip
         self._report(
             JobOutcome(
-                job_id=job_id, type=job_type, queue=a.queue, attempt=1, outcome=Outcome.DEAD_LETTERED,
+                id=job_id, type=job_type, queue=a.queue, attempt=1, outcome=Outcome.DEAD_LETTERED,
                 error_code=ErrorCode.INVALID_PAYLOAD, error_message=message, duration=a.elapsed(),
             )
         )  # fmt: skip
@@ -1023,12 +1023,12 @@ class Worker:
         self.control.finished(outcome)
         if outcome.outcome in ("completed", "cancelled", "abandoned") and log.isEnabledFor(logging.INFO):
             fields = {
-                "job_id": outcome.job_id, "job_type": outcome.type, "queue": outcome.queue,
+                "job_id": outcome.id, "job_type": outcome.type, "queue": outcome.queue,
                 "attempt": outcome.attempt, "outcome": str(outcome.outcome), "duration": outcome.duration,
             }
             log.info(
                 f"{JOB_LINE} outcome=%(outcome)s duration=%(duration).3fs", fields,
-                extra=log_extra(outcome.job_id, outcome.type, outcome.queue, outcome.attempt),
+                extra=log_extra(outcome.id, outcome.type, outcome.queue, outcome.attempt),
             )  # fmt: skip
         if not (self._outcome_hooks or self._listeners):
             return

@@ -69,9 +69,9 @@ async def test_first_attempt_deaths_show_their_reason_in_peek(client: ojs.Client
     expected = await _four_first_attempt_deaths(client, q)
     with anyio.fail_after(WAIT):
         peeked = await client.dead_letters(q).peek(10)
-    assert {d.job_id: d.error_code for d in peeked} == expected
+    assert {d.id: d.error_code for d in peeked} == expected
     assert all(d.noted and d.death_reason == "rejected" and d.attempt == 1 for d in peeked)
-    by_id = {d.job_id: d for d in peeked}
+    by_id = {d.id: d for d in peeked}
     messages = {by_id[i].error_message or "" for i in expected}
     assert any("declined: -5" in m for m in messages)
     assert any("gateway down for 7" in m for m in messages)
@@ -102,8 +102,8 @@ async def test_peek_leaves_notes_and_dead_jobs_and_ignores_foreign_messages(
     with anyio.fail_after(WAIT):
         first = await client.dead_letters(q).peek(10)
         second = await client.dead_letters(q).peek(10)
-    assert {d.job_id: d.error_code for d in first} == expected
-    assert [(d.job_id, d.error_code) for d in first] == [(d.job_id, d.error_code) for d in second]
+    assert {d.id: d.error_code for d in first} == expected
+    assert [(d.id, d.error_code) for d in first] == [(d.id, d.error_code) for d in second]
     await wait_message_count(raw, notes, 7)
     assert await client.dead_letters(q).count() == 4
 
@@ -119,7 +119,7 @@ async def test_annotated_mode_copies_only_to_the_dead_letter_queue(
         async with raw.channel(confirms=False) as ch:
             job_queue = await ch.queue_declare(client.names.job_queue(q), passive=True)
             redelivered = await ch.queue_declare(client.names.redelivered_queue(q), passive=True)
-    assert {d.job_id: d.error_code for d in peeked} == expected
+    assert {d.id: d.error_code for d in peeked} == expected
     assert not any(d.noted for d in peeked)
     assert job_queue.message_count == 0 and redelivered.message_count == 0
     bound = await bindings_to(client.names.dlx_queue(q), client.names.job_queue(q))
