@@ -260,11 +260,15 @@ async def test_exhausted_job_ends_in_dlq_with_error_headers(
     assert (final.outcome, final.attempt, final.error_code) == ("dead_lettered", 3, "HANDLER_ERROR")
     assert "retries exhausted" in (final.error_message or "")
     d = dead[job.id]
-    assert (d.error_code, d.error_message, d.death_reason) == (
+    # The final reason, from the worker's death note; the message itself still carries the
+    # last retry's headers (a Nack adds none).
+    assert (d.error_code, d.error_message, d.death_reason, d.noted) == (
         "HANDLER_ERROR",
-        "RuntimeError: always",
+        "RuntimeError: always (attempt 3 of 3, retries exhausted)",
         "rejected",
+        True,
     )
+    assert d.headers["x-ojs-error-message"] == "RuntimeError: always"
     assert d.attempt == 3
     _, wire = await peek_raw(client.names.dlx_queue(q))
     assert header_type(wire, "x-ojs-attempt") == header_type(wire, "x-ojs-max-attempts") == "I"
