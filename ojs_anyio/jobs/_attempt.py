@@ -110,7 +110,7 @@ class Attempt:
         job = self.job
         msg = self.msg
         return JobOutcome(
-            job_id=job.id if job is not None else msg.properties.message_id,
+            id=job.id if job is not None else msg.properties.message_id,
             type=job.type if job is not None else msg.properties.type,
             queue=self.queue, attempt=self.number, outcome=outcome, error_code=error_code,
             error_message=error_message, delay_ms=delay_ms,

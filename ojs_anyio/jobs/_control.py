@@ -25,6 +25,7 @@ import anyio.abc
 import msgspec
 
 from .. import amqp
+from .._pipeline import model_json
 from ._context import JobContext, JobOutcome
 from ._envelope import format_timestamp
 from ._failures import error_from_headers, error_history
@@ -46,7 +47,7 @@ SYNC_CANCEL_DETAIL = (
     "cancel requested; the handler is synchronous and cannot be interrupted: it runs to completion"
 )
 
-_json = msgspec.json.Encoder()
+_json = msgspec.json.Encoder(enc_hook=model_json)  # results: pydantic models as JSON
 _json_decode = msgspec.json.Decoder()
 
 
@@ -102,13 +103,13 @@ class WorkerControl:
     def finished(self, outcome: JobOutcome) -> None:
         """Remember what became of a job, for INFO (the answer is built only if INFO asks:
         this runs once per job)."""
-        if outcome.job_id:
-            remember(self.recent, outcome.job_id, (outcome, time.time()), limit=RECENT_LIMIT)
+        if outcome.id:
+            remember(self.recent, outcome.id, (outcome, time.time()), limit=RECENT_LIMIT)
 
     def _recent_answer(self, outcome: JobOutcome, finished: float) -> dict[str, Any]:
         """The INFO answer about a job this worker finished at ``finished`` (epoch seconds)."""
         return {
-            "job_id": outcome.job_id,
+            "job_id": outcome.id,
             "state": _OUTCOME_STATE.get(outcome.outcome, outcome.outcome),
             "attempt": outcome.attempt,
             "worker_id": self._worker.worker_id,
@@ -395,4 +396,4 @@ def _small_json(value: Any) -> bool:
         return False
 
 
-_RESULT_ENCODER = msgspec.json.Encoder()
+_RESULT_ENCODER = msgspec.json.Encoder(enc_hook=model_json)

@@ -133,7 +133,7 @@ class Settler:
         )  # fmt: skip
         self.report(
             JobOutcome(
-                job_id=job_id, type=job_type, queue=a.queue, attempt=1, outcome=Outcome.DEAD_LETTERED,
+                id=job_id, type=job_type, queue=a.queue, attempt=1, outcome=Outcome.DEAD_LETTERED,
                 error_code=ErrorCode.INVALID_PAYLOAD, error_message=message, duration=a.elapsed(),
             )
         )  # fmt: skip
@@ -370,13 +370,12 @@ class Settler:
     ) -> None:
         """``Basic.Nack(requeue=false)`` (or the opt-in annotated copy; ``_dead_letter.py``),
         an ERROR line with the failure's traceback, and the outcome."""
-        job_id = a.job_id
         annotated = self._worker.annotate_dead_letters
         with self._span(a, "ack" if annotated else "nack", Outcome.DEAD_LETTERED):
+            # With a death note unless annotated (_death_notes.py).
             await settle_dead_letter(
-                a.ch, a.msg, dlx_exchange=a.client.names.dlx_exchange, queue=a.queue, job_id=job_id,
-                code=str(code), message=message, republish=self._republish if annotated else None,
-            )  # fmt: skip
+                a, code=str(code), message=message, publish=self._republish, annotate=annotated
+            )
         _pipeline.log_dead_letter(
             log, failure, a.log_extra(),
             f"{JOB_LINE} outcome=dead_lettered code=%(code)s: %(message)s",
@@ -420,12 +419,12 @@ class Settler:
         self._worker.control.finished(outcome)
         if outcome.outcome in ("completed", "cancelled", "abandoned") and log.isEnabledFor(logging.INFO):
             fields = {
-                "job_id": outcome.job_id, "job_type": outcome.type, "queue": outcome.queue,
+                "job_id": outcome.id, "job_type": outcome.type, "queue": outcome.queue,
                 "attempt": outcome.attempt, "outcome": str(outcome.outcome), "duration": outcome.duration,
             }
             log.info(
                 f"{JOB_LINE} outcome=%(outcome)s duration=%(duration).3fs", fields,
-                extra=log_extra(outcome.job_id, outcome.type, outcome.queue, outcome.attempt),
+                extra=log_extra(outcome.id, outcome.type, outcome.queue, outcome.attempt),
             )  # fmt: skip
         if not (self.hooks or self.listeners):
             return

@@ -52,6 +52,7 @@ class Cleanup:
                     names.dlx_queue(queue),
                     names.control_queue(queue),
                     names.redelivered_queue(queue),
+                    names.death_notes_queue(queue),
                     names.delay_landing_queue(queue),
                     *(names.retry_queue(queue, ms) for ms in RETRY_LADDER_MS),
                 ]

@@ -121,7 +121,7 @@ def _points(reader: InMemoryMetricReader) -> dict[tuple[str, tuple[tuple[str, An
 
 def _outcome(kind: str, job_type: str | None = "email.send", code: str | None = None) -> ojs.JobOutcome:
     return ojs.JobOutcome(
-        job_id="j", type=job_type, queue="email", attempt=1, outcome=kind, error_code=code, duration=0.01
+        id="j", type=job_type, queue="email", attempt=1, outcome=kind, error_code=code, duration=0.01
     )
 
 

@@ -55,7 +55,7 @@ async def dead_jobs(client: ojs.Client, raw: amqp.Connection, q: str, count: int
     with anyio.fail_after(WAIT):
         peeked = await client.dead_letters(q).peek()
     assert len(peeked) == count
-    return {d.job_id or "": d for d in peeked}
+    return {d.id or "": d for d in peeked}
 
 
 # ------------------------------------------------------------- AMQP-006 / 007 / 008
@@ -100,7 +100,7 @@ async def test_amqp_006_007_008_prefetch_manual_ack(client: ojs.Client, raw: amq
     with anyio.fail_after(WAIT):
         async with raw.channel(confirms=False) as ch:
             assert (await ch.queue_declare(jq, passive=True)).message_count == 0
-    assert {o.job_id for o in outcomes.items} == {j.id for j in jobs}
+    assert {o.id for o in outcomes.items} == {j.id for j in jobs}
     assert all(o.attempt == 1 for o in outcomes.items)
 
 
@@ -261,11 +261,15 @@ async def test_exhausted_job_ends_in_dlq_with_error_headers(
     assert (final.outcome, final.attempt, final.error_code) == ("dead_lettered", 3, "HANDLER_ERROR")
     assert "retries exhausted" in (final.error_message or "")
     d = dead[job.id]
-    assert (d.error_code, d.error_message, d.death_reason) == (
+    # The final reason, from the worker's death note; the message itself still carries the
+    # last retry's headers (a Nack adds none).
+    assert (d.error_code, d.error_message, d.death_reason, d.noted) == (
         "HANDLER_ERROR",
-        "RuntimeError: always",
+        "RuntimeError: always (attempt 3 of 3, retries exhausted)",
         "rejected",
+        True,
     )
+    assert d.headers["x-ojs-error-message"] == "RuntimeError: always"
     assert d.attempt == 3
     _, wire = await peek_raw(client.names.dlx_queue(q))
     assert header_type(wire, "x-ojs-attempt") == header_type(wire, "x-ojs-max-attempts") == "I"
@@ -490,7 +494,7 @@ async def test_stop_lets_in_flight_jobs_finish_and_takes_no_new_ones(
         done = await outcomes.wait_for(lambda o: o.outcome == "completed", count=2)
     # run() has returned.
     assert sorted(started) == [0, 1]
-    assert {o.job_id for o in done} == {jobs[0].id, jobs[1].id}
+    assert {o.id for o in done} == {jobs[0].id, jobs[1].id}
     assert len(outcomes.items) == 2
     await wait_message_count(raw, client.names.job_queue(q), 2)  # the 2 finished ones were acked
     with anyio.fail_after(WAIT):
@@ -528,7 +532,7 @@ async def test_stop_cancels_job_after_grace_period_and_leaves_it_unacked(
         abandoned = await outcomes.wait_for(lambda o: o.outcome == "abandoned")
         assert time.monotonic() - stop_at >= 0.3
     assert cancelled
-    assert abandoned[0].job_id == job.id
+    assert abandoned[0].id == job.id
     with anyio.fail_after(WAIT):
         async with raw.channel(confirms=False) as ch:
             msg = await ch.get(client.names.job_queue(q))
