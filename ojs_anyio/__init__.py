@@ -21,7 +21,8 @@ The event bus (topic pub/sub with redelivery) is :mod:`ojs_anyio.events`.
 
 from . import amqp, events
 from .amqp import RepublishPolicy, UsageError
-from .jobs._client import Client, JobInfo, PushResult, connect
+from .jobs._client import Client, JobInfo, PushResult
+from .jobs._connect import connect
 from .jobs._context import JobContext, JobOutcome, Outcome
 from .jobs._cron import Scheduler
 from .jobs._dead_letters import DeadJob, DeadLetters

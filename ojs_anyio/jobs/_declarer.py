@@ -10,6 +10,7 @@ argument sets).  ``Client.push`` asks :meth:`Declarer.ensure` for what a route n
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -32,6 +33,7 @@ from ._topology import (
     delay_level_bindings,
     delay_level_exchanges,
     delay_level_queue_arguments,
+    delayed_exchange_arguments,
     delayed_queue_binding,
     dlx_queue_arguments,
     dlx_queue_binding,
@@ -42,7 +44,7 @@ from ._topology import (
     retry_queue_binding,
 )
 
-__all__ = ["Declarer"]
+__all__ = ["Declarer", "detect_delayed_plugin"]
 
 
 class Declarer:
@@ -302,3 +304,29 @@ class Declarer:
             await self._declare_base(await self.channel())
             await self._bind(control_queue_binding(self.names, queue))
         self.control_ready.add(queue)
+
+
+async def detect_delayed_plugin(
+    url: amqp.AMQPURL, names: Names, options: dict[str, Any], *, timeout: float
+) -> bool:
+    """``Client.detect_delayed_plugin``: declare a throwaway ``x-delayed-message`` exchange
+    and delete it again, on a short-lived connection of its own (``options``: the client's
+    connection options), because RabbitMQ answers an unknown exchange type with a
+    connection-level 503.  That answer is ``False``; any other failure is raised."""
+    probe = f"{names.prefix}ojs.probe.delayed.{uuid.uuid4().hex[:12]}"
+    options = {**options, "recovery": amqp.RecoveryPolicy(enabled=False)}
+    try:
+        with anyio.fail_after(timeout):
+            async with (
+                amqp.connect(url, **options) as conn,
+                conn.channel(confirms=False) as ch,
+            ):
+                await ch.exchange_declare(
+                    probe, "x-delayed-message", auto_delete=True, arguments=delayed_exchange_arguments()
+                )
+                await ch.exchange_delete(probe)
+    except amqp.AMQPError as exc:
+        if getattr(exc, "reply_code", None) == 503 and "x-delayed-message" in str(exc):
+            return False
+        raise
+    return True
