@@ -1,7 +1,30 @@
 """The cron scheduler's pure half: schedules, the misfire rule, the leadership table, the
 token and its record of fired ticks, and the events.  No I/O, no clock read: time is passed
-in.  The I/O half (leader election over the broker, firing through ``Client.push_job``) is
-``_cron.py``.
+in.  The I/O half is ``_leader.py`` (the leadership token) and ``_cron.py`` (firing through
+``Client.push_job``).
+
+Missed ticks (``misfire``)
+--------------------------
+When a new leader takes over (after a failover, a leadership gap, or a full outage), the
+ticks between the last fired one and the moment it became leader were missed.
+
+* ``"skip"`` (default): fire only ticks at or after becoming leader; missed ones are dropped.
+* ``"once"``: fire the most recent missed tick once, right away, if it is at most
+  ``misfire_grace`` old (1 hour by default); older ones are dropped.  Never for a schedule
+  that has never fired (there is nothing it could have missed).
+
+A leader that falls behind while leading (its loop was blocked past several ticks) fires
+only the most recent due tick and logs the coalesced ones.
+
+Double fires and idempotency
+----------------------------
+Each job carries the idempotency key ``{schedule}:{tick}`` (``x-ojs-idempotency-key``,
+tick in UTC RFC 3339, e.g. ``reports.daily:2026-02-15T02:00:00.000Z``), the same from any
+instance.  Two fires of one tick are possible, only across a leadership change: a leader
+whose push was confirmed but whose token swap was not (it died in between) leaves the old
+state, and a ``"once"`` successor fires that tick again; a leader the broker declared dead
+(missed heartbeats) while it still ran may fire the tick its successor also fires.
+Downstream dedupes on the key.
 """
 
 from __future__ import annotations
