@@ -17,6 +17,12 @@ from typing import Any
 import anyio
 
 from .. import amqp
+from ._delay_levels import (
+    delay_deliver_binding,
+    delay_landing_queue_arguments,
+    delay_level_bindings,
+    delay_level_queue_arguments,
+)
 from ._errors import QueueNotFoundError, TopologyConflictError
 from ._route import DelayedBinding, JobQueue, Landing, Need
 from ._topology import (
@@ -28,11 +34,7 @@ from ._topology import (
     base_exchanges,
     control_queue_arguments,
     control_queue_binding,
-    delay_deliver_binding,
-    delay_landing_queue_arguments,
-    delay_level_bindings,
     delay_level_exchanges,
-    delay_level_queue_arguments,
     delayed_exchange_arguments,
     delayed_queue_binding,
     dlx_queue_arguments,
