@@ -5,6 +5,7 @@ types, queue depths (:class:`QueueProbe`).
 
 from __future__ import annotations
 
+from ._build import new_job
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO
 from ._delay_levels import (
     delay_deliver_binding,
@@ -27,7 +28,6 @@ from ._envelope import (
     format_timestamp,
     job_from_dict,
     job_to_dict,
-    new_job,
     parse_timestamp,
     validate_job,
 )

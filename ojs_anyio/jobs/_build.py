@@ -1,21 +1,36 @@
-"""Building a job, and what push accepts: pure checks, no I/O (``Client.build``,
-``push_job``, ``connect()``'s options)."""
+"""Building a job, and what push accepts: pure, no I/O.  :func:`new_job` (the envelope's
+one validator, ``_envelope.job_from_dict``, with a memo in front of it for the hot path),
+``Client.build``'s options, the checks of ``push_job`` and of ``connect()``'s options."""
 
 from __future__ import annotations
 
+import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 import msgspec
+from msgspec import UNSET
 
 from ojs_anyio.amqp import UsageError
 
+from .._common import new_id
 from ._args import check_json_args
 from ._durations import DurationLike, duration_seconds
-from ._envelope import Job, new_job
-from ._errors import ArgumentTypeError, DelayOutOfRangeError
+from ._envelope import (
+    ID_PATTERN,
+    JOB_FIELDS,
+    QUEUE_PATTERN,
+    SPEC_VERSION,
+    TYPE_PATTERN,
+    Job,
+    UniquePolicy,
+    format_timestamp,
+    job_from_dict,
+    parse_timestamp,
+)
+from ._errors import ArgumentTypeError, DelayOutOfRangeError, InvalidJobError
 from ._retry import RetryPolicy, merge
 from ._topology import MAX_DELAY_MS, QueueOptions
 from ._unique import unique_lock
@@ -27,6 +42,7 @@ __all__ = [
     "check_client_options",
     "check_job_policy",
     "check_pushable",
+    "new_job",
 ]
 
 CLASSES_ON_THE_WIRE = (
@@ -147,3 +163,132 @@ def check_client_options(
             "queue_options must be a QueueOptions, a dict of queue name -> QueueOptions, or None, "
             f"not {type(queue_options).__name__}"
         )
+
+
+# ---------------------------------------------------------------- new_job: the memo in front of the validator
+
+_TYPE_RE: Final = re.compile(TYPE_PATTERN)
+_QUEUE_RE: Final = re.compile(QUEUE_PATTERN)
+_ID_RE: Final = re.compile(ID_PATTERN)
+# Job types and queue names seen valid (a few per application): checked once each.
+_GOOD_TYPES: Final[set[str]] = set()
+_GOOD_QUEUES: Final[set[str]] = set()
+_GOOD_MAX = 4096
+
+
+def _known_good(value: object, seen: set[str], pattern: re.Pattern[str], max_length: int) -> bool:
+    """Whether ``value`` is a str matching ``pattern`` within ``max_length`` (remembered)."""
+    if value in seen:
+        return True
+    if type(value) is not str or not 0 < len(value) <= max_length or pattern.fullmatch(value) is None:
+        return False
+    if len(seen) >= _GOOD_MAX:
+        seen.clear()
+    seen.add(value)
+    return True
+
+
+def _timestamp_text(field: str, value: datetime | str) -> str:
+    if isinstance(value, datetime):
+        try:
+            return format_timestamp(value)
+        except ValueError as exc:
+            raise InvalidJobError(field, str(exc)) from None
+    return value
+
+
+def _plain(type: object, queue: object, id: object, created: datetime, options: Mapping[str, Any]) -> bool:
+    """Whether :func:`new_job` may build the struct directly: the memo in front of the one
+    validator (``job_from_dict``).  Only values that validator has passed before, or whose
+    type alone settles them, qualify; anything else goes the long way.  (Kept in step
+    with the Job struct's field rules by ``test_new_job_fast_and_slow_paths_agree``.)"""
+    meta, priority, timeout = options["meta"], options["priority"], options["timeout"]
+    return (
+        options["scheduled_at"] is None
+        and options["expires_at"] is None
+        and options["retry"] is None
+        and options["unique"] is None
+        and options["schema"] is None
+        and (priority is None or priority.__class__ is int)
+        and (timeout is None or (timeout.__class__ is int and timeout >= 0))
+        and (meta is None or all(key.__class__ is str for key in meta))
+        and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)
+        and _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128)
+        and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
+        and created.utcoffset() is not None
+    )
+
+
+def new_job(
+    type: str,
+    args: Sequence[Any],
+    *,
+    queue: str = "default",
+    meta: Mapping[str, Any] | None = None,
+    priority: int | None = None,
+    timeout: int | None = None,
+    scheduled_at: datetime | str | None = None,
+    expires_at: datetime | str | None = None,
+    retry: RetryPolicy | None = None,
+    unique: UniquePolicy | None = None,
+    schema: str | None = None,
+    extensions: Mapping[str, Any] | None = None,
+    id: str | None = None,
+    now: datetime | None = None,
+) -> Job:
+    """A new, validated job: fresh UUIDv7 ``id``, ``created_at`` = ``now``, ``attempt`` 0.
+
+    ``state`` is ``scheduled`` when ``scheduled_at`` is after ``now``, else ``available``.
+    ``now`` defaults to the current UTC time (the only clock read of this module) and must
+    be timezone-aware.  Options left as ``None`` are absent from the envelope.
+    """
+    if isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence):
+        raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
+    created = datetime.now(UTC) if now is None else now
+    options: dict[str, Any] = {
+        "meta": None if meta is None else dict(meta),
+        "priority": priority,
+        "timeout": timeout,
+        "scheduled_at": None if scheduled_at is None else _timestamp_text("scheduled_at", scheduled_at),
+        "expires_at": None if expires_at is None else _timestamp_text("expires_at", expires_at),
+        "retry": None if retry is None else msgspec.to_builtins(retry),
+        "unique": None if unique is None else msgspec.to_builtins(unique),
+        "schema": schema,
+    }
+    if not extensions and _plain(type, queue, id, created, options):
+        # (``type`` is a parameter here, hence ``__class__``.)
+        # The common case, every input already known valid: build the struct directly
+        # (what job_from_dict would give, without the dict round trip and per-field checks).
+        return Job(
+            specversion=SPEC_VERSION,
+            id=new_id() if id is None else id,
+            type=type,
+            queue=queue,
+            args=list(args),
+            meta=UNSET if meta is None else options["meta"],
+            priority=UNSET if priority is None else priority,
+            timeout=UNSET if timeout is None else timeout,
+            state="available",
+            attempt=0,
+            created_at=format_timestamp(created),
+        )
+    data: dict[str, Any] = {
+        "specversion": SPEC_VERSION,
+        "id": new_id() if id is None else id,
+        "type": type,
+        "queue": queue,
+        "args": list(args),
+        "state": "available",
+        "attempt": 0,
+        "created_at": _timestamp_text("created_at", created),
+    }
+    data.update((key, value) for key, value in options.items() if value is not None)
+    if extensions:
+        clash = sorted(set(extensions) & JOB_FIELDS)
+        if clash:
+            raise InvalidJobError(f"extensions.{clash[0]}", f"{clash[0]!r} is a defined attribute")
+        data.update(extensions)
+    job = job_from_dict(data)
+    if isinstance(job.scheduled_at, str) and parse_timestamp(job.scheduled_at) > created:
+        job = msgspec.structs.replace(job, state="scheduled")
+    return job

@@ -58,9 +58,10 @@ from ojs_anyio.amqp import UsageError
 
 from .. import amqp
 from .._common import single_error
+from ._build import new_job
 from ._client import Client
 from ._durations import DurationLike, duration_seconds
-from ._envelope import format_timestamp, new_job
+from ._envelope import format_timestamp
 from ._errors import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
 from ._leader import LeaderToken, SchedulerClock, WallClock
 from ._presence import announce_scheduler

@@ -131,7 +131,8 @@ _AGREE_CASES: list[dict[str, Any]] = [
 def test_new_job_fast_and_slow_paths_agree(overrides: dict[str, Any]) -> None:
     """``new_job`` builds a plain job directly (a memo in front of the validator); the
     validator itself (``job_from_dict``) must give the same job, or the same refusal."""
-    from ojs_anyio.jobs._envelope import format_timestamp, job_from_dict, new_job
+    from ojs_anyio.jobs._build import new_job
+    from ojs_anyio.jobs._envelope import format_timestamp, job_from_dict
 
     given: dict[str, Any] = {"type": "email.send", "queue": "email", "id": _ID, **overrides}
     job_type, queue = given.pop("type"), given.pop("queue")
