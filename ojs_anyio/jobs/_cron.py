@@ -358,11 +358,15 @@ class Scheduler:
             if token.swap_due(fired):
                 await token.swap_if_held(held_now)
                 continue
-            now = self._clock.now()
-            delay = token.refresh_at - anyio.current_time()
-            for schedule in self._schedules.values():
-                delay = min(delay, (schedule.next_tick(now) - now).total_seconds())
-            await self._clock.wait(changed, max(delay, 0.001))
+            await self._sleep_until_due(changed)
+
+    async def _sleep_until_due(self, changed: anyio.Event) -> None:
+        """Until the next tick, the token's refresh or a change, whichever is first."""
+        now = self._clock.now()
+        delay = self._token.refresh_at - anyio.current_time()
+        for schedule in self._schedules.values():
+            delay = min(delay, (schedule.next_tick(now) - now).total_seconds())
+        await self._clock.wait(changed, max(delay, 0.001))
 
     async def _fire_due(self, client: Client, held: amqp.IncomingMessage, since: datetime) -> bool:
         """Fire every schedule's due tick while ``held`` is our token; True if any was done."""
