@@ -8,10 +8,7 @@
     async with ojs.connect() as client:
         await sched.run(client)                  # until cancelled, or sched.stop()
 
-Cron expressions are parsed and iterated by croniter: five fields, or six with *seconds as
-the last field* (croniter's default, ``second_at_beginning=False``: ``"* * * * * */5"`` is
-every five seconds), plus ``@daily`` and friends and Jenkins-style ``H`` (hashed on the
-schedule's name).  Ticks are computed in the schedule's ``timezone`` (DST is croniter's).
+Cron expressions (croniter's) and the misfire rule: ``_schedule.py``.
 
 Leadership
 ----------
@@ -19,8 +16,6 @@ One token message in a single-active-consumer queue per group: holding it unacke
 being the leader; it carries the record of fired ticks and is swapped after each fire.
 How, and why it is safe, is ``_leader.py`` (:class:`LeaderToken`, the I/O) and
 ``_schedule.Leadership`` (the pure table of transitions).
-
-Missed ticks (``misfire``) and the idempotency key of each tick: ``_schedule.py``.
 
 Failures.  A push the broker refused (queue full, unroutable) is logged, reported in
 :class:`Fired` with its ``error``, and counts as fired (no retry storm).  A push whose
@@ -39,9 +34,6 @@ pushes through the client's public ``push_job``, so ``around_push`` middleware a
 swaps).  Nothing outlives ``run()``; cancellation propagates; the swap and giving the token
 back on the way out are shielded and bounded.  The cron and misfire logic
 (:class:`Schedule`, :func:`due_tick`) is pure: time is passed in.
-
-Operational notes: the leader queue has no job-queue arguments and is left in place when
-the schedulers stop (it holds the record); delete it to forget what was fired.
 """
 
 from __future__ import annotations
@@ -61,7 +53,6 @@ from .._common import single_error
 from ._build import new_job
 from ._client import Client
 from ._durations import DurationLike, duration_seconds
-from ._envelope import format_timestamp
 from ._errors import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
 from ._leader import LeaderToken, SchedulerClock, WallClock
 from ._presence import announce_scheduler
@@ -78,6 +69,7 @@ from ._schedule import (
     check_name,
     due_tick,
     leader_queue_name,
+    skipped_ticks,
 )
 from ._topology import quorum_queue_arguments
 
@@ -390,19 +382,11 @@ class Scheduler:
         """Push one tick's job.  True when the tick is done with (pushed, or refused)."""
         key = schedule.idempotency_key(tick)
         last = self._fired.get(schedule.name)
-        first_due = schedule.next_tick(last) if last is not None and not late else tick
-        if first_due < tick:
-            since = self._leadership.since
-            if since is not None and first_due >= since:
-                log.warning(
-                    "scheduler %s: schedule %s fell behind; firing %s, coalescing the ticks since %s",
-                    self.name, schedule.name, format_timestamp(tick), format_timestamp(first_due),
-                )  # fmt: skip
-            else:
-                log.info(
-                    "scheduler %s: schedule %s missed ticks from %s while nobody led (misfire=%s)",
-                    self.name, schedule.name, format_timestamp(first_due), schedule.misfire,
-                )  # fmt: skip
+        skipped = skipped_ticks(
+            schedule, tick, last_fired=last, late=late, leader_since=self._leadership.since
+        )
+        if skipped is not None:
+            log.log(skipped[0], "scheduler %s: %s", self.name, skipped[1])
         error: Exception | None = None
         job_id: str | None = None
         scope = self._push_scope = anyio.CancelScope()

@@ -48,6 +48,9 @@ schedule would otherwise cost the leader its channel.
 
 A leader never fires a tick twice: it fires a tick only when it is later than the last
 fired tick of its schedule (the token's, merged with its own memory).
+
+Operational notes: the leader queue has no job-queue arguments and is left in place when
+the schedulers stop (it holds the record); delete it to forget what was fired.
 """
 
 from __future__ import annotations
