@@ -26,13 +26,12 @@ from ._declarer import Declarer, detect_delayed_plugin
 from ._dedup import DEFAULT_IDEMPOTENCY_WINDOW
 from ._durations import DurationLike
 from ._envelope import Job
-from ._errors import SchedulerUnavailableError
 from ._info import ClientControl, JobInfo
 from ._middleware import Middleware, check_middleware, overrides
 from ._push import Pusher, PushResult
 from ._results import PendingResult, ResultRouter
 from ._retry import RetryPolicy
-from ._topology import Names, QueueOptions, delayed_plugin_exchange
+from ._topology import Names, QueueOptions
 
 __all__ = [
     "SYNC_CANCEL_DETAIL",
@@ -203,17 +202,7 @@ class Client:
         if self.scheduler == "levels" or (self.scheduler == "plugin" and self.declarer.delayed_declared):
             return self.scheduler
         present = await self.detect_delayed_plugin()
-        if self.scheduler == "plugin" and not present:
-            raise SchedulerUnavailableError(
-                "scheduler='plugin' needs the rabbitmq-delayed-message-exchange plugin, and the broker "
-                f"at {self.conn.url.redacted()} does not have it (exchange type 'x-delayed-message' is "
-                "unknown); enable it (rabbitmq-plugins enable rabbitmq_delayed_message_exchange) or use "
-                "scheduler='levels' or 'auto'"
-            )
-        if present:
-            await self.declarer.declare_exchange(delayed_plugin_exchange(self.names))
-            self.declarer.delayed_declared = True
-        self.scheduler = "plugin" if present else "levels"
+        self.scheduler = await self.declarer.use_scheduler(self.scheduler, present)
         log.info("scheduled jobs use the %s", "delayed-message plugin" if present else "binary delay levels")
         return self.scheduler
 

@@ -23,7 +23,7 @@ from ._delay_levels import (
     delay_level_bindings,
     delay_level_queue_arguments,
 )
-from ._errors import QueueNotFoundError, TopologyConflictError
+from ._errors import QueueNotFoundError, SchedulerUnavailableError, TopologyConflictError
 from ._route import DelayedBinding, JobQueue, Landing, Need
 from ._topology import (
     DELAY_LEVELS,
@@ -36,6 +36,7 @@ from ._topology import (
     control_queue_binding,
     delay_level_exchanges,
     delayed_exchange_arguments,
+    delayed_plugin_exchange,
     delayed_queue_binding,
     dlx_queue_arguments,
     dlx_queue_binding,
@@ -123,6 +124,23 @@ class Declarer:
     async def declare_exchange(self, spec: ExchangeSpec) -> None:
         ch = await self.channel()
         await ch.exchange_declare(spec.name, spec.type, durable=True, arguments=spec.arguments or None)
+
+    async def use_scheduler(self, requested: str, plugin_present: bool) -> str:
+        """The scheduler a client asking for ``requested`` ("plugin" or "auto") uses, given
+        whether the broker has the delayed-message plugin: "plugin" (its exchange declared
+        now) or "levels".  "plugin" without the plugin raises :class:`SchedulerUnavailableError`."""
+        if requested == "plugin" and not plugin_present:
+            raise SchedulerUnavailableError(
+                "scheduler='plugin' needs the rabbitmq-delayed-message-exchange plugin, and the broker "
+                f"at {self.conn.url.redacted()} does not have it (exchange type 'x-delayed-message' is "
+                "unknown); enable it (rabbitmq-plugins enable rabbitmq_delayed_message_exchange) or use "
+                "scheduler='levels' or 'auto'"
+            )
+        if not plugin_present:
+            return "levels"
+        await self.declare_exchange(delayed_plugin_exchange(self.names))
+        self.delayed_declared = True
+        return "plugin"
 
     async def _declare_base(self, ch: amqp.Channel) -> None:
         if self._base_declared:
