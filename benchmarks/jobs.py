@@ -380,8 +380,8 @@ async def _job_message(url: str, q: str) -> tuple[str, Any, bytes]:
         await client.declare_queue(q)
         job = client.build("bench.noop", ARGS, queue=q)
         now = datetime.now(UTC)
-        found = await client._route(job, now)
-        props, body = client._message(job, found, None, None, now)
+        found = await client.pusher.resolve_route(job, now)
+        props, body = client.pusher.message(job, found, None, None, now)
         return found.exchange, props, body
 
 

@@ -21,12 +21,14 @@ The event bus (topic pub/sub with redelivery) is :mod:`ojs_anyio.events`.
 
 from . import amqp, events
 from .amqp import RepublishPolicy, UsageError
-from .jobs._client import Client, JobInfo, PushResult, connect
+from .jobs._build import new_job
+from .jobs._client import Client, JobInfo, PushResult
+from .jobs._connect import connect
 from .jobs._context import JobContext, JobOutcome, Outcome
 from .jobs._cron import Scheduler
 from .jobs._dead_letters import DeadJob, DeadLetters
 from .jobs._dedup import DuplicateJobError
-from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job, new_job
+from .jobs._envelope import ErrorInfo, ErrorRecord, Job, UniquePolicy, decode_job, encode_job
 from .jobs._errors import (
     ArgumentTypeError,
     DelayOutOfRangeError,

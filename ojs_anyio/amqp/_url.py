@@ -130,6 +130,30 @@ def parse_url(url: str) -> AMQPURL:
     """Parse an ``amqp://``, ``amqps://`` or ``memory://NAME`` URL.
 
     Raises :class:`InvalidURL` naming the problem."""
+    scheme, plugin, rest = _split_scheme(url)
+    if "#" in rest:
+        raise _bad("fragments ('#…') are not allowed")
+    rest, _, query = rest.partition("?")
+    authority, slash, path = rest.partition("/")
+    if "@" in path or "@" in query:
+        # Not echoed: it is the rest of a password that held an unencoded '/' or '?'.
+        raise _bad(f"'@' after the host: {_ENCODE_HINT}; in a vhost or a query value, write '@' as %40")
+    username, password, hostpart = _split_authority(authority)
+    hosts = _hosts(scheme, plugin, hostpart)
+    if slash and "/" in path:
+        raise _bad("the vhost must be one path segment; write '/' inside it as %2F")
+    return AMQPURL(
+        scheme=scheme,
+        hosts=hosts,
+        username=username,
+        password=password,
+        virtual_host=unquote(path) if slash and path else "/",
+        **_query_options(query),  # type: ignore[arg-type]
+    )
+
+
+def _split_scheme(url: str) -> tuple[str, bool, str]:
+    """(the scheme, lowercased; whether it is a plug-in's; what follows ``://``)."""
     if not isinstance(url, str):
         raise _bad(f"expected a string, got {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
@@ -140,71 +164,58 @@ def parse_url(url: str) -> AMQPURL:
     if scheme not in ("amqp", "amqps") and not plugin:
         plugins = ", ".join(repr(s) for s in sorted(PLUGINS))
         raise _bad(f"scheme must be 'amqp', 'amqps' or a plug-in's ({plugins}), got {scheme!r}")
-    default_port = 5671 if scheme == "amqps" else 5672
-    if "#" in rest:
-        raise _bad("fragments ('#…') are not allowed")
-    rest, _, query = rest.partition("?")
-    authority, slash, path = rest.partition("/")
-    if "@" in path or "@" in query:
-        # Not echoed: it is the rest of a password that held an unencoded '/' or '?'.
-        raise _bad(f"'@' after the host: {_ENCODE_HINT}; in a vhost or a query value, write '@' as %40")
+    return scheme, plugin, rest
+
+
+def _split_authority(authority: str) -> tuple[str, str, str]:
+    """(user name, password, host list): guest/guest without user info."""
     userinfo, at, hostpart = authority.rpartition("@")
     if not at:
-        hostpart, userinfo = authority, ""
-    username, password = "guest", "guest"
-    if at:
-        user_raw, colon, pass_raw = userinfo.partition(":")
-        username = unquote(user_raw)
-        password = unquote(pass_raw) if colon else ""
+        return "guest", "guest", authority
+    user_raw, colon, pass_raw = userinfo.partition(":")
+    return unquote(user_raw), unquote(pass_raw) if colon else "", hostpart
+
+
+def _hosts(scheme: str, plugin: bool, hostpart: str) -> tuple[tuple[str, int], ...]:
     if plugin:
         # memory://NAME/vhost (a plug-in scheme): NAME is what to connect to, such as the
         # in-process broker's name (no port, one host).
         if "," in hostpart or ":" in hostpart:
             raise _bad(f"a {scheme}:// URL names one broker: {scheme}://NAME/vhost")
-        hosts: tuple[tuple[str, int], ...] = ((unquote(hostpart) or "default", 0),)
-    else:
-        hosts = (
-            tuple(_parse_host(h, default_port) for h in hostpart.split(","))
-            if hostpart
-            else (("localhost", default_port),)
-        )
-    if slash:
-        if "/" in path:
-            raise _bad("the vhost must be one path segment; write '/' inside it as %2F")
-        vhost = unquote(path) if path else "/"
-    else:
-        vhost = "/"
+        return ((unquote(hostpart) or "default", 0),)
+    default_port = 5671 if scheme == "amqps" else 5672
+    if not hostpart:
+        return (("localhost", default_port),)
+    return tuple(_parse_host(h, default_port) for h in hostpart.split(","))
+
+
+def _query_options(query: str) -> dict[str, object]:
     options: dict[str, object] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key not in _QUERY_KEYS:
             raise _bad(f"unknown query parameter {key!r} (known: {', '.join(sorted(_QUERY_KEYS))})")
-        if key in ("heartbeat", "channel_max", "frame_max"):
-            options[key] = _int_param(key, value, 0, 2**31 - 1 if key == "frame_max" else 65535)
-        elif key == "connection_timeout":
-            options[key] = _int_param(key, value, 0, 2**31 - 1) / 1000.0
-        elif key == "auth_mechanism":
-            mech = value.upper()
-            if mech not in ("PLAIN", "AMQPLAIN", "EXTERNAL"):
-                raise _bad(f"auth_mechanism must be PLAIN, AMQPLAIN or EXTERNAL, got {value!r}")
-            options[key] = mech
-        elif key == "verify":
-            low = value.lower()
-            if low in ("verify_peer", "true", "1", "yes"):
-                options[key] = True
-            elif low in ("verify_none", "false", "0", "no"):
-                options[key] = False
-            else:
-                raise _bad(f"verify must be verify_peer or verify_none, got {value!r}")
-        else:
-            options[key] = value
-    return AMQPURL(
-        scheme=scheme,
-        hosts=hosts,
-        username=username,
-        password=password,
-        virtual_host=vhost,
-        **options,  # type: ignore[arg-type]
-    )
+        options[key] = _query_value(key, value)
+    return options
+
+
+def _query_value(key: str, value: str) -> object:
+    if key in ("heartbeat", "channel_max", "frame_max"):
+        return _int_param(key, value, 0, 2**31 - 1 if key == "frame_max" else 65535)
+    if key == "connection_timeout":
+        return _int_param(key, value, 0, 2**31 - 1) / 1000.0
+    if key == "auth_mechanism":
+        mech = value.upper()
+        if mech not in ("PLAIN", "AMQPLAIN", "EXTERNAL"):
+            raise _bad(f"auth_mechanism must be PLAIN, AMQPLAIN or EXTERNAL, got {value!r}")
+        return mech
+    if key == "verify":
+        low = value.lower()
+        if low in ("verify_peer", "true", "1", "yes"):
+            return True
+        if low in ("verify_none", "false", "0", "no"):
+            return False
+        raise _bad(f"verify must be verify_peer or verify_none, got {value!r}")
+    return value
 
 
 def _parse_host(text: str, default_port: int) -> tuple[str, int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, NoReturn
 
 import anyio
@@ -28,6 +28,7 @@ from .._common import single_error
 from .._misuse import ArgumentTypeError, UsageError
 from .._queue_options import QueueOptions
 from ._dead_letters import EventDeadLetters
+from ._pool import ConnectionPool, ConsumerStopper, Slot, consume_pool
 from ._redelivery import RedeliveryPolicy
 from ._subscriber import Handler, Subscription
 from ._wire import encode_payload, event_properties, new_message_id, producer_span, trace_headers
@@ -94,17 +95,6 @@ def check_bus_name(what: str, name: str) -> None:
 DEFAULT_RECOVERY = amqp.RecoveryPolicy()
 
 
-class _Slot:
-    """One AMQP connection of the bus and the subscriptions (consumers) it carries."""
-
-    __slots__ = ("conn", "stop", "subscriptions")
-
-    def __init__(self, conn: amqp.Connection) -> None:
-        self.conn = conn
-        self.subscriptions = 0
-        self.stop = anyio.Event()
-
-
 class EventBus:
     """Publish events to a topic exchange and subscribe queues to it.  Use :func:`connect`."""
 
@@ -149,21 +139,24 @@ class EventBus:
         #: as recovery takes), and a publish's bound on waiting for its confirm.
         self.publish_timeout = publish_timeout
         self.confirm_timeout = confirm_timeout
-        self._connect_options = connect_options
         #: Where each subscription's instruments go (see ``_metrics.py``): ``meter_provider``,
         #: else the global one when an OpenTelemetry SDK is installed; None: no metrics.
         if meter_provider is None and metrics and amqp.sdk_meter_provider_installed():
             meter_provider = otel_metrics.get_meter_provider()
         self.meter_provider = meter_provider if metrics else None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._publisher: _Slot | None = None
+        #: Every connection of the bus, each held by a task of its task group (``_pool.py``).
+        self._pool = ConnectionPool(
+            self.url,
+            recovery=self.recovery,
+            connection_name=connection_name,
+            max_subscriptions_per_connection=max_subscriptions_per_connection,
+            connect_options=connect_options,
+        )
+        self._publisher: Slot | None = None
         self._channels: list[amqp.Channel] = []
         self._next = 0
         self._reopen_lock = anyio.Lock()
         self._publisher_lock = anyio.Lock()
-        self._subscriber_slots: list[_Slot] = []
-        self._pool_lock = anyio.Lock()
-        self._closed = False
         self._publish_listeners: list[PublishListener] = []
 
     def __repr__(self) -> str:
@@ -215,14 +208,14 @@ class EventBus:
     @property
     def subscriber_connections(self) -> list[amqp.Connection]:
         """The connections opened for subscriptions so far (the subscriber pool)."""
-        return [slot.conn for slot in self._subscriber_slots]
+        return [slot.conn for slot in self._pool.subscriber_slots]
 
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
         # Connections open on first use: the publisher's with the first publish (a
         # subscriber-only bus never opens one), the subscribers' with the subscriptions.
-        self._tg = tg
+        self._pool.start(tg)
 
     async def _open_publisher(self) -> None:
         """The publisher connection and its channel pool, once (concurrent first publishes
@@ -230,9 +223,9 @@ class EventBus:
         async with self._publisher_lock:
             if self._channels:
                 return
-            if self._closed:
+            if self._pool.closed:
                 raise amqp.UsageError("the event bus is closed")
-            slot = await self._open_slot(f"{self.connection_name}-pub", publish_timeout=self.publish_timeout)
+            slot = await self._pool.open(f"{self.connection_name}-pub", publish_timeout=self.publish_timeout)
             channels: list[amqp.Channel] = []
             try:
                 for _ in range(self.publisher_pool_size):
@@ -246,31 +239,15 @@ class EventBus:
             self._publisher = slot
             self._channels = channels
 
-    async def _open_slot(self, name: str, **options: Any) -> _Slot:
-        assert self._tg is not None
-        slot: _Slot = await self._tg.start(self._hold, name, options)
-        return slot
-
-    async def _hold(
-        self, name: str, options: dict[str, Any], *, task_status: anyio.abc.TaskStatus[_Slot]
-    ) -> None:
-        options = {**self._connect_options, **options}
-        async with amqp.connect(self.url, recovery=self.recovery, name=name, **options) as conn:
-            slot = _Slot(conn)
-            task_status.started(slot)
-            await slot.stop.wait()
-
     async def aclose(self) -> None:
         """Close the publisher channels and every connection (idempotent)."""
-        if self._closed:
+        if self._pool.closed:
             return
-        self._closed = True
+        self._pool.closed = True
         with anyio.CancelScope(shield=True):
             for ch in self._channels:
                 await ch.aclose()
-        for slot in (self._publisher, *self._subscriber_slots):
-            if slot is not None:
-                slot.stop.set()
+        self._pool.close(self._publisher)
 
     # ------------------------------------------------------------------ publishing
 
@@ -289,7 +266,7 @@ class EventBus:
             ch = self._channels[i]
             if ch.closed_error is None:
                 return ch
-            if self._publisher is None or self._closed:
+            if self._publisher is None or self._pool.closed:
                 raise amqp.ChannelClosedError("the event bus is closed")
             fresh = self._publisher.conn.channel(confirms=True)
             await fresh.open()
@@ -349,7 +326,7 @@ class EventBus:
     def publish_window(self, max_in_flight: int = 1024) -> EventWindow:
         """The bulk path: many events in flight from one task, no task per event.  The
         window takes a pool channel with its first publish."""
-        if self._tg is None or self._closed:
+        if not self._pool.usable:
             raise amqp.UsageError("the bus is not connected")
         return EventWindow(self, max_in_flight)
 
@@ -372,21 +349,6 @@ class EventBus:
         return ids
 
     # ------------------------------------------------------------------ subscribing
-
-    async def _acquire_slot(self) -> _Slot:
-        """A subscriber connection with room for one more subscription (opens one if none)."""
-        async with self._pool_lock:
-            for slot in self._subscriber_slots:
-                if slot.subscriptions < self.max_subscriptions_per_connection:
-                    slot.subscriptions += 1
-                    return slot
-            if self._closed:
-                raise amqp.UsageError("the event bus is closed")
-            n = len(self._subscriber_slots) + 1
-            slot = await self._open_slot(f"{self.connection_name}-sub-{n}")
-            slot.subscriptions = 1
-            self._subscriber_slots.append(slot)
-            return slot
 
     @asynccontextmanager
     async def subscribe(
@@ -473,52 +435,26 @@ class EventBus:
         async with AsyncExitStack() as stack:
             declared: set[int] = set()
             streams: list[tuple[amqp.Channel, amqp.Consumer]] = []
-            stoppers: list[_ConsumerStopper] = []
+            stoppers: list[ConsumerStopper] = []
             for _ in range(consumers):
-                slot = await self._acquire_slot()
-                stack.callback(self._release, slot)
+                slot = await self._pool.acquire()
+                stack.callback(self._pool.release, slot)
                 ch = await stack.enter_async_context(slot.conn.channel(confirms=True))
                 if id(slot) not in declared:
                     # On every connection it uses, so each one's recovery restores it.
                     await sub.declare(ch)
                     declared.add(id(slot))
                     sub.connections.append(slot.conn)
-                stopper = _ConsumerStopper(ch.consume(sub.queue, prefetch=prefetch))
+                stopper = ConsumerStopper(ch.consume(sub.queue, prefetch=prefetch))
                 deliveries = await stopper.start()
                 stack.push_async_callback(stopper.stop)
                 stoppers.append(stopper)
                 streams.append((ch, deliveries))
-            running = len(streams) * concurrency
-            all_done = anyio.Event()
-
-            async def pull(ch: amqp.Channel, deliveries: amqp.Consumer) -> None:
-                nonlocal running
-                try:
-                    await sub.pull(ch, deliveries)
-                finally:
-                    running -= 1
-                    if running == 0:
-                        all_done.set()
-
             try:
-                async with anyio.create_task_group() as tg:
-                    for ch, deliveries in streams:
-                        for _ in range(concurrency):
-                            tg.start_soon(pull, ch, deliveries)
-                    try:
-                        yield sub
-                    except BaseException:
-                        tg.cancel_scope.cancel()
-                        raise
-                    else:
-                        # Graceful: stop the consumers (what they buffered goes back to the
-                        # queue), let the handlers that run finish and ack, within the grace
-                        # period; then cancel what is left (unacked: it comes again).
-                        with anyio.CancelScope(shield=True), anyio.move_on_after(grace_period):
-                            for stopper in stoppers:
-                                await stopper.stop()
-                            await all_done.wait()
-                        tg.cancel_scope.cancel()
+                async with consume_pool(
+                    streams, stoppers, sub.pull, concurrency=concurrency, grace_period=grace_period
+                ):
+                    yield sub
             except BaseExceptionGroup as eg:
                 # A consumer that ended for good (its queue could not be restored, recovery
                 # gave up) or the block's own error: raise that one error, not a group.
@@ -527,33 +463,11 @@ class EventBus:
                     raise
                 raise single from single.__cause__
 
-    def _release(self, slot: _Slot) -> None:
-        slot.subscriptions -= 1
-
     async def serve(self, name: str, handler: Handler, **options: Any) -> NoReturn:
         """``subscribe(name, handler, **options)`` until cancelled."""
         async with self.subscribe(name, handler, **options):
             await anyio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-class _ConsumerStopper:
-    """A ``ch.consume(...)`` context, entered at start and exited once: early, to stop a
-    subscription gracefully, or by the exit stack."""
-
-    __slots__ = ("_cm", "_stopped")
-
-    def __init__(self, cm: AbstractAsyncContextManager[amqp.Consumer]) -> None:
-        self._cm = cm
-        self._stopped = False
-
-    async def start(self) -> amqp.Consumer:
-        return await self._cm.__aenter__()
-
-    async def stop(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            await self._cm.__aexit__(None, None, None)
 
 
 class EventWindow:

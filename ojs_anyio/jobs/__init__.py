@@ -5,7 +5,16 @@ types, queue depths (:class:`QueueProbe`).
 
 from __future__ import annotations
 
+from ._build import new_job
 from ._client import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO
+from ._delay_levels import (
+    delay_deliver_binding,
+    delay_landing_queue_arguments,
+    delay_level_binding_key,
+    delay_level_bindings,
+    delay_level_queue_arguments,
+    delay_routing_key,
+)
 from ._envelope import (
     JOB_STATES,
     SPEC_VERSION,
@@ -19,7 +28,6 @@ from ._envelope import (
     format_timestamp,
     job_from_dict,
     job_to_dict,
-    new_job,
     parse_timestamp,
     validate_job,
 )
@@ -78,12 +86,6 @@ from ._topology import (
     QueueOptions,
     control_queue_arguments,
     control_queue_binding,
-    delay_deliver_binding,
-    delay_landing_queue_arguments,
-    delay_level_binding_key,
-    delay_level_bindings,
-    delay_level_queue_arguments,
-    delay_routing_key,
     delayed_exchange_arguments,
     delayed_queue_binding,
     dlx_queue_arguments,

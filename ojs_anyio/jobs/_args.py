@@ -18,7 +18,7 @@ from typing import Any
 from ojs_anyio.amqp import UsageError
 
 from ._errors import ArgumentTypeError
-from ._topology import _check_queue
+from ._topology import check_queue
 
 __all__ = ["check_json_args", "check_queue_names"]
 
@@ -55,7 +55,7 @@ def check_queue_names(queues: object, where: str) -> list[str]:
     for name in names:
         if not isinstance(name, str):
             raise ArgumentTypeError(f"{where}: queue names are strings, got {type(name).__name__} ({name!r})")
-        _check_queue(name)
+        check_queue(name)
     if len(set(names)) != len(names):
         raise UsageError(f"{where} names a queue twice: {names!r}")
     return names

@@ -8,76 +8,14 @@
     async with ojs.connect() as client:
         await sched.run(client)                  # until cancelled, or sched.stop()
 
-Cron expressions are parsed and iterated by croniter: five fields, or six with *seconds as
-the last field* (croniter's default, ``second_at_beginning=False``: ``"* * * * * */5"`` is
-every five seconds), plus ``@daily`` and friends and Jenkins-style ``H`` (hashed on the
-schedule's name).  Ticks are computed in the schedule's ``timezone`` (DST is croniter's).
+Cron expressions (croniter's) and the misfire rule: ``_schedule.py``.
 
 Leadership
 ----------
-Every instance of a group consumes one durable queue,
-``{prefix}ojs.queue.scheduler.{group}.leader``, declared with
-``x-single-active-consumer: true`` (RabbitMQ 3.8+).  The queue holds one *token* message.
-Each instance consumes it with prefetch 1 and manual acks, so the broker delivers the
-token only to the single active consumer, and that consumer keeps it unacked: **holding
-an unacked token is being the leader**.  When the leader's channel or connection dies,
-the broker requeues the token and activates the next consumer, which receives it at once
-(no polling, no lease to expire).  The leader knows it lost leadership synchronously: a
-connection listener clears the held token on :class:`~ojs_anyio.amqp.ConnectionLost` (and
-:class:`~ojs_anyio.amqp.Reconnecting`), and a token is only trusted while no transport was
-lost since it was accepted and its channel is open.  Right before each push the leader
-checks that it still holds the token.
-
-The token is created by an instance that declares the queue and sees it without
-messages *and* without consumers (so nobody can be holding it).  Two instances starting
-together may both see that and both publish a token.  That is harmless: only the active
-consumer receives tokens, one at a time (prefetch 1), and an instance that receives a
-token while the queue still has ready messages merges its state and acks it (drops the
-duplicate) until it holds the last one.  Duplicates therefore never make two leaders;
-they live at most until the leader's next token swap.
-
-State: what was fired
----------------------
-The token's body carries the last fired tick of every schedule (JSON:
-``{"v": 1, "group": …, "fired": {schedule: tick}, …}``).  After each fire the leader
-*swaps* the token: it publishes the updated token (persistent, confirmed) and only then
-acks the one it holds (publish, confirm, then ack, as for retries): a crash in between
-leaves two tokens, never none, and the duplicate is merged as above (per schedule, the
-later tick wins).  So the next leader knows what was fired, and so does an instance
-restarted after a full outage (the queue is durable, the token persistent).  We keep the state in
-the token rather than elsewhere because it then moves with leadership atomically, from
-the broker, without another queue or a store; in the body rather than in headers because
-schedule names are free-form (table keys are short strings) and the body has no limits.
-The leader also swaps the token every ``token_refresh`` seconds (60 by default) when
-nothing fires: RabbitMQ closes a channel whose delivery stays unacked longer than its
-``consumer_timeout`` (30 min by default; RabbitMQ has no visibility timeout), so a token held through a daily
-schedule would otherwise cost the leader its channel.
-
-A leader never fires a tick twice: it fires a tick only when it is later than the last
-fired tick of its schedule (the token's, merged with its own memory).
-
-Missed ticks (``misfire``)
---------------------------
-When a new leader takes over (after a failover, a leadership gap, or a full outage), the
-ticks between the last fired one and the moment it became leader were missed.
-
-* ``"skip"`` (default): fire only ticks at or after becoming leader; missed ones are dropped.
-* ``"once"``: fire the most recent missed tick once, right away, if it is at most
-  ``misfire_grace`` old (1 hour by default); older ones are dropped.  Never for a schedule
-  that has never fired (there is nothing it could have missed).
-
-A leader that falls behind while leading (its loop was blocked past several ticks) fires
-only the most recent due tick and logs the coalesced ones.
-
-Double fires and idempotency
-----------------------------
-Each job carries the idempotency key ``{schedule}:{tick}`` (``x-ojs-idempotency-key``,
-tick in UTC RFC 3339, e.g. ``reports.daily:2026-02-15T02:00:00.000Z``), the same from any
-instance.  Two fires of one tick are possible, only across a leadership change: a leader
-whose push was confirmed but whose token swap was not (it died in between) leaves the old
-state, and a ``"once"`` successor fires that tick again; a leader the broker declared dead
-(missed heartbeats) while it still ran may fire the tick its successor also fires.
-Downstream dedupes on the key.
+One token message in a single-active-consumer queue per group: holding it unacked is
+being the leader; it carries the record of fired ticks and is swapped after each fire.
+How, and why it is safe, is ``_leader.py`` (:class:`LeaderToken`, the I/O) and
+``_schedule.Leadership`` (the pure table of transitions).
 
 Failures.  A push the broker refused (queue full, unroutable) is logged, reported in
 :class:`Fired` with its ``error``, and counts as fired (no retry storm).  A push whose
@@ -89,46 +27,38 @@ we lead (the queue was deleted, or purged during a swap: the leader's publish is
 unroutable, or the swapped token doesn't come back within ``SWAP_TIMEOUT``), the leader
 steps down, re-declares the queue and creates a token if it has none.
 
-Structure.  :meth:`Scheduler.run` owns a task group with two tasks: the leadership task
-(consumes tokens, drops duplicates) and the fire loop (sleeps to the next tick, pushes,
+Structure.  :meth:`Scheduler.run` owns a task group with three tasks: the leadership
+task (:meth:`LeaderToken.serve`: consumes tokens, drops duplicates), the presence
+announcer (``_presence.announce_scheduler``) and the fire loop (sleeps to the next tick,
+pushes through the client's public ``push_job``, so ``around_push`` middleware applies,
 swaps).  Nothing outlives ``run()``; cancellation propagates; the swap and giving the token
 back on the way out are shielded and bounded.  The cron and misfire logic
 (:class:`Schedule`, :func:`due_tick`) is pure: time is passed in.
-
-Operational notes: the leader queue has no job-queue arguments and is left in place when
-the schedulers stop (it holds the record); delete it to forget what was fired.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from typing import Any
 
 import anyio
-import msgspec
 
-from ojs_anyio.amqp import AMQPError, UsageError
+from ojs_anyio.amqp import UsageError
 
 from .. import amqp
 from .._common import single_error
+from ._build import new_job
 from ._client import Client
 from ._durations import DurationLike, duration_seconds
-from ._envelope import format_timestamp, new_job, parse_timestamp
 from ._errors import PushError, PushNotSentError, PushOutcomeUnknownError, TopologyConflictError
-from ._presence import MAX_LISTED, PRESENCE_INTERVAL, SchedulerPresence, ScheduleState, Wake, announce
+from ._leader import LeaderToken, SchedulerClock, WallClock
+from ._presence import announce_scheduler
 from ._retry import RetryPolicy
 from ._schedule import (
-    H_SCHEDULER,
-    MAX_STATE_ENTRIES,
     MISFIRE_POLICIES,
-    STATE_RETENTION,
-    SWAP_TIMEOUT,
-    TOKEN_TYPE,
     Fired,
     Leadership,
     LeadershipChanged,
@@ -136,13 +66,10 @@ from ._schedule import (
     Schedule,
     SchedulerEvent,
     SchedulerStatistics,
-    TokenState,
     check_name,
     due_tick,
     leader_queue_name,
-    merge_fired,
-    token_decoder,
-    token_encoder,
+    skipped_ticks,
 )
 from ._topology import quorum_queue_arguments
 
@@ -159,31 +86,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ojs_anyio.scheduler")
-
-# ------------------------------------------------------------------ the clock seam
-
-
-class SchedulerClock(Protocol):
-    """Where a :class:`Scheduler` reads the time and waits for its next tick.  The default is
-    the wall clock; ``ojs_anyio.testing`` supplies a virtual one (time moves when a test says)."""
-
-    def now(self) -> datetime: ...
-
-    async def wait(self, changed: anyio.Event, seconds: float) -> None:
-        """Return when ``changed`` is set or ``seconds`` have passed (whichever is first)."""
-        ...
-
-
-class WallClock:
-    """The default :class:`SchedulerClock`: ``datetime.now(UTC)`` and the event loop's timeouts."""
-
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    async def wait(self, changed: anyio.Event, seconds: float) -> None:
-        with anyio.move_on_after(seconds):
-            await changed.wait()
-
 
 # ------------------------------------------------------------------ the scheduler
 
@@ -227,23 +129,22 @@ class Scheduler:
         self._listeners: list[Callable[[SchedulerEvent], None]] = []
         #: Last fired tick per schedule name: the token's, merged with what we fired.
         self._fired: dict[str, datetime] = {}
-        # leadership
-        self._queue = ""
-        self._arguments: dict[str, Any] = {"x-single-active-consumer": True}
         #: Whether this instance leads (the pure table of ``_schedule.Leadership``).
         self._leadership = Leadership()
-        self._held: amqp.IncomingMessage | None = None
-        self._held_losses = 0
-        self._losses = 0  # transports lost since run() began
-        self._dirty = False  # our state is ahead of the held token's
-        self._refresh_at = 0.0
+        #: The leader queue's token: consuming, holding, swapping it (``_leader.py``).
+        self._token = LeaderToken(
+            self.name,
+            self.instance_id,
+            clock=self._clock,
+            fired=self._fired,
+            live_schedules=self._schedules.keys,
+            gained=self._gained,
+            lost=self._lose,
+            wake=self._wake,
+            token_refresh=self.token_refresh,
+            retry_delay=self.retry_delay,
+        )
         self._changed: anyio.Event | None = None
-        #: Serialises a token swap (publish, confirm, ack) with giving the token back.
-        self._token_lock: anyio.Lock | None = None
-        #: The leadership channel, and when we acked a token in a swap (monotonic): the
-        #: broker should hand us the new one at once (see _fire_loop's watchdog).
-        self._lead_channel: amqp.Channel | None = None
-        self._swapped_at: float | None = None
         #: The push in flight: cancelled when leadership is lost (see _lose).
         self._push_scope: anyio.CancelScope | None = None
         self._scope: anyio.CancelScope | None = None
@@ -252,8 +153,6 @@ class Scheduler:
         # statistics
         self._n_fired = 0
         self._n_failed = 0
-        self._n_duplicates = 0
-        self._n_swaps = 0
 
     # ------------------------------------------------------------ configuration
 
@@ -343,8 +242,8 @@ class Scheduler:
             fired=self._n_fired,
             failed=self._n_failed,
             leader_changes=self._leadership.changes,
-            duplicate_tokens=self._n_duplicates,
-            token_swaps=self._n_swaps,
+            duplicate_tokens=self._token.duplicates,
+            token_swaps=self._token.swaps,
         )
 
     # ------------------------------------------------------------ running
@@ -359,11 +258,12 @@ class Scheduler:
         if self._running:
             raise UsageError("this Scheduler is already running")
         self._running = True
-        self._queue = leader_queue_name(client.names, self.name)
         # A quorum client (one QueueOptions for every queue) gets a quorum leader queue, so
         # leadership survives the loss of the node a classic queue would live on.
         shared = client.shared_queue_options
-        self._arguments = quorum_queue_arguments({"x-single-active-consumer": True}, shared)
+        arguments = quorum_queue_arguments({"x-single-active-consumer": True}, shared)
+        token = self._token
+        token.token_refresh, token.retry_delay = self.token_refresh, self.retry_delay
         try:
             # Fail fast on a queue declared with other arguments (TopologyConflictError).
             for queue in sorted({s.queue for s in self._schedules.values()}):
@@ -371,10 +271,9 @@ class Scheduler:
         except BaseException:
             self._running = False
             raise
-        self._losses = 0
+        token.reset(leader_queue_name(client.names, self.name), arguments)
         self._changed = anyio.Event()
-        self._token_lock = anyio.Lock()
-        remove_listener = client.conn.add_listener(self._on_connection_event)
+        remove_listener = client.conn.add_listener(token.on_connection_event)
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
@@ -382,7 +281,7 @@ class Scheduler:
                     scope.cancel()
                 try:
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._serve_leadership, client, name="ojs-scheduler-leadership")
+                        tg.start_soon(token.serve, client.conn, name="ojs-scheduler-leadership")
                         tg.start_soon(self._fire_loop, client, name="ojs-scheduler-fire")
                         tg.start_soon(announce_scheduler, self, client)  # for observers: docs/jobs.md
                 except BaseExceptionGroup as eg:
@@ -392,10 +291,9 @@ class Scheduler:
             self._scope = None
             self._running = False
             self._stop_requested = False
-            self._held = None
+            token.drop()
             self._lose("scheduler stopped", logging.INFO)
             self._changed = None  # add()/remove() outside run() have nothing to wake
-            self._lead_channel = None
 
     def stop(self) -> None:
         """Make :meth:`run` return (the token goes back to the queue).  Idempotent."""
@@ -418,16 +316,7 @@ class Scheduler:
             self._changed = anyio.Event()
             changed.set()
 
-    def _on_connection_event(self, event: amqp.RecoveryEvent) -> None:
-        # Synchronous, from the connection's reader/supervisor: before any task of ours
-        # runs again, the token we held is known to be gone (the broker requeues it).
-        if isinstance(event, amqp.ConnectionLost | amqp.Reconnecting):
-            self._losses += 1
-            self._held = None
-            self._lose(f"connection lost: {event.error}")
-
     def _lose(self, reason: str, level: int = logging.WARNING) -> None:
-        self._swapped_at = None
         if self._push_scope is not None:
             self._push_scope.cancel()  # a push in flight is no longer ours to make
         changed = self._leadership.lost(self._clock.now(), reason)
@@ -436,293 +325,78 @@ class Scheduler:
             self._emit(changed)
         self._wake()
 
-    def _holding(self) -> amqp.IncomingMessage | None:
-        """The token, if we hold it and it is still valid (same transport, open channel)."""
-        held = self._held
-        if held is None or self._held_losses != self._losses or not held.channel.is_open:
-            return None
-        return held
-
-    async def _serve_leadership(self, client: Client) -> None:
-        """Consume the leadership queue (prefetch 1, manual acks); re-join after a channel
-        error.  A connection that failed for good raises out of here."""
-        while True:
-            try:
-                async with client.conn.channel(confirms=True) as ch:
-                    self._lead_channel = ch
-                    await self._declare(ch)
-                    try:
-                        async with ch.consume(self._queue, prefetch=1) as tokens:
-                            async for msg in tokens:
-                                await self._accept(ch, msg)
-                    finally:
-                        # Our consumer is cancelled (the next one is active): requeue the
-                        # token now rather than when the channel closes.
-                        with anyio.CancelScope(shield=True):
-                            await self._give_back()
-            except (
-                amqp.ChannelClosedError,
-                amqp.ChannelLevelError,
-                amqp.ConsumerCancelledError,
-                amqp.OperationTimeoutError,  # the connection stayed away longer than publish_timeout
-            ) as exc:
-                self._held = None
-                self._lose(f"leadership channel failed: {exc}")
-                log.warning("scheduler %s: re-joining in %.1fs after %s", self.name, self.retry_delay, exc)
-            await anyio.sleep(self.retry_delay)
-
-    async def _declare(self, ch: amqp.Channel) -> None:
-        info = await self._declare_queue(ch)
-        if info.message_count == 0 and info.consumer_count == 0:
-            # Nobody consumes, so nobody holds a token: create it.  Racing instances may
-            # each create one; the leader drops the extras (see _accept).
-            log.info("scheduler %s: creating the leadership token in %s", self.name, self._queue)
-            await self._publish_token(ch)
-
-    async def _declare_queue(self, ch: amqp.Channel) -> amqp.QueueInfo:
-        arguments = self._arguments
-        try:
-            return await ch.queue_declare(self._queue, durable=True, arguments=arguments)
-        except amqp.PreconditionFailed as exc:
-            raise TopologyConflictError(
-                f"scheduler queue {self._queue!r} exists with other arguments; ours are {arguments!r}, "
-                f"the broker says: {exc.reply_text}",
-                queue=self._queue,
-                ours=arguments,
-                broker_text=exc.reply_text,
-            ) from exc
-
-    async def _recover_token(self, reason: str) -> None:
-        """Our token is gone while we still lead (the queue was deleted, or purged during
-        a swap): step down, re-declare the queue and, if it has no token, create one.
-        Whoever is the active consumer then (maybe us) leads; a duplicate is merged."""
-        log.error("scheduler %s: leadership token lost (%s); re-creating it", self.name, reason)
-        self._held = None
-        self._lose(reason)
-        ch = self._lead_channel
-        if ch is None or not ch.is_open:
-            return  # the leadership task re-joins, which declares and creates the token
-        try:
-            info = await self._declare_queue(ch)
-            if info.message_count == 0:
-                await self._publish_token(ch)
-        except (
-            amqp.ChannelClosedError,
-            amqp.ChannelLevelError,
-            amqp.PublishError,
-            amqp.OperationTimeoutError,
-        ) as exc:
-            log.warning("scheduler %s: re-creating the token failed (%s); re-joining", self.name, exc)
-
-    async def _publish_token(self, ch: amqp.Channel) -> None:
-        now = self._clock.now()
-        self._prune(now)
-        state = TokenState(
-            group=self.name,
-            fired={name: format_timestamp(tick) for name, tick in self._fired.items()},
-            by=self.instance_id,
-            at=format_timestamp(now),
-        )
-        await ch.publish(
-            token_encoder.encode(state),
-            exchange="",
-            routing_key=self._queue,
-            properties=amqp.BasicProperties(
-                content_type="application/json",
-                delivery_mode=2,
-                type=TOKEN_TYPE,
-                app_id="ojs",
-                headers={H_SCHEDULER: self.name},
-            ),
-            mandatory=True,
-        )
-
-    def _merge(self, body: bytes) -> bool:
-        """Merge a token's record into ours; return True when ours is ahead of it."""
-        try:
-            state = token_decoder.decode(body)
-            entries = state.fired
-        except msgspec.DecodeError:
-            log.warning("scheduler %s: unreadable token %r; treating it as empty", self.name, body[:200])
-            entries = {}
-        theirs: dict[str, datetime] = {}
-        for name, stamp in entries.items():
-            try:
-                theirs[name] = parse_timestamp(stamp)
-            except (TypeError, ValueError):
-                log.warning("scheduler %s: bad tick %r for %r in the token", self.name, stamp, name)
-        return merge_fired(self._fired, theirs)
-
-    def _prune(self, now: datetime) -> None:
-        cutoff = now - STATE_RETENTION
-        for name in [n for n, t in self._fired.items() if n not in self._schedules and t < cutoff]:
-            del self._fired[name]
-        if len(self._fired) > MAX_STATE_ENTRIES:
-            by_age = sorted(self._fired.items(), key=lambda item: item[1], reverse=True)
-            self._fired = dict(by_age[:MAX_STATE_ENTRIES])
-
-    async def _accept(self, ch: amqp.Channel, msg: amqp.IncomingMessage) -> None:
-        """A token was delivered: we are the active consumer.  Keep it, unless more tokens
-        are waiting behind it (a creation race or a crash mid-swap): then merge and drop it."""
-        losses = self._losses
-        ahead = self._merge(msg.body)
+    def _gained(self) -> None:
         changed = self._leadership.gained(self._clock.now())
         if changed is not None:
             log.info("scheduler %s/%s became leader", self.name, self.instance_id)
             self._emit(changed)
-        try:
-            info = await ch.queue_declare(self._queue, passive=True)
-        except AMQPError:
-            if self._losses != losses:
-                return  # the transport died meanwhile: this delivery is stale
-            raise
-        if self._losses != losses:
-            return
-        if info.message_count > 0:
-            self._n_duplicates += 1
-            log.info(
-                "scheduler %s: dropping a duplicate token (%d more queued)", self.name, info.message_count
-            )
-            self._dirty = True  # persist the merged record with the next swap
-            try:
-                await msg.ack()
-            except amqp.StaleDeliveryError:
-                pass
-            return
-        self._held = msg
-        self._held_losses = losses
-        self._swapped_at = None
-        self._dirty = self._dirty or ahead
-        self._refresh_at = anyio.current_time() + self.token_refresh
-        self._wake()
-
-    async def _swap(self, held: amqp.IncomingMessage) -> None:
-        """Publish the updated token, wait for its confirm, then ack the held one."""
-        losses = self._held_losses
-        try:
-            await self._publish_token(held.channel)
-        except amqp.UnroutableError:
-            await self._recover_token("the leadership queue was deleted")
-            return
-        except AMQPError:
-            if self._losses != losses or not held.channel.is_open:
-                return  # leadership is gone with the transport; the listener said so
-            raise
-        if self._held is not held or self._holding() is None:
-            return  # lost meanwhile: the new token is a harmless duplicate
-        self._held = None  # until the broker hands us the new one (we stay active consumer)
-        self._swapped_at = anyio.current_time()
-        self._dirty = False
-        self._n_swaps += 1
-        try:
-            await held.ack()
-        except amqp.StaleDeliveryError:
-            # Delivered on a transport that died before we saw it die: we did not hold it.
-            self._lose("token was stale")
-
-    async def _give_back(self) -> None:
-        """On the way out: requeue the token now (the channel's close would anyway), after
-        any swap in progress, so a swap is never cut between its confirm and its ack."""
-        assert self._token_lock is not None
-        async with self._token_lock:
-            held = self._holding()
-            self._held = None
-            self._lose("left the leadership queue", logging.INFO)
-            if held is not None:
-                try:
-                    await held.reject(requeue=True)
-                except (AMQPError, amqp.StaleDeliveryError):
-                    pass  # gone with its channel: the broker requeued it
 
     # ------------------------------------------------------------ firing
 
     async def _fire_loop(self, client: Client) -> None:
+        """While we hold the token: fire what is due, swap the token, sleep to the next tick."""
+        token = self._token
         while True:
             changed = self._changed
             assert changed is not None
-            held = self._holding()
+            held = token.holding()
             if held is None or self._leadership.since is None:
-                swapped_at = self._swapped_at
-                if swapped_at is None:
-                    await changed.wait()
-                    continue
-                # We swapped and still lead: the broker hands the new token to us at once,
-                # unless it is gone (queue deleted or purged meanwhile).
-                remaining = swapped_at + SWAP_TIMEOUT - anyio.current_time()
-                if remaining > 0:
-                    with anyio.move_on_after(remaining):
-                        await changed.wait()
-                    continue
-                assert self._token_lock is not None
-                async with self._token_lock:
-                    if self._swapped_at == swapped_at and self._held is None:
-                        await self._recover_token("the swapped token did not come back")
+                await token.await_return(changed)
                 continue
-            now = self._clock.now()
-            fired = False
-            for schedule in list(self._schedules.values()):
-                tick, late = due_tick(
-                    schedule,
-                    last_fired=self._fired.get(schedule.name),
-                    leader_since=self._leadership.since,
-                    now=now,
-                )
-                if tick is None:
-                    continue
-                if self._holding() is not held:
-                    break
-                fired |= await self._fire(client, schedule, tick, late)
-            held_now = self._holding()
+            fired = await self._fire_due(client, held, self._leadership.since)
+            held_now = token.holding()
             if held_now is not held or held_now is None:
                 continue
-            if fired or self._dirty or anyio.current_time() >= self._refresh_at:
-                # Shielded: a swap cut between its confirm and its ack would leave a
-                # duplicate token (harmless, but avoidable).  Bounded, not unlimited.
-                assert self._token_lock is not None
-                with anyio.CancelScope(shield=True), anyio.move_on_after(SWAP_TIMEOUT):
-                    async with self._token_lock:
-                        if self._holding() is held_now:
-                            await self._swap(held_now)
+            if token.swap_due(fired):
+                await token.swap_if_held(held_now)
                 continue
             await self._sleep_until_due(changed)
 
     async def _sleep_until_due(self, changed: anyio.Event) -> None:
-        """Until the next tick (on the scheduler's clock), the token's refresh (on the event
-        loop's clock) or a change, whichever is first.  The refresh is the broker's wall-clock
-        matter (its ``consumer_timeout``) and the ticks the scheduler clock's: on a virtual
-        clock, timing one by the other woke the loop every ``token_refresh`` of virtual time
-        (60 times per virtual hour) for nothing."""
+        """Until the next tick (on the scheduler's clock), the token's refresh (on the loop's
+        clock: RabbitMQ's consumer_timeout is wall time) or a change, whichever is first.  One
+        timed by the other woke a virtual clock every ``token_refresh`` of virtual time."""
         now = self._clock.now()
         ticks = [(schedule.next_tick(now) - now).total_seconds() for schedule in self._schedules.values()]
-        with anyio.move_on_after(max(self._refresh_at - anyio.current_time(), 0.001)):
+        with anyio.move_on_after(max(self._token.refresh_at - anyio.current_time(), 0.001)):
             if ticks:
                 await self._clock.wait(changed, max(min(ticks), 0.001))
             else:
                 await changed.wait()
 
+    async def _fire_due(self, client: Client, held: amqp.IncomingMessage, since: datetime) -> bool:
+        """Fire every schedule's due tick while ``held`` is our token; True if any was done."""
+        now = self._clock.now()
+        fired = False
+        for schedule in list(self._schedules.values()):
+            tick, late = due_tick(
+                schedule,
+                last_fired=self._fired.get(schedule.name),
+                leader_since=since,
+                now=now,
+            )
+            if tick is None:
+                continue
+            if self._token.holding() is not held:
+                break
+            fired |= await self._fire(client, schedule, tick, late)
+        return fired
+
     async def _fire(self, client: Client, schedule: Schedule, tick: datetime, late: bool) -> bool:
         """Push one tick's job.  True when the tick is done with (pushed, or refused)."""
         key = schedule.idempotency_key(tick)
         last = self._fired.get(schedule.name)
-        first_due = schedule.next_tick(last) if last is not None and not late else tick
-        if first_due < tick:
-            since = self._leadership.since
-            if since is not None and first_due >= since:
-                log.warning(
-                    "scheduler %s: schedule %s fell behind; firing %s, coalescing the ticks since %s",
-                    self.name, schedule.name, format_timestamp(tick), format_timestamp(first_due),
-                )  # fmt: skip
-            else:
-                log.info(
-                    "scheduler %s: schedule %s missed ticks from %s while nobody led (misfire=%s)",
-                    self.name, schedule.name, format_timestamp(first_due), schedule.misfire,
-                )  # fmt: skip
+        skipped = skipped_ticks(
+            schedule, tick, last_fired=last, late=late, leader_since=self._leadership.since
+        )
+        if skipped is not None:
+            log.log(skipped[0], "scheduler %s: %s", self.name, skipped[1])
         error: Exception | None = None
         job_id: str | None = None
         scope = self._push_scope = anyio.CancelScope()
         try:
             with scope:
-                if self._holding() is None:
+                if self._token.holding() is None:
                     scope.cancel()
                 built = client.build(
                     schedule.job_type,
@@ -742,7 +416,7 @@ class Scheduler:
         except (PushOutcomeUnknownError, PushNotSentError) as exc:
             # Not sent, or maybe not: the tick is not recorded, and fires again.
             log.warning("scheduler %s: %s not confirmed (%s); not recorded", self.name, key, exc)
-            if self._holding() is not None:
+            if self._token.holding() is not None:
                 await anyio.sleep(self.retry_delay)  # still leader (e.g. publish timeout): pace retries
             return False
         except (PushError, TopologyConflictError) as exc:
@@ -770,55 +444,3 @@ class Scheduler:
             )
         )
         return True
-
-
-def scheduler_presence(scheduler: Scheduler, stopped: bool = False) -> SchedulerPresence:
-    """``scheduler``'s presence now: whether it leads, and its schedules."""
-    now = datetime.now(UTC)
-    since = scheduler.leader_since
-    stats = scheduler.statistics()
-    schedules = []
-    for s in scheduler.schedules[:MAX_LISTED]:
-        last = scheduler.last_fired(s.name)
-        schedules.append(
-            ScheduleState(
-                name=s.name,
-                cron=s.cron,
-                job_type=s.job_type,
-                queue=s.queue,
-                timezone=s.timezone,
-                last_fired=format_timestamp(last) if last is not None else None,
-                next_tick=format_timestamp(s.next_tick(now)),
-            )
-        )
-    return SchedulerPresence(
-        group=scheduler.name,
-        instance_id=scheduler.instance_id,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        leader=scheduler.is_leader and not stopped,
-        leader_since=format_timestamp(since) if since is not None and not stopped else None,
-        state="stopped" if stopped else "running",
-        interval=PRESENCE_INTERVAL,
-        sent_at=format_timestamp(now),
-        schedules=schedules,
-        fired=stats.fired,
-        failed=stats.failed,
-    )
-
-
-
-async def announce_scheduler(scheduler: Scheduler, client: Client) -> None:
-    """:func:`announce` for a scheduler: every :data:`PRESENCE_INTERVAL`, and at once
-    when it becomes leader or stops being leader (a failover shows without delay)."""
-    wake = Wake()
-    remove = scheduler.add_listener(lambda event: wake.set() if hasattr(event, "leader") else None)
-    try:
-        await announce(
-            client,
-            lambda stopped: scheduler_presence(scheduler, stopped=stopped),
-            PRESENCE_INTERVAL,
-            wake=wake,
-        )
-    finally:
-        remove()

@@ -112,16 +112,26 @@ def decide(
     retryable = code != ErrorCode.HANDLER_PANIC and (failure is None or is_retryable_error(policy, failure))
     if not retryable:
         code = ErrorCode.NON_RETRYABLE_ERROR if code == ErrorCode.HANDLER_ERROR else code
-        return Verdict("dead_letter", code, f"{etype}: {message}", 0, failure, etype, message)
+        return Verdict(
+            "dead_letter", code, f"{etype}: {message}", failure=failure, error_type=etype, detail=message
+        )
     if attempt >= max_attempts:
         text = f"{etype}: {message} (attempt {attempt} of {max_attempts}, retries exhausted)"
-        return Verdict("dead_letter", code, text, 0, failure, etype, message)
+        return Verdict("dead_letter", code, text, failure=failure, error_type=etype, detail=message)
     if isinstance(raised, Retry) and raised.delay is not None:
         delay_ms = max(1, int(raised.delay * 1000))
     else:
         delay_ms = compute_delay_ms(policy, attempt, rng)
     ladder_ms = ladder_delay_ms(delay_ms, max_ms=max(policy.max_interval_ms, delay_ms))
-    return Verdict("retry", code, f"{etype}: {message}", ladder_ms, failure, etype, message)
+    return Verdict(
+        "retry",
+        code,
+        f"{etype}: {message}",
+        delay_ms=ladder_ms,
+        failure=failure,
+        error_type=etype,
+        detail=message,
+    )
 
 
 def error_type(exc: BaseException) -> str:

@@ -10,13 +10,20 @@ argument sets).  ``Client.push`` asks :meth:`Declarer.ensure` for what a route n
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
 
 from .. import amqp
-from ._errors import QueueNotFoundError, TopologyConflictError
+from ._delay_levels import (
+    delay_deliver_binding,
+    delay_landing_queue_arguments,
+    delay_level_bindings,
+    delay_level_queue_arguments,
+)
+from ._errors import QueueNotFoundError, SchedulerUnavailableError, TopologyConflictError
 from ._route import DelayedBinding, JobQueue, Landing, Need
 from ._topology import (
     DELAY_LEVELS,
@@ -28,11 +35,9 @@ from ._topology import (
     control_queue_arguments,
     control_queue_binding,
     death_notes_queue_arguments,
-    delay_deliver_binding,
-    delay_landing_queue_arguments,
-    delay_level_bindings,
     delay_level_exchanges,
-    delay_level_queue_arguments,
+    delayed_exchange_arguments,
+    delayed_plugin_exchange,
     delayed_queue_binding,
     dlx_queue_arguments,
     dlx_queue_binding,
@@ -43,7 +48,7 @@ from ._topology import (
     retry_queue_binding,
 )
 
-__all__ = ["Declarer"]
+__all__ = ["Declarer", "detect_delayed_plugin"]
 
 
 class Declarer:
@@ -121,6 +126,23 @@ class Declarer:
     async def declare_exchange(self, spec: ExchangeSpec) -> None:
         ch = await self.channel()
         await ch.exchange_declare(spec.name, spec.type, durable=True, arguments=spec.arguments or None)
+
+    async def use_scheduler(self, requested: str, plugin_present: bool) -> str:
+        """The scheduler a client asking for ``requested`` ("plugin" or "auto") uses, given
+        whether the broker has the delayed-message plugin: "plugin" (its exchange declared
+        now) or "levels".  "plugin" without the plugin raises :class:`SchedulerUnavailableError`."""
+        if requested == "plugin" and not plugin_present:
+            raise SchedulerUnavailableError(
+                "scheduler='plugin' needs the rabbitmq-delayed-message-exchange plugin, and the broker "
+                f"at {self.conn.url.redacted()} does not have it (exchange type 'x-delayed-message' is "
+                "unknown); enable it (rabbitmq-plugins enable rabbitmq_delayed_message_exchange) or use "
+                "scheduler='levels' or 'auto'"
+            )
+        if not plugin_present:
+            return "levels"
+        await self.declare_exchange(delayed_plugin_exchange(self.names))
+        self.delayed_declared = True
+        return "plugin"
 
     async def _declare_base(self, ch: amqp.Channel) -> None:
         if self._base_declared:
@@ -314,3 +336,29 @@ class Declarer:
             await self._declare_base(await self.channel())
             await self._bind(control_queue_binding(self.names, queue))
         self.control_ready.add(queue)
+
+
+async def detect_delayed_plugin(
+    url: amqp.AMQPURL, names: Names, options: dict[str, Any], *, timeout: float
+) -> bool:
+    """``Client.detect_delayed_plugin``: declare a throwaway ``x-delayed-message`` exchange
+    and delete it again, on a short-lived connection of its own (``options``: the client's
+    connection options), because RabbitMQ answers an unknown exchange type with a
+    connection-level 503.  That answer is ``False``; any other failure is raised."""
+    probe = f"{names.prefix}ojs.probe.delayed.{uuid.uuid4().hex[:12]}"
+    options = {**options, "recovery": amqp.RecoveryPolicy(enabled=False)}
+    try:
+        with anyio.fail_after(timeout):
+            async with (
+                amqp.connect(url, **options) as conn,
+                conn.channel(confirms=False) as ch,
+            ):
+                await ch.exchange_declare(
+                    probe, "x-delayed-message", auto_delete=True, arguments=delayed_exchange_arguments()
+                )
+                await ch.exchange_delete(probe)
+    except amqp.AMQPError as exc:
+        if getattr(exc, "reply_code", None) == 503 and "x-delayed-message" in str(exc):
+            return False
+        raise
+    return True

@@ -1,6 +1,7 @@
 """The OJS job envelope (``job.schema.json``) as msgspec Structs, with JSON decode and encode.
 
-Pure: no I/O; only :func:`new_job` reads the clock, and only when ``now`` is not given.
+Pure: no I/O, no clock.  Building a new job (:func:`new_job`, the memo in front of the one
+validator here) is ``_build.py``; RFC 3339 timestamps are ``_timestamps.py``.
 
 Absent is not the same as default
     Every optional attribute defaults to ``UNSET`` and is left out on encode, so a decoded
@@ -32,22 +33,23 @@ usable (see :func:`parse_duration_ms`); the effective retry policy has
 
 from __future__ import annotations
 
-import calendar
 import re
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta, timezone
+from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal, get_args
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from ojs_anyio.amqp import UsageError
-
 from .._common import new_id
 from ._errors import ArgumentTypeError, InvalidDurationError, InvalidJobError
 from ._retry import Duration, EffectiveRetryPolicy, RetryPolicy, resolve_retry, validate_duration_syntax
+from ._timestamps import TIMESTAMP_PATTERN, format_timestamp, match_timestamp, parse_timestamp
 
 __all__ = [
+    "ID_PATTERN",
+    "JOB_FIELDS",
+    "QUEUE_PATTERN",
+    "TYPE_PATTERN",
     "JOB_STATES",
     "SPEC_VERSION",
     "ErrorInfo",
@@ -61,7 +63,6 @@ __all__ = [
     "format_timestamp",
     "job_from_dict",
     "job_to_dict",
-    "new_job",
     "parse_timestamp",
     "validate_job",
 ]
@@ -72,7 +73,6 @@ SPEC_VERSION: Final = "1.0"
 ID_PATTERN: Final = r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z"
 TYPE_PATTERN: Final = r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*\Z"
 QUEUE_PATTERN: Final = r"^[a-z0-9][a-z0-9\-\.]*\Z"
-TIMESTAMP_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})\Z"
 URI_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9+.\-]*:\S*\Z"
 
 JobState = Literal[
@@ -87,72 +87,6 @@ JobType = Annotated[str, Meta(min_length=1, max_length=255, pattern=TYPE_PATTERN
 QueueName = Annotated[str, Meta(max_length=128, pattern=QUEUE_PATTERN)]
 Uri = Annotated[str, Meta(pattern=URI_PATTERN)]
 
-_TIMESTAMP_RE: Final = re.compile(
-    r"(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})[Tt](?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})"
-    r"(?:\.(?P<frac>\d+))?(?:(?P<z>[Zz])|(?P<sign>[+-])(?P<oh>\d{2}):(?P<om>\d{2}))"
-)
-
-
-def _timestamp_match(text: str) -> re.Match[str]:
-    """Match an RFC 3339 timestamp and check its ranges (without building a datetime)."""
-    match = _TIMESTAMP_RE.fullmatch(text)
-    if match is None:
-        raise UsageError(f"{text!r} is not an RFC 3339 timestamp with a timezone ('2026-02-15T10:30:00Z')")
-    year, month, day = int(match["y"]), int(match["mo"]), int(match["d"])
-    if not (year >= 1 and 1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)):
-        raise UsageError(f"{text!r} is not a calendar date")
-    if int(match["h"]) > 23 or int(match["mi"]) > 59 or int(match["s"]) > 60:
-        raise UsageError(f"{text!r} is not a time of day")
-    if not match["z"] and (int(match["oh"]) > 23 or int(match["om"]) > 59):
-        raise UsageError(f"{text!r} has an invalid UTC offset")
-    if year in (1, 9999):  # only there can a leap second or an offset leave datetime's range
-        try:
-            _to_datetime(match).astimezone(UTC)
-        except OverflowError:
-            raise UsageError(f"{text!r} is outside the range of timestamps (years 1 to 9999 UTC)") from None
-    return match
-
-
-_DAYS_IN_MONTH: Final = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-
-
-def _days_in_month(year: int, month: int) -> int:
-    return 29 if month == 2 and calendar.isleap(year) else _DAYS_IN_MONTH[month - 1]
-
-
-def parse_timestamp(text: str) -> datetime:
-    """Parse an RFC 3339 timestamp into an aware datetime (OJS JSON format §5).
-
-    The offset is kept.  Fractions beyond microseconds are truncated; a leap second
-    (``:60``) becomes the first instant of the next minute.  Raises ``ValueError``.
-    """
-    return _to_datetime(_timestamp_match(text))
-
-
-def _to_datetime(match: re.Match[str]) -> datetime:
-    if match["z"]:
-        tz = UTC
-    else:
-        offset = timedelta(hours=int(match["oh"]), minutes=int(match["om"]))
-        tz = timezone(-offset if match["sign"] == "-" else offset)
-    second = int(match["s"])
-    micros = int((match["frac"] or "0")[:6].ljust(6, "0"))
-    leap = second == 60
-    fields = (int(match["y"]), int(match["mo"]), int(match["d"]), int(match["h"]), int(match["mi"]))
-    result = datetime(*fields, 59 if leap else second, micros, tzinfo=tz)
-    return result + timedelta(seconds=1) if leap else result
-
-
-def format_timestamp(moment: datetime) -> str:
-    """Format an aware datetime as RFC 3339 UTC with milliseconds: ``2026-02-15T10:30:00.000Z``."""
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise UsageError("timestamps must be timezone-aware (OJS JSON format §5.3)")
-    utc = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
-    # "2026-02-15T10:30:00.000+00:00" from C, with "Z" for the offset: a third faster than
-    # formatting the seven fields in Python.
-    return utc.isoformat(timespec="milliseconds")[:-6] + "Z"
-
-
 # The last timestamp text that passed the check: jobs built in the same millisecond carry
 # equal ``created_at`` strings, so the regex runs about once per millisecond under load.
 _last_valid_timestamp = ""
@@ -162,7 +96,7 @@ def _check_timestamp(field: str, value: str | UnsetType) -> None:
     global _last_valid_timestamp
     if isinstance(value, str) and value != _last_valid_timestamp:
         try:
-            _timestamp_match(value)
+            match_timestamp(value)
         except ValueError as exc:
             raise InvalidJobError(field, str(exc)) from None
         _last_valid_timestamp = value
@@ -293,6 +227,8 @@ _TIMESTAMP_FIELDS: Final = (
     "completed_at",
 )
 _JOB_FIELDS: Final = frozenset(Job.__struct_fields__) - {"extensions"}
+#: The envelope's defined attributes (what an extension may not be called).
+JOB_FIELDS: Final = _JOB_FIELDS
 _RECORD_FIELDS: Final = frozenset(ErrorRecord.__struct_fields__) - {"extensions"}
 _REQUIRED_FIELDS: Final = frozenset({"specversion", "id", "type", "queue", "args"})
 # An explicit null means "absent" (OJS JSON §14.2) except here: kept for result, rejected for the rest.
@@ -476,131 +412,9 @@ def check_job_type(job_type: str) -> None:
             f"{job_type!r} is not an OJS job type (lowercase dot-separated segments such as "
             f"'email.send', at most 255 characters; pattern {TYPE_PATTERN})",
         )
-_QUEUE_RE: Final = re.compile(QUEUE_PATTERN)
+
+
 _ID_RE: Final = re.compile(ID_PATTERN)
-# Job types and queue names seen valid (a few per application): checked once each.
-_GOOD_TYPES: Final[set[str]] = set()
-_GOOD_QUEUES: Final[set[str]] = set()
-_GOOD_MAX = 4096
-
-
-def _known_good(value: object, seen: set[str], pattern: re.Pattern[str], max_length: int) -> bool:
-    """Whether ``value`` is a str matching ``pattern`` within ``max_length`` (remembered)."""
-    if value in seen:
-        return True
-    if type(value) is not str or not 0 < len(value) <= max_length or pattern.fullmatch(value) is None:
-        return False
-    if len(seen) >= _GOOD_MAX:
-        seen.clear()
-    seen.add(value)
-    return True
-
-
-def _timestamp_text(field: str, value: datetime | str) -> str:
-    if isinstance(value, datetime):
-        try:
-            return format_timestamp(value)
-        except ValueError as exc:
-            raise InvalidJobError(field, str(exc)) from None
-    return value
-
-
-def _plain(type: object, queue: object, id: object, created: datetime, options: Mapping[str, Any]) -> bool:
-    """Whether :func:`new_job` may build the struct directly: the memo in front of the one
-    validator (``job_from_dict``).  Only values that validator has passed before, or whose
-    type alone settles them, qualify; anything else goes the long way.  (Kept in step
-    with the Job struct's field rules by ``test_new_job_fast_and_slow_paths_agree``.)"""
-    meta, priority, timeout = options["meta"], options["priority"], options["timeout"]
-    return (
-        options["scheduled_at"] is None
-        and options["expires_at"] is None
-        and options["retry"] is None
-        and options["unique"] is None
-        and options["schema"] is None
-        and (priority is None or priority.__class__ is int)
-        and (timeout is None or (timeout.__class__ is int and timeout >= 0))
-        and (meta is None or all(key.__class__ is str for key in meta))
-        and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)
-        and _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128)
-        and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
-        and created.utcoffset() is not None
-    )
-
 
 #: The job ids' generator under its former name (tests and tools import it from here).
 _uuid7 = new_id
-
-
-def new_job(
-    type: str,
-    args: Sequence[Any],
-    *,
-    queue: str = "default",
-    meta: Mapping[str, Any] | None = None,
-    priority: int | None = None,
-    timeout: int | None = None,
-    scheduled_at: datetime | str | None = None,
-    expires_at: datetime | str | None = None,
-    retry: RetryPolicy | None = None,
-    unique: UniquePolicy | None = None,
-    schema: str | None = None,
-    extensions: Mapping[str, Any] | None = None,
-    id: str | None = None,
-    now: datetime | None = None,
-) -> Job:
-    """A new, validated job: fresh UUIDv7 ``id``, ``created_at`` = ``now``, ``attempt`` 0.
-
-    ``state`` is ``scheduled`` when ``scheduled_at`` is after ``now``, else ``available``.
-    ``now`` defaults to the current UTC time (the only clock read of this module) and must
-    be timezone-aware.  Options left as ``None`` are absent from the envelope.
-    """
-    if isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence):
-        raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
-    created = datetime.now(UTC) if now is None else now
-    options: dict[str, Any] = {
-        "meta": None if meta is None else dict(meta),
-        "priority": priority,
-        "timeout": timeout,
-        "scheduled_at": None if scheduled_at is None else _timestamp_text("scheduled_at", scheduled_at),
-        "expires_at": None if expires_at is None else _timestamp_text("expires_at", expires_at),
-        "retry": None if retry is None else msgspec.to_builtins(retry),
-        "unique": None if unique is None else msgspec.to_builtins(unique),
-        "schema": schema,
-    }
-    if not extensions and _plain(type, queue, id, created, options):
-        # (``type`` is a parameter here, hence ``__class__``.)
-        # The common case, every input already known valid: build the struct directly
-        # (what job_from_dict would give, without the dict round trip and per-field checks).
-        return Job(
-            specversion=SPEC_VERSION,
-            id=new_id() if id is None else id,
-            type=type,
-            queue=queue,
-            args=list(args),
-            meta=UNSET if meta is None else options["meta"],
-            priority=UNSET if priority is None else priority,
-            timeout=UNSET if timeout is None else timeout,
-            state="available",
-            attempt=0,
-            created_at=format_timestamp(created),
-        )
-    data: dict[str, Any] = {
-        "specversion": SPEC_VERSION,
-        "id": new_id() if id is None else id,
-        "type": type,
-        "queue": queue,
-        "args": list(args),
-        "state": "available",
-        "attempt": 0,
-        "created_at": _timestamp_text("created_at", created),
-    }
-    data.update((key, value) for key, value in options.items() if value is not None)
-    if extensions:
-        clash = sorted(set(extensions) & _JOB_FIELDS)
-        if clash:
-            raise InvalidJobError(f"extensions.{clash[0]}", f"{clash[0]!r} is a defined attribute")
-        data.update(extensions)
-    job = job_from_dict(data)
-    if isinstance(job.scheduled_at, str) and parse_timestamp(job.scheduled_at) > created:
-        job = msgspec.structs.replace(job, state="scheduled")
-    return job

@@ -109,7 +109,15 @@ def inspect_handler(job_type: str, fn: Any) -> HandlerSpec:
     params = tuple(_slot(where, p, namespace) for p in positional[1:])
     var = _slot(where, var_param, namespace) if var_param is not None else None
     converts = var is not None or any(slot is not None for slot in params)
-    return HandlerSpec(fn, signature, _positional_arity(signature), is_async, params, var, converts)
+    return HandlerSpec(
+        fn,
+        signature,
+        arity=_positional_arity(signature),
+        is_async=is_async,
+        params=params,
+        var=var,
+        converts=converts,
+    )
 
 
 def _slot(where: str, param: inspect.Parameter, namespace: dict[str, Any]) -> tuple[str, Any] | None:

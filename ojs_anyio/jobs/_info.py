@@ -21,6 +21,7 @@ from ._declarer import Declarer
 from ._durations import DurationLike, duration_seconds
 from ._envelope import ErrorInfo, check_job_id, error_info
 from ._renamed import warn_renamed
+from ._results import JobFailedError
 from ._topology import Names
 
 __all__ = ["ClientControl", "ControlSender", "JobInfo"]
@@ -183,6 +184,25 @@ class ClientControl:
                     await self.aclose()  # declared afresh by the next request
                     raise
         return JobInfo(id=job_id, state="unknown")
+
+    async def result(self, job_id: str, *, queue: str, timeout: DurationLike, poll: DurationLike) -> Any:
+        """``Client.result``: INFO every ``poll`` seconds until a worker says the job finished."""
+        seconds = duration_seconds(timeout, "timeout")
+        interval = duration_seconds(poll, "poll")
+        with anyio.fail_after(seconds):
+            while True:
+                info = await self.info(job_id, queue=queue, timeout=min(2.0, max(seconds, 0.1)))
+                if info.state == "completed":
+                    return info.result
+                if info.state in ("discarded", "cancelled"):
+                    error = info.error
+                    raise JobFailedError(
+                        job_id,
+                        "CANCELLED" if info.state == "cancelled" else None,
+                        error.type if error is not None else None,
+                        error.message if error is not None else info.state,
+                    )
+                await anyio.sleep(interval)  # the workers' state: there is no event to wait on
 
     async def _reply_queue(self) -> tuple[amqp.QueueInfo, amqp.Consumer]:
         """This client's INFO reply queue (exclusive, auto-delete) and its consumer."""

@@ -41,6 +41,7 @@ from ._envelope import format_timestamp
 if TYPE_CHECKING:
     from ._client import Client
     from ._context import JobContext
+    from ._schedule import Schedule, SchedulerEvent, SchedulerStatistics
 
 __all__ = [
     "MAX_PRESENCE_BYTES",
@@ -283,3 +284,76 @@ async def announce(
                     await _publish(client, snapshot(True))
                 except amqp.AMQPError as exc:  # stopping anyway: observers time the silence out
                     log.debug("last presence message not sent: %s", exc)
+
+
+class SchedulerView(Protocol):
+    """What a presence message reads of a cron scheduler (``Scheduler`` is one)."""
+
+    name: str
+    instance_id: str
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def leader_since(self) -> datetime | None: ...
+
+    @property
+    def schedules(self) -> list[Schedule]: ...
+
+    def last_fired(self, schedule: str) -> datetime | None: ...
+
+    def statistics(self) -> SchedulerStatistics: ...
+
+    def add_listener(self, callback: Callable[[SchedulerEvent], None]) -> Callable[[], None]: ...
+
+
+def scheduler_presence(scheduler: SchedulerView, stopped: bool = False) -> SchedulerPresence:
+    """``scheduler``'s presence now: whether it leads, and its schedules."""
+    now = datetime.now(UTC)
+    since = scheduler.leader_since
+    stats = scheduler.statistics()
+    schedules = []
+    for s in scheduler.schedules[:MAX_LISTED]:
+        last = scheduler.last_fired(s.name)
+        schedules.append(
+            ScheduleState(
+                name=s.name,
+                cron=s.cron,
+                job_type=s.job_type,
+                queue=s.queue,
+                timezone=s.timezone,
+                last_fired=format_timestamp(last) if last is not None else None,
+                next_tick=format_timestamp(s.next_tick(now)),
+            )
+        )
+    return SchedulerPresence(
+        group=scheduler.name,
+        instance_id=scheduler.instance_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        leader=scheduler.is_leader and not stopped,
+        leader_since=format_timestamp(since) if since is not None and not stopped else None,
+        state="stopped" if stopped else "running",
+        interval=PRESENCE_INTERVAL,
+        sent_at=format_timestamp(now),
+        schedules=schedules,
+        fired=stats.fired,
+        failed=stats.failed,
+    )
+
+
+async def announce_scheduler(scheduler: SchedulerView, client: Client) -> None:
+    """:func:`announce` for a scheduler: every :data:`PRESENCE_INTERVAL`, and at once
+    when it becomes leader or stops being leader (a failover shows without delay)."""
+    wake = Wake()
+    remove = scheduler.add_listener(lambda event: wake.set() if hasattr(event, "leader") else None)
+    try:
+        await announce(
+            client,
+            lambda stopped: scheduler_presence(scheduler, stopped=stopped),
+            PRESENCE_INTERVAL,
+            wake=wake,
+        )
+    finally:
+        remove()

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
+from ._delay_levels import delay_routing_key
 from ._envelope import Job, parse_timestamp
 from ._errors import DelayOutOfRangeError
-from ._topology import MAX_DELAY_MS, Names, delay_routing_key
+from ._topology import MAX_DELAY_MS, Names
 
 __all__ = [
     "H_DELAY", "SCHEDULE_IMMEDIATE_MS", "DelayedBinding", "JobQueue", "Landing", "Need", "Route", "route",

@@ -1,11 +1,40 @@
 """The cron scheduler's pure half: schedules, the misfire rule, the leadership table, the
 token and its record of fired ticks, and the events.  No I/O, no clock read: time is passed
-in.  The I/O half (leader election over the broker, firing through ``Client.push_job``) is
-``_cron.py``.
+in.  The I/O half is ``_leader.py`` (the leadership token) and ``_cron.py`` (firing through
+``Client.push_job``).
+
+Cron expressions are parsed and iterated by croniter: five fields, or six with *seconds as
+the last field* (croniter's default, ``second_at_beginning=False``: ``"* * * * * */5"`` is
+every five seconds), plus ``@daily`` and friends and Jenkins-style ``H`` (hashed on the
+schedule's name).  Ticks are computed in the schedule's ``timezone`` (DST is croniter's).
+
+Missed ticks (``misfire``)
+--------------------------
+When a new leader takes over (after a failover, a leadership gap, or a full outage), the
+ticks between the last fired one and the moment it became leader were missed.
+
+* ``"skip"`` (default): fire only ticks at or after becoming leader; missed ones are dropped.
+* ``"once"``: fire the most recent missed tick once, right away, if it is at most
+  ``misfire_grace`` old (1 hour by default); older ones are dropped.  Never for a schedule
+  that has never fired (there is nothing it could have missed).
+
+A leader that falls behind while leading (its loop was blocked past several ticks) fires
+only the most recent due tick and logs the coalesced ones.
+
+Double fires and idempotency
+----------------------------
+Each job carries the idempotency key ``{schedule}:{tick}`` (``x-ojs-idempotency-key``,
+tick in UTC RFC 3339, e.g. ``reports.daily:2026-02-15T02:00:00.000Z``), the same from any
+instance.  Two fires of one tick are possible, only across a leadership change: a leader
+whose push was confirmed but whose token swap was not (it died in between) leaves the old
+state, and a ``"once"`` successor fires that tick again; a leader the broker declared dead
+(missed heartbeats) while it still ran may fire the tick its successor also fires.
+Downstream dedupes on the key.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -22,6 +51,7 @@ from ._retry import RetryPolicy
 from ._topology import Names
 
 __all__ = [
+    "skipped_ticks",
     "H_SCHEDULER",
     "MAX_STATE_ENTRIES",
     "MISFIRE_POLICIES",
@@ -144,6 +174,31 @@ def due_tick(
     if schedule.misfire == "once" and last_fired is not None and now - latest <= schedule.misfire_grace:
         return latest, True
     return None, False
+
+
+def skipped_ticks(
+    schedule: Schedule,
+    tick: datetime,
+    *,
+    last_fired: datetime | None,
+    late: bool,
+    leader_since: datetime | None,
+) -> tuple[int, str] | None:
+    """What firing ``tick`` passes over, for the log: ``(level, text)``, or None when
+    ``tick`` is the schedule's next one.  A leader that fell behind coalesces the ticks
+    since the first due one (WARNING); ticks that passed while nobody led are missed (INFO)."""
+    first_due = schedule.next_tick(last_fired) if last_fired is not None and not late else tick
+    if first_due >= tick:
+        return None
+    if leader_since is not None and first_due >= leader_since:
+        return logging.WARNING, (
+            f"schedule {schedule.name} fell behind; firing {format_timestamp(tick)}, "
+            f"coalescing the ticks since {format_timestamp(first_due)}"
+        )
+    return logging.INFO, (
+        f"schedule {schedule.name} missed ticks from {format_timestamp(first_due)} while nobody led "
+        f"(misfire={schedule.misfire})"
+    )
 
 
 # ------------------------------------------------------------------ events

@@ -53,7 +53,7 @@ class SyncClient:
     """
 
     def __init__(self, url: str | None = None, *, backend: str = "asyncio", **connect_options: Any) -> None:
-        from ._client import connect
+        from ._connect import connect
 
         self._lock = threading.Lock()
         self._closed = False

@@ -24,54 +24,8 @@ Priority (binding §6.1: 0-9, only when the job has one)
     :func:`priority_to_amqp` keeps 0..9 and clamps anything else into it.
 
 Scheduled jobs without the plugin: binary delay levels
-    A TTL queue delays correctly only if all its messages have the same TTL (001 §8.2), so
-    an arbitrary delay ``d`` (0 <= d <= :data:`MAX_DELAY_MS` = 2**32 - 1 ms, 49.7 days) is
-    spent in a chain of fixed-TTL queues: level ``k`` (k = 0..31) waits exactly 2**k ms, and
-    a message visits level ``k`` iff bit ``k`` of ``d`` is set.  The levels are shared by
-    every job queue of a prefix.  As in NServiceBus's RabbitMQ delayed delivery:
-
-    * The routing key carries the bits, most significant first, then the OJS queue name:
-      ``b31.b30. ... .b1.b0.{queue}``, each ``b`` being ``0`` or ``1``
-      (:func:`delay_routing_key`).  Routing keys are never rewritten by dead-lettering
-      unless ``x-dead-letter-routing-key`` is set, and the level queues do not set it, so
-      the key travels unchanged down the chain.
-    * Each level has its own topic exchange ``ojs.exchange.delay.{k:02d}`` and queue
-      ``ojs.queue.delay.{k:02d}``.  A single shared exchange cannot work: the key never
-      changes, so after level ``k`` the message would match level ``k`` again (a loop), and
-      a key with several set bits would be copied into several level queues at once.  The
-      exchange a message is in is the "program counter" of the chain.
-    * Exchange ``k`` has two bindings that test word ``31 - k`` of the key (bit ``k``):
-      ``*.*. ... .1.#`` (``31 - k`` stars) to queue ``k``, and ``*.*. ... .0.#`` to the next
-      exchange down (an exchange-to-exchange binding).  Exactly one of the two matches.
-    * Queue ``k`` has ``x-message-ttl = 2**k`` and dead-letters (key unchanged) to exchange
-      ``k - 1``; level 0 and exchange 0's "bit clear" binding lead to the topic exchange
-      ``ojs.exchange.delay.deliver``.
-    * Publishing goes to the top exchange ``ojs.exchange.delay.31``.  The message enters
-      the queue of the highest set bit, and leaves the chain after exactly
-      ``sum(2**k for set bits) == d`` ms, having visited each level at most once (so
-      RabbitMQ's dead-letter cycle detection never fires).
-    * Last hop.  ``ojs.exchange.delay.deliver`` binds, for each job queue ``q``, the key
-      ``*.*. ... .*.{q}`` (32 stars, then ``q``'s words; ``*`` is exactly one word, so a
-      different queue name cannot match) to a per-job-queue landing queue
-      ``ojs.queue.delay.deliver.{q}`` declared with ``x-message-ttl = 0``,
-      ``x-dead-letter-exchange = ojs.exchange.direct`` and
-      ``x-dead-letter-routing-key = {q}``.  A TTL-0 queue without consumers dead-letters
-      at once, and this dead-lettering is the only broker step that can *replace* a routing
-      key, so the message re-enters ``ojs.exchange.direct`` with routing key ``{q}``, the
-      same way a PUSH does (001 §5.1), and reaches ``ojs.queue.{q}`` through the job queue's
-      normal binding.  (An exchange-to-exchange binding from the delay exchanges into
-      ``ojs.exchange.direct`` would keep the ``b31...b0.{q}`` key, which no direct binding
-      matches.)  Declare the landing queue and its binding together with the job queue: a
-      delayed message for a queue without one is dropped at the last hop.
-
-    Caveats for the runtime: classic-queue dead-lettering is at-most-once, so each hop can
-    lose a message if a broker node fails at that instant (quorum queues with at-least-once
-    dead-lettering, :meth:`QueueOptions.quorum`, redo such a hop instead); a job queue with
-    ``x-overflow=reject-publish`` drops (not dead-letters) a delayed message that arrives
-    while it is full.  Messages that went through the levels (or a retry queue) carry
-    ``x-death`` headers; strip them (:func:`strip_dead_letter_headers`) before republishing,
-    or RabbitMQ's cycle detection may drop the republished message when it expires from a
-    queue it already expired from.
+    Their exchanges, queues and bindings are ``_delay_levels.py`` (how the chain works is
+    its docstring).
 """
 
 from __future__ import annotations
@@ -79,7 +33,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -94,8 +48,11 @@ from .._queue_options import (
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, TopologyError
 
 __all__ = [
-    "base_exchanges",
+    "check_delay",
+    "check_level",
+    "check_queue",
     "delay_level_exchanges",
+    "base_exchanges",
     "delayed_plugin_exchange",
     "CONTROL_MAX_LENGTH",
     "CONTROL_MESSAGE_TTL_MS",
@@ -113,12 +70,6 @@ __all__ = [
     "QueueOptions",
     "control_queue_arguments",
     "control_queue_binding",
-    "delay_deliver_binding",
-    "delay_landing_queue_arguments",
-    "delay_level_binding_key",
-    "delay_level_bindings",
-    "delay_level_queue_arguments",
-    "delay_routing_key",
     "delayed_exchange_arguments",
     "death_notes_queue_arguments",
     "delayed_queue_binding",
@@ -321,6 +272,10 @@ def _check_level(level: int) -> int:
     return level
 
 
+#: The name checks, for the modules that describe more entities (``_delay_levels.py``).
+check_queue, check_level, check_delay = _check_queue, _check_level, _check_delay
+
+
 class Binding(NamedTuple):
     """``Queue.Bind`` (or ``Exchange.Bind`` when ``to_exchange``) of ``destination`` to ``source``."""
 
@@ -475,60 +430,6 @@ def priority_to_amqp(ojs_priority: int) -> int:
     if isinstance(ojs_priority, bool) or not isinstance(ojs_priority, int):
         raise ArgumentTypeError(f"OJS priority must be an int, got {ojs_priority!r}")
     return 0 if ojs_priority < 0 else 9 if ojs_priority > 9 else ojs_priority
-
-
-# Binary delay levels ---------------------------------------------------------------------
-
-
-def delay_routing_key(delay_ms: int, queue: str) -> str:
-    """``b31.b30. ... .b0.{queue}``: publish with this key to ``names.delay_entry_exchange``.
-
-    Raises :class:`DelayOutOfRangeError` unless ``0 <= delay_ms <= MAX_DELAY_MS``.
-    """
-    _check_delay(delay_ms, low=0, high=MAX_DELAY_MS, what="scheduling delay")
-    return ".".join(format(delay_ms, f"0{DELAY_LEVELS}b")) + "." + _check_queue(queue)
-
-
-def delay_level_binding_key(level: int, bit: Literal["0", "1"]) -> str:
-    """Topic pattern matching keys whose bit ``level`` is ``bit`` (word ``31 - level``)."""
-    return "*." * (DELAY_LEVELS - 1 - _check_level(level)) + bit + ".#"
-
-
-def delay_level_bindings(names: Names) -> list[Binding]:
-    """All bindings of the delay levels, from level 31 down to 0.
-
-    For each level ``k``: queue ``k`` on exchange ``k`` when bit ``k`` is 1, and the next
-    exchange down (``to_exchange=True``; the deliver exchange after level 0) when it is 0.
-    """
-    bindings: list[Binding] = []
-    for k in reversed(range(DELAY_LEVELS)):
-        exchange = names.delay_exchange(k)
-        bindings.append(Binding(names.delay_queue(k), exchange, delay_level_binding_key(k, "1")))
-        bindings.append(
-            Binding(names.delay_next_exchange(k), exchange, delay_level_binding_key(k, "0"), to_exchange=True)
-        )
-    return bindings
-
-
-def delay_level_queue_arguments(names: Names, level: int) -> dict[str, Any]:
-    """Queue ``level`` waits 2**level ms, then dead-letters to the next exchange, key unchanged."""
-    return {
-        "x-message-ttl": 2 ** _check_level(level),
-        "x-dead-letter-exchange": names.delay_next_exchange(level),
-    }
-
-
-def delay_deliver_binding(names: Names, queue: str) -> Binding:
-    """The landing queue of ``queue`` on the deliver exchange: 32 one-word bits, then ``queue``."""
-    key = "*." * DELAY_LEVELS + queue
-    return Binding(names.delay_landing_queue(queue), names.delay_deliver_exchange, key)
-
-
-def delay_landing_queue_arguments(names: Names, queue: str) -> dict[str, Any]:
-    """TTL 0, dead-letter to the direct exchange with routing key ``queue`` (the last hop)."""
-    return ttl_queue_arguments(
-        0, dead_letter_exchange=names.direct_exchange, dead_letter_routing_key=_check_queue(queue)
-    )
 
 
 def strip_dead_letter_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -209,7 +209,7 @@ def step(
         raise ArgumentTypeError(f"a workflow step's args must be a list, got {args!r}")
     if retry is not None and retry.carries_classes():
         raise ArgumentTypeError("a workflow step's retry policy travels in messages: name errors as strings")
-    return Step(type, tuple(args), queue, priority, timeout, retry)
+    return Step(type, tuple(args), queue=queue, priority=priority, timeout=timeout, retry=retry)
 
 
 def _nodes(items: Sequence[Any], what: str) -> tuple[Node, ...]:
@@ -249,7 +249,10 @@ def batch(
     for cb in (on_complete, on_success, on_failure):
         if cb is not None and not isinstance(cb, Step):
             raise ArgumentTypeError(f"a batch callback is an ojs.step(...), not {cb!r}")
-    return Batch(_nodes(list(jobs), "batch"), on_complete, on_success, on_failure, name, id or _uuid7())
+    return Batch(
+        _nodes(list(jobs), "batch"), on_complete=on_complete, on_success=on_success,
+        on_failure=on_failure, name=name, id=id or _uuid7(),
+    )
 
 
 def _step_from_dict(data: Mapping[str, Any]) -> Step:

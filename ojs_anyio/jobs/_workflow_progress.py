@@ -100,6 +100,7 @@ def start_node(
     path: str,
     parent_results: dict[str, Any],
     then: dict[str, Any] | None,
+    *,
     effects: Effects,
 ) -> None:
     """Collect in ``effects`` what starts ``node`` (a job envelope, or a nested workflow)."""
@@ -113,7 +114,7 @@ def start_node(
             "results": {},
             "then": then,
         }
-        start_node(flow, node["steps"][0], f"{path}.0", parent_results, cont, effects)
+        start_node(flow, node["steps"][0], f"{path}.0", parent_results, cont, effects=effects)
         return
     if kind in ("group", "batch"):
         jobs = node["jobs"]
@@ -124,7 +125,8 @@ def start_node(
             "callbacks": node.get("callbacks") if kind == "batch" else None, "then": then,
         }  # fmt: skip
         for i, child in enumerate(jobs):
-            start_node(flow, child, f"{path}.{i}", parent_results, {**fan_in_cont, "index": i}, effects)
+            cont_i = {**fan_in_cont, "index": i}
+            start_node(flow, child, f"{path}.{i}", parent_results, cont_i, effects=effects)
         return
     if then is not None and then["kind"] == "chain":  # its successor is pushed under a permit
         permit = permit_queue(flow.client.names.prefix, flow.wf, path)
@@ -214,7 +216,7 @@ async def advance(flow: Flow, then: dict[str, Any] | None, outcome: Outcome, eff
         return
     results = {**then["results"], str(index): value}
     cont = {**then, "index": index + 1, "results": results}
-    start_node(flow, steps[index + 1], f"{then['path']}.{index + 1}", results, cont, effects)
+    start_node(flow, steps[index + 1], f"{then['path']}.{index + 1}", results, cont, effects=effects)
 
 
 async def _guarded(flow: Flow, guard: str, effects: Effects) -> None:
@@ -338,7 +340,7 @@ async def _fire(
     names = sorted(fired)
     if then["then"] is None:  # nothing waits for the batch: the callbacks end the workflow
         for name in names:
-            start_node(flow, fired[name], f"{path}.{name}", values, None, effects)
+            start_node(flow, fired[name], f"{path}.{name}", values, None, effects=effects)
         return
     if not names:  # none triggered (§8.3: the batch is done)
         await advance(flow, then["then"], (True, values), effects)
@@ -352,7 +354,7 @@ async def _fire(
         "callbacks": None, "then": then["then"],
     }  # fmt: skip
     for i, name in enumerate(names):
-        start_node(flow, fired[name], f"{path}.{name}", values, {**cb_fan_in, "index": i}, effects)
+        start_node(flow, fired[name], f"{path}.{name}", values, {**cb_fan_in, "index": i}, effects=effects)
 
 
 # ------------------------------------------------------------------ journal and cancel mark

@@ -114,7 +114,7 @@ async def start_workflow(client: Client, workflow: Workflow) -> WorkflowHandle:
     # The first pushes cannot be repeats (the workflow id is new): the guards go first, then
     # the jobs together, with pipelined confirms.
     effects = Effects()
-    start_node(flow, envelope, "r", {}, None, effects)
+    start_node(flow, envelope, "r", {}, None, effects=effects)
     for name, args in effects.queues.items():
         await ch.queue_declare(name, durable=True, arguments=args)
     for queue, body, message_props in effects.messages:

@@ -8,6 +8,7 @@ under ``anyio.fail_after``.  They sleep only where time is the behaviour (a lead
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,7 +25,7 @@ import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.jobs._cron import Misfire, due_tick, leader_queue_name
 from ojs_anyio.jobs._envelope import decode_job, format_timestamp, parse_timestamp
-from ojs_anyio.jobs._schedule import Leadership, merge_fired
+from ojs_anyio.jobs._schedule import Leadership, Schedule, merge_fired, skipped_ticks
 
 from .broker_support import WAIT, current_url
 from .conftest import Cleanup
@@ -619,3 +620,41 @@ async def test_stop_before_run_and_add_after_run(cleanup: Cleanup) -> None:
             await sched.run(client)
     sched.add("cron.tick", "0 3 * * *")  # outside run(): nothing to wake, no event loop needed
     assert not sched.is_leader and [s.name for s in sched.schedules] == ["cron.tick"]
+
+
+@pytest.mark.parametrize(
+    ("last", "tick", "late", "since", "expected"),
+    [
+        # the next tick: nothing passed over
+        ("10:00:00", "10:01:00", False, "09:00:00", None),
+        ("10:00:00", "10:01:00", True, "09:00:00", None),
+        # never fired: nothing to have missed
+        (None, "10:05:00", False, "09:00:00", None),
+        # the leader fell behind while leading: coalesced, a WARNING
+        ("10:00:00", "10:05:00", False, "09:00:00", (logging.WARNING, "fell behind", "10:01:00")),
+        # ticks passed while nobody led: missed, INFO
+        ("10:00:00", "10:05:00", False, "10:03:00", (logging.INFO, "while nobody led", "10:01:00")),
+        ("10:00:00", "10:05:00", False, None, (logging.INFO, "while nobody led", "10:01:00")),
+    ],
+)
+def test_skipped_ticks_table(
+    last: str | None, tick: str, late: bool, since: str | None, expected: tuple[int, str, str] | None
+) -> None:
+    """Pure: what firing a tick passes over, and at which log level it is reported."""
+
+    def at(hms: str) -> datetime:
+        return datetime.fromisoformat(f"2026-03-01T{hms}+00:00")
+
+    schedule = Schedule(name="s", cron="* * * * *", job_type="a.b")
+    out = skipped_ticks(
+        schedule,
+        at(tick),
+        last_fired=at(last) if last else None,
+        late=late,
+        leader_since=at(since) if since else None,
+    )
+    if expected is None:
+        assert out is None
+    else:
+        level, words, first = expected
+        assert out is not None and out[0] == level and words in out[1] and first in out[1]

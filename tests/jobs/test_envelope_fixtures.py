@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ojs_anyio.jobs._build import new_job
 from ojs_anyio.jobs._envelope import (
     ErrorRecord,
     Job,
@@ -21,7 +22,6 @@ from ojs_anyio.jobs._envelope import (
     format_timestamp,
     job_from_dict,
     job_to_dict,
-    new_job,
     parse_timestamp,
     validate_job,
 )

@@ -131,7 +131,8 @@ _AGREE_CASES: list[dict[str, Any]] = [
 def test_new_job_fast_and_slow_paths_agree(overrides: dict[str, Any]) -> None:
     """``new_job`` builds a plain job directly (a memo in front of the validator); the
     validator itself (``job_from_dict``) must give the same job, or the same refusal."""
-    from ojs_anyio.jobs._envelope import format_timestamp, job_from_dict, new_job
+    from ojs_anyio.jobs._build import new_job
+    from ojs_anyio.jobs._envelope import format_timestamp, job_from_dict
 
     given: dict[str, Any] = {"type": "email.send", "queue": "email", "id": _ID, **overrides}
     job_type, queue = given.pop("type"), given.pop("queue")
@@ -148,3 +149,15 @@ def test_new_job_fast_and_slow_paths_agree(overrides: dict[str, Any]) -> None:
     except ojs.InvalidJobError as exc:
         got = type(exc)
     assert got == expected
+
+
+def test_build_with_a_retry_that_is_not_a_policy_names_its_type() -> None:
+    """``client.build(..., retry="3x")`` says what is wrong (it once failed with "'str' object
+    is not callable": the job type parameter shadowed ``type`` there)."""
+    from ojs_anyio.jobs._build import build_job
+
+    with pytest.raises(_errors.ArgumentTypeError, match="RetryPolicy or None, not str"):
+        build_job(
+            None, "a.job", [], queue="default", priority=None, timeout=None, retry="3x",  # type: ignore[arg-type]
+            meta=None, scheduled_at=None, delay=None, expires_at=None, id=None,
+        )  # fmt: skip

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 import ojs_anyio as ojs
+from ojs_anyio.jobs._delay_levels import delay_routing_key
 from ojs_anyio.jobs._route import H_DELAY, DelayedBinding, JobQueue, Landing, Route, delay_ms, route
-from ojs_anyio.jobs._topology import MAX_DELAY_MS, delay_routing_key
+from ojs_anyio.jobs._topology import MAX_DELAY_MS
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 NAMES = ojs.Names("tenant1.")

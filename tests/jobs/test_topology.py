@@ -8,6 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ojs_anyio.jobs._delay_levels import (
+    delay_deliver_binding,
+    delay_landing_queue_arguments,
+    delay_level_binding_key,
+    delay_level_bindings,
+    delay_level_queue_arguments,
+    delay_routing_key,
+)
 from ojs_anyio.jobs._errors import DelayOutOfRangeError, TopologyError
 from ojs_anyio.jobs._retry import RETRY_LADDER_MS
 from ojs_anyio.jobs._topology import (
@@ -19,12 +27,6 @@ from ojs_anyio.jobs._topology import (
     QueueOptions,
     control_queue_arguments,
     control_queue_binding,
-    delay_deliver_binding,
-    delay_landing_queue_arguments,
-    delay_level_binding_key,
-    delay_level_bindings,
-    delay_level_queue_arguments,
-    delay_routing_key,
     delayed_queue_binding,
     dlx_queue_arguments,
     dlx_queue_binding,
