@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 from harness import list_connections
-from helpers import wait_message_count, wait_until
+from support.waits import wait_message_count, wait_until
 
 from ojs_anyio import amqp
 

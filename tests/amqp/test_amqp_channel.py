@@ -7,10 +7,11 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import wait_for_message_count, wait_until
 from harness import FaultProxy
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import wait_for_message_count, wait_until
 
 pytestmark = pytest.mark.anyio
 

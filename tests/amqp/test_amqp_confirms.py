@@ -10,10 +10,11 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import scratch_channel
 from harness import FaultProxy
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import scratch_channel
 
 pytestmark = pytest.mark.anyio
 

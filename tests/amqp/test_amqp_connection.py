@@ -7,7 +7,12 @@ import uuid
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import (
+from harness import FaultProxy
+
+from ojs_anyio import amqp
+from ojs_codec import ConnectionState, NotAllowed
+
+from .amqp_helpers import (
     broker_connection_names,
     closed_port,
     connections_on,
@@ -15,10 +20,6 @@ from amqp_helpers import (
     wait_broker_forgets,
     wait_until,
 )
-from harness import FaultProxy
-
-from ojs_anyio import amqp
-from ojs_codec import ConnectionState, NotAllowed
 
 pytestmark = pytest.mark.anyio
 

@@ -6,10 +6,11 @@ import os
 
 import anyio
 import pytest
-from amqp_helpers import wait_until
 from harness import FaultProxy
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 

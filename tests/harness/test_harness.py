@@ -439,7 +439,7 @@ def test_tls_url(tls_material: TLSMaterial) -> None:
 # ---------------------------------------------------------------------- the real broker
 
 
-@pytest.mark.broker
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_proxy_to_rabbitmq_connection_start() -> None:
     with anyio.fail_after(15):
         async with (
@@ -452,7 +452,7 @@ async def test_proxy_to_rabbitmq_connection_start() -> None:
             assert proxy.bytes_up == len(broker.AMQP_PROTOCOL_HEADER)
 
 
-@pytest.mark.broker
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_tls_proxy_to_rabbitmq_connection_start(tls_material: TLSMaterial) -> None:
     with anyio.fail_after(15):
         async with TLSTerminatingProxy(tls_material, target_port=5672, require_client_cert=True) as tls:
@@ -469,7 +469,7 @@ async def test_tls_proxy_to_rabbitmq_connection_start(tls_material: TLSMaterial)
             assert tls.client_common_names == ["ojs-test-client"]
 
 
-@pytest.mark.broker
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_broker_queries() -> None:
     with anyio.fail_after(60):
         await broker.wait_broker_ready(timeout=30)
@@ -645,7 +645,7 @@ class RawAMQP:
         )
 
 
-@pytest.mark.broker
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_close_connections_by_name() -> None:
     name = f"harness-{os.getpid()}-{os.urandom(4).hex()}"
     with anyio.fail_after(60):

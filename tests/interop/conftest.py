@@ -1,16 +1,21 @@
-"""Fixtures of the interop suite: fresh OJS queues on vhost ``/ojs`` (001's examples' vhost),
-each deleted after its test with every entity either side may have declared for it."""
+"""Fixtures of the interop suite: the foreign client is pika, over TCP, so the tests run on
+RabbitMQ only (``broker_url`` is ``rabbitmq_url``, which marks them ``broker``).  The fresh
+OJS queues on vhost ``/ojs`` (``spec_queue``, ``new_queue``, ``cleanup``) come from
+``support/fixtures.py``."""
 
 from __future__ import annotations
 
-import pytest
-from jobs.broker_support import URL
-from jobs.conftest import cleanup, new_queue, ojs_vhost, spec_queue
+from collections.abc import Iterator
 
-__all__ = ["broker_url", "cleanup", "new_queue", "ojs_vhost", "spec_queue"]
+import pytest
+from support import brokers
 
 
 @pytest.fixture
-def broker_url() -> str:
-    """The real RabbitMQ only: the foreign client is pika, over TCP."""
-    return URL
+def broker_url(rabbitmq_url: str) -> Iterator[str]:
+    """The real RabbitMQ only: pika cannot reach the in-process memory:// broker."""
+    brokers._current[0] = rabbitmq_url
+    try:
+        yield rabbitmq_url
+    finally:
+        brokers._current[0] = brokers.RABBITMQ_URL

@@ -17,7 +17,8 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 import pytest
-from jobs.broker_support import WAIT, Outcomes, header_type, peek_raw, running, wait_message_count
+from jobs.broker_support import header_type, peek_raw, wait_message_count
+from support.workers import WAIT, Outcomes, running
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp

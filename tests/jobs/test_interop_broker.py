@@ -17,12 +17,12 @@ import pika
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from support.cleanup import Cleanup
 
 import ojs_anyio as ojs
 from ojs_anyio.jobs._dedup import lock_queue
 
 from .broker_support import OJS_VHOST, WAIT, Outcomes, running
-from .conftest import Cleanup
 
 pytestmark = [pytest.mark.anyio, pytest.mark.rabbitmq_only("plain pika connects over TCP to localhost")]
 

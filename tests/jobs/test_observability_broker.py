@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
+from support.cleanup import Cleanup
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -32,7 +33,6 @@ from ojs_anyio.amqp import _metrics
 from ojs_anyio.jobs import _tracing
 
 from .broker_support import WAIT, Outcomes, current_url, running
-from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
 

@@ -24,12 +24,13 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 from anyio.streams.buffered import BufferedByteReceiveStream
 from harness import FaultProxy
-from helpers import wait_until
+from support.brokers import RABBITMQ_URL as URL
+from support.waits import wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
-from .broker_support import URL, WAIT
+from .broker_support import WAIT
 
 ROOT = Path(__file__).resolve().parents[2]
 #: How long a push may wait for a recovering connection (the recipes use the defaults).

@@ -22,6 +22,7 @@ import anyio
 import anyio.from_thread
 import msgspec
 import pytest
+from support.brokers import RABBITMQ_URL as URL
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -29,7 +30,7 @@ from ojs_anyio.jobs._dedup import lock_queue
 from ojs_anyio.jobs._durations import duration_seconds
 from ojs_anyio.jobs._retry import is_retryable_error
 
-from .broker_support import URL, WAIT, Outcomes, current_url, running
+from .broker_support import WAIT, Outcomes, current_url, running
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ojs.RetryPolicy(initial_interval="PT0.1S", jitter=False)

@@ -10,12 +10,13 @@ import anyio
 import msgspec
 import pytest
 from anyio.from_thread import start_blocking_portal
+from support.brokers import RABBITMQ_URL as URL
+from support.cleanup import Cleanup
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
-from .broker_support import URL, WAIT
-from .conftest import Cleanup
+from .broker_support import WAIT
 
 BACKENDS = [pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")]
 

@@ -12,12 +12,12 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from support.cleanup import Cleanup
 
 import ojs_anyio as ojs
 from ojs_anyio.jobs._workflows import workflow_queues
 
 from .broker_support import Outcomes, queue_facts, running
-from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
 

@@ -25,7 +25,8 @@ import anyio
 import pytest
 from anyio.from_thread import start_blocking_portal
 from harness import FaultProxy
-from helpers import message_count, wait_message_count, wait_until
+from support.brokers import RABBITMQ_URL as URL
+from support.waits import message_count, wait_message_count, wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -36,7 +37,6 @@ BOUND = amqp.DEFAULT_PUBLISH_TIMEOUT
 CONFIRM = amqp.DEFAULT_CONFIRM_TIMEOUT
 #: What a loaded 2-core machine may add to a bound.
 SLACK = 10.0
-URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 def _queue() -> str:
