@@ -48,7 +48,7 @@ def _memory_broker(vhost: str) -> Any:
 
 
 
-#: Wait until a queue holds exactly ``n`` ready messages (tests/helpers.py), up to WAIT.
+#: Wait until a queue holds exactly ``n`` ready messages (tests/support/waits.py), up to WAIT.
 wait_message_count = functools.partial(_wait_message_count, timeout=WAIT)
 
 A = TypeVar("A")
