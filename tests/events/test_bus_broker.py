@@ -10,7 +10,7 @@ import anyio
 import anyio.lowlevel
 import msgspec
 import pytest
-from harness.broker import list_connections
+from amqp.amqp_helpers import connections_on
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from support.waits import Seen, queue_exists
@@ -193,7 +193,7 @@ async def test_subscription_limit_opens_more_connections(names: Names) -> None:
             assert len(bus.subscriber_connections) == 2
             async with bus.subscribe(names.sub("two"), handler):  # a third one opens
                 assert len(bus.subscriber_connections) == 3
-                rows = await list_connections()
+                rows = await connections_on(names.url)
                 ours = {
                     item[2]
                     for row in rows

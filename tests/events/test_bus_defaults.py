@@ -51,6 +51,7 @@ async def test_a_url_or_the_environment_is_used_without_a_warning(
     assert not [r for r in caplog.records if r.name == "ojs_anyio.events"]
 
 
+@pytest.mark.usefixtures("rabbitmq_url")  # the default is RabbitMQ on 127.0.0.1:5672
 async def test_the_job_layer_keeps_its_rabbitmq_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OJS_AMQP_URL", raising=False)
     async with ojs.connect() as client:

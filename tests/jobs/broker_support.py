@@ -38,14 +38,13 @@ __all__ = [
     "wait_message_count",
 ]
 
+
 def _memory_broker(vhost: str) -> Any:
     if not current_url().startswith("memory://"):
         return None
     broker = memory_broker(current_url())
     broker.add_vhost(vhost) if vhost not in broker.state.vhosts else None
     return broker
-
-
 
 
 #: Wait until a queue holds exactly ``n`` ready messages (tests/support/waits.py), up to WAIT.

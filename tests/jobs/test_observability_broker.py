@@ -435,6 +435,7 @@ async def test_metrics_worker_utilization_and_job_acks(
     assert delta("ojs_amqp_messages_published_total", q) == 2
 
 
+@pytest.mark.rabbitmq_only("the fault proxy cuts a TCP connection: memory:// has no socket")
 async def test_metrics_across_a_reconnect(
     metric_reader: InMemoryMetricReader, cleanup: Cleanup, unique: Any
 ) -> None:

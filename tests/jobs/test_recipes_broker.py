@@ -62,10 +62,11 @@ async def _take(queue: str) -> list[ojs.Job]:
 
 
 @pytest.fixture
-def example_queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def example_queue(rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh queue for the recipes, which run on RabbitMQ (uvicorn runs one in a subprocess)."""
     q = f"t{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("OJS_EXAMPLE_QUEUE", q)
-    monkeypatch.setenv("OJS_AMQP_URL", URL)
+    monkeypatch.setenv("OJS_AMQP_URL", rabbitmq_url)
     yield q
 
 
@@ -76,6 +77,7 @@ def _django() -> ModuleType:
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_fastapi_recipe_pushes_from_a_request(example_queue: str) -> None:
     module = _load("fastapi_app")
     app = module.app
@@ -90,6 +92,7 @@ async def test_fastapi_recipe_pushes_from_a_request(example_queue: str) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_fastapi_recipe_answers_503_while_the_broker_is_away(
     example_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,6 +133,7 @@ async def test_fastapi_recipe_answers_503_while_the_broker_is_away(
     assert [j.id for j in jobs] == [before.json()["job_id"], after.json()["job_id"]]
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 def test_django_recipe_pushes_from_request_threads(example_queue: str) -> None:
     module = _django()
     from django.test import Client as DjangoClient
@@ -147,6 +151,7 @@ def test_django_recipe_pushes_from_request_threads(example_queue: str) -> None:
     assert {tuple(j.args) for j in jobs} == {(f"u{i}@b.c", "welcome") for i in range(3)}
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 def test_django_recipe_answers_503_while_the_broker_is_away(
     example_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -219,6 +224,7 @@ class _Log:
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_fastapi_recipe_under_uvicorn_stops_promptly_on_sigterm_while_the_broker_is_away(
     example_queue: str,
 ) -> None:
