@@ -77,6 +77,7 @@ async def drain(ch: amqp.Channel, queue: str) -> list[bytes]:
         bodies.append(msg.body)
     return bodies
 
+
 #: Shared with every test folder (tests/support/waits.py); the old name kept for its callers.
 wait_for_message_count = wait_message_count
 __all__ = ["wait_for_message_count", "wait_until"]  # re-exported

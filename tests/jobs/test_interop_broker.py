@@ -26,6 +26,7 @@ from .broker_support import OJS_VHOST, WAIT, Outcomes, running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.rabbitmq_only("plain pika connects over TCP to localhost")]
 
+
 # fmt: off
 def spec_15_1_publish(queue_name: str) -> str:
     """001 §15.1, verbatim but for the queue name and uuid7; returns the job id."""

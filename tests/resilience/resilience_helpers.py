@@ -21,6 +21,7 @@ __all__ = ["FAST", "message_count", "queue_exists"]  # re-exported from tests/su
 
 E = TypeVar("E", bound=amqp.RecoveryEvent)
 
+
 class EventLog:
     """Records a connection's events (with the time each arrived) and waits for them."""
 

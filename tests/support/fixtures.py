@@ -8,7 +8,8 @@ Markers come from fixtures, not folders:
 * ``rabbitmq_url`` (RabbitMQ only) marks every test that uses it, directly or through another
   fixture, ``broker``: the CLI subprocesses, ``rabbitmqctl`` helpers, pika interop and the
   harness's proxies in front of RabbitMQ take it.
-* ``private_node`` (the suite's own RabbitMQ node) marks its tests ``broker`` and ``disruptive``.
+* ``private_node`` (the suite's own RabbitMQ node) marks its tests ``broker`` and ``disruptive``;
+  ``cluster`` (tests/cluster) marks them ``broker`` too.
 
 So ``pytest -m "not broker"`` runs every test that needs no RabbitMQ, memory:// parameters
 included; while such a test runs, :func:`support.brokers.require_rabbitmq` refuses
@@ -35,8 +36,8 @@ from .brokers import OJS_VHOST, OJS_VHOST_URL, RABBITMQ_URL, SECOND_USER, SPEC_R
 from .cleanup import Cleanup
 
 #: The fixtures that reach RabbitMQ: a test that uses one (directly or through another
-#: fixture) is marked ``broker``.
-RABBITMQ_FIXTURES = frozenset({"rabbitmq_url", "private_node"})
+#: fixture) is marked ``broker``.  ``cluster`` is tests/cluster's 3-node cluster.
+RABBITMQ_FIXTURES = frozenset({"rabbitmq_url", "private_node", "cluster"})
 
 # ---------------------------------------------------------------------- async backends
 # Every @pytest.mark.anyio test runs on asyncio (in debug mode) and on Trio.
