@@ -6,8 +6,8 @@ Markers come from fixtures, not folders:
   ``memory``); only the ``rabbitmq`` parameter is marked ``broker``.
   ``@pytest.mark.rabbitmq_only("why")`` keeps a test on RabbitMQ.
 * ``rabbitmq_url`` (RabbitMQ only) marks every test that uses it, directly or through another
-  fixture, ``broker``: the CLI subprocesses, ``rabbitmqctl`` helpers, pika interop and the
-  harness's proxies in front of RabbitMQ take it.
+  fixture, ``broker``: the CLI subprocesses, ``rabbitmqctl`` helpers and the harness's
+  proxies in front of RabbitMQ take it.
 * ``private_node`` (the suite's own RabbitMQ node) marks its tests ``broker`` and ``disruptive``;
   ``cluster`` (tests/cluster) marks them ``broker`` too.
 
