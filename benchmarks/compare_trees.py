@@ -53,7 +53,8 @@ def _check_imports(tree: Path, env: dict[str, str]) -> None:
 
 
 def run_once(tree: Path, script: Path, extra: list[str]) -> dict[str, float]:
-    """One jobs.py run on ``tree``: {"<backend> <scenario>": jobs/s}."""
+    """One jobs.py run on ``tree``: {"<backend> <scenario>": jobs/s}, and, from a jobs.py that
+    measures it, {"<backend> <scenario> CPU µs/job": client CPU per job} (lower is better)."""
     env = _env(tree)
     args = ["--peers", "none", *extra]
     known = _help(script, tree, env)
@@ -73,6 +74,8 @@ def run_once(tree: Path, script: Path, extra: list[str]) -> dict[str, float]:
     for backend, entry in data["ours"].items():
         for scenario, rate in entry["rates"].items():
             rates[f"{backend} {scenario}"] = rate
+        for scenario, us in entry.get("cpu_us", {}).items():
+            rates[f"{backend} {scenario} CPU µs/job"] = us
     return rates
 
 
@@ -110,7 +113,7 @@ def main() -> int:
             print(f"round {rnd + 1}, {'AB'[i]} ({trees[i].name}): {shown}", file=sys.stderr, flush=True)
     scenarios = [k for k in runs[0][0] if all(k in r for r in runs[0] + runs[1])]
     print(f"A = {trees[0]}\nB = {trees[1]}\njobs.py {' '.join(args.jobs_args)}; median of {args.rounds} "
-          "interleaved rounds, jobs/s\n")  # fmt: skip
+          "interleaved rounds, jobs/s (CPU rows: µs per job, lower is better)\n")  # fmt: skip
     print("| scenario | A | B | B / A | A rounds | B rounds |")
     print("|---|---:|---:|---:|---|---|")
     for key in scenarios:

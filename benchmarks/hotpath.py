@@ -20,6 +20,12 @@ Clients:
   (``asyncio.gather`` over batches of ``channel.basic_publish``), ``pika`` (blocking,
   ``confirm_delivery()``, synchronous publish) and ``pika-select`` (SelectConnection,
   a sliding window of unconfirmed publishes).  A peer that isn't installed is skipped.
+* ``amqplib``: the physical anchor outside Python, Node's most used AMQP client, in its
+  own ``node`` process (``benchmarks/amqplib/bench.js``; ``npm ci`` from its lockfile on
+  first use, skipped without Node): a confirm channel with at most ``--window``
+  unconfirmed publishes (each confirm callback frees a slot), then a consumer at the same
+  prefetch acking each delivery.  Timed inside Node, start-up excluded.  Targets: ours
+  at least as fast on both paths.
 
 Each round runs every scenario once (rounds interleave scenarios, so drift hits all
 alike); the best of ``--repeat`` rounds is reported, every sample is printed.  A
@@ -55,6 +61,7 @@ import os
 import platform
 import pstats
 import resource
+import shutil
 import socket
 import statistics
 import struct
@@ -98,7 +105,12 @@ TARGETS = (
 )
 OURS = ("ojs-anyio/asyncio", "ojs-anyio/trio")
 CEILING = "raw-socket"
-PEERS = ("aio-pika", "aiormq", "pika", "pika-select")
+PEERS = ("aio-pika", "aiormq", "pika", "pika-select", "amqplib")
+#: The physical anchor beside the Python peers: Node's amqplib (the most used event-loop AMQP
+#: client outside Python), run from ``benchmarks/amqplib`` (package-lock.json pins it).
+AMQPLIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "amqplib")
+#: Ours against amqplib, per workload: ours must be at least this fast (PASS/MISS lines).
+AMQPLIB_TARGET = 1.0
 WORKLOADS = (("publish", "publish+confirm"), ("consume", "consume+ack"))
 
 
@@ -691,6 +703,37 @@ def run_pika_select(url: str, n: int, window: int) -> tuple[float, float]:
     return times["pub"], times["cons"]
 
 
+def _amqplib_ready() -> str:
+    """The ``node`` to run amqplib with, after ``npm ci`` if its modules are not there yet
+    (the lockfile pins them); :class:`Skipped` when Node or the package cannot be had."""
+    node = shutil.which("node")
+    npm = shutil.which("npm")
+    if node is None or npm is None:
+        raise Skipped("Node.js (node and npm) is not installed")
+    if not os.path.isdir(os.path.join(AMQPLIB_DIR, "node_modules", "amqplib")):
+        proc = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--silent"],
+            cwd=AMQPLIB_DIR, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise Skipped(f"npm ci in benchmarks/amqplib failed: {proc.stderr.strip()[-300:]}")
+    return node
+
+
+def run_amqplib(url: str, n: int, window: int) -> tuple[float, float]:
+    """amqplib in its own Node process: the same body, publish window and prefetch; the
+    times are taken inside it (process start-up excluded, as for the others)."""
+    node = _amqplib_ready()
+    proc = subprocess.run(
+        [node, os.path.join(AMQPLIB_DIR, "bench.js"), url, str(n), str(window), str(PREFETCH)],
+        capture_output=True, text=True, timeout=SCENARIO_TIMEOUT, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"amqplib: {proc.stderr.strip()[-500:]}")
+    times = json.loads(proc.stdout)
+    return float(times["publish_s"]), float(times["consume_s"])
+
+
 SCENARIOS: dict[str, Callable[[str, int, int], tuple[float, float]]] = {
     CEILING: run_raw,
     "ojs-anyio/asyncio": _ours_on("asyncio"),
@@ -699,6 +742,7 @@ SCENARIOS: dict[str, Callable[[str, int, int], tuple[float, float]]] = {
     "aiormq": run_aiormq,
     "pika": run_pika,
     "pika-select": run_pika_select,
+    "amqplib": run_amqplib,
 }
 
 
@@ -838,6 +882,19 @@ def ratios(results: dict[str, Result]) -> dict[str, Any]:
                 "status": "n/a" if got is None else ("PASS" if got >= minimum else "MISS"),
             }
         )
+    for ours in OURS:
+        for wl, _label in WORKLOADS:
+            got = out["to_peers"].get(f"{ours}/amqplib:{wl}")
+            out["targets"].append(
+                {
+                    "scenario": ours,
+                    "workload": wl,
+                    "peer": "amqplib",
+                    "minimum": AMQPLIB_TARGET,
+                    "got": got,
+                    "status": "n/a" if got is None else ("PASS" if got >= AMQPLIB_TARGET else "MISS"),
+                }
+            )
     return out
 
 
@@ -1120,8 +1177,13 @@ def print_report(
                 print(f"  {ours:<20} vs {peer:<12} " + ", ".join(parts))
     print("\ntargets (context, not asserted):")
     for t in rat["targets"]:
-        got = "n/a" if t["got"] is None else f"{100 * t['got']:.1f}%"
         wl_label = dict(WORKLOADS)[t["workload"]]
+        if "peer" in t:
+            got = "n/a" if t["got"] is None else f"{t['got']:.2f}x"
+            target = f"target >= {t['minimum']:.2f}x"
+            print(f"  [{t['status']}] {t['scenario']} {wl_label}: {got} of {t['peer']} ({target})")
+            continue
+        got = "n/a" if t["got"] is None else f"{100 * t['got']:.1f}%"
         target = f"target >= {100 * t['minimum']:.0f}%"
         print(f"  [{t['status']}] {t['scenario']} {wl_label}: {got} of ceiling ({target})")
     if memory is not None:

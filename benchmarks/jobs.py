@@ -149,6 +149,8 @@ TARGET = 5.0
 ARGS = ("a", "b")
 PUSH_TASKS = 100
 CONCURRENCIES = (1, 10, 100)
+#: ``Worker(concurrency=1, prefetch=...)`` in the c=1 rounds (ours only).
+PREFETCH_C1 = 10
 STAMP_ENV = "OJS_BENCH_STAMPS"
 _STAMP = struct.Struct("<d")
 
@@ -249,17 +251,28 @@ class Rates:
 
     samples: dict[str, list[float]] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    #: Client CPU per job in µs (``time.process_time``), per scenario, per round.
+    cpu_samples: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, key: str, value: float | None) -> None:
         if value is not None:
             self.samples.setdefault(key, []).append(value)
 
+    def add_cpu(self, key: str, us: float | None) -> None:
+        if us is not None:
+            self.cpu_samples.setdefault(key, []).append(us)
+
     @property
     def values(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.samples.items()}
 
+    @property
+    def cpu(self) -> dict[str, float]:
+        """Client CPU µs per job, the median of the rounds, per scenario."""
+        return {k: statistics.median(v) for k, v in self.cpu_samples.items()}
+
     def dump(self) -> dict[str, object]:
-        return {"rates": self.values, "rounds": self.samples, "notes": self.notes}
+        return {"rates": self.values, "rounds": self.samples, "notes": self.notes, "cpu_us": self.cpu}
 
 
 async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
@@ -270,6 +283,7 @@ async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
         names = client.names
         try:
             await client.declare_queue(q)
+            cpu0 = time.process_time()
             if style == "push_batch":
                 t0 = time.perf_counter()
                 jobs = [client.build("bench.noop", ARGS, queue=q) for _ in range(n)]
@@ -290,10 +304,23 @@ async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
                         tg.start_soon(pusher, count)
                 dt = time.perf_counter() - t0
             out.add(style, n / dt)
+            out.add_cpu(style, 1e6 * (time.process_time() - cpu0) / n)
             info = await ch.queue_declare(names.job_queue(q), passive=True)
             if info.message_count != n:
                 raise RuntimeError(f"queue holds {info.message_count} jobs, expected {n}")
-            out.add(f"worker_c{c}", await _ours_worker(client, q, n, c))
+            cpu: list[float] = []
+            out.add(f"worker_c{c}", await _ours_worker(client, q, n, c, cpu=cpu))
+            out.add_cpu(f"worker_c{c}", cpu[0] if cpu else None)
+            if c == 1:
+                # What Worker(prefetch=...) buys at c=1 (a departure from 001's FETCH mapping,
+                # never the default): the same drain, with PREFETCH_C1 jobs prefetched.
+                refill = [client.build("bench.noop", ARGS, queue=q) for _ in range(n)]
+                if not all(r.ok for r in await client.push_batch(refill)):
+                    raise RuntimeError("push_batch: some jobs failed")
+                key = f"worker_c1_prefetch{PREFETCH_C1}"
+                cpu = []
+                out.add(key, await _ours_worker(client, q, n, 1, cpu=cpu, prefetch=PREFETCH_C1))
+                out.add_cpu(key, cpu[0] if cpu else None)
         finally:
             for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
                          names.redelivered_queue(q)):  # fmt: skip
@@ -301,8 +328,13 @@ async def _ours_round(url: str, n: int, c: int, style: str, out: Rates) -> None:
                     await ch.queue_delete(name)
 
 
-async def _ours_worker(client: ojs.Client, q: str, n: int, concurrency: int, **options: Any) -> float:
-    """Drain ``q``'s N no-op jobs with a worker (``options`` go to ``ojs.Worker``); jobs/s."""
+async def _ours_worker(
+    client: ojs.Client, q: str, n: int, concurrency: int, *, cpu: list[float] | None = None, **options: Any
+) -> float:
+    """Drain ``q``'s N no-op jobs with a worker (``options`` go to ``ojs.Worker``); jobs/s.
+
+    ``cpu``, if given, receives this process's CPU µs per job between the first and the
+    N-th completion (``time.process_time``: start-up and stop excluded, as for the rate)."""
     worker = ojs.Worker(queues=[q], concurrency=concurrency, heartbeat_interval=3600.0, **options)
 
     @worker.handler("bench.noop")
@@ -310,7 +342,7 @@ async def _ours_worker(client: ojs.Client, q: str, n: int, concurrency: int, **o
         pass
 
     done = anyio.Event()
-    seen = {"count": 0, "first": 0.0, "last": 0.0, "other": 0}
+    seen = {"count": 0, "first": 0.0, "last": 0.0, "other": 0, "cpu_first": 0.0, "cpu_last": 0.0}
 
     def on_outcome(outcome: ojs.JobOutcome) -> None:
         now = time.perf_counter()
@@ -319,8 +351,10 @@ async def _ours_worker(client: ojs.Client, q: str, n: int, concurrency: int, **o
         seen["count"] += 1
         if seen["count"] == 1:
             seen["first"] = now
+            seen["cpu_first"] = time.process_time()
         if seen["count"] == n:
             seen["last"] = now
+            seen["cpu_last"] = time.process_time()
             done.set()
 
     worker.add_listener(on_outcome)
@@ -334,6 +368,8 @@ async def _ours_worker(client: ojs.Client, q: str, n: int, concurrency: int, **o
         raise RuntimeError(f"worker c={concurrency}: {seen['count']} of {n} jobs done after {timeout:.0f}s")
     if seen["other"]:
         raise RuntimeError(f"worker c={concurrency}: {seen['other']} jobs did not complete")
+    if cpu is not None and n > 1:
+        cpu.append(1e6 * (seen["cpu_last"] - seen["cpu_first"]) / (n - 1))
     return (n - 1) / (seen["last"] - seen["first"]) if n > 1 else math.nan
 
 
@@ -921,6 +957,33 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None or math.isnan(v) else f"{v:,.0f}"
 
 
+#: Issue 29's target for a no-op job at worker c=100 on asyncio: client CPU µs per job.
+CPU_TARGET_US = 40.0
+
+
+def print_cpu(ours: dict[str, Rates], memory: dict[str, Rates], concurrencies: tuple[int, ...]) -> None:
+    """Client CPU per job (µs, ``time.process_time`` of this process over the timed region,
+    median of the rounds) per scenario and backend: steadier than the rates on a loaded
+    machine.  ``--profile`` gives Python calls per job."""
+    cols = [f"ojs/{b}" for b in ours] + [f"memory://{b}" for b in memory]
+    if not any(r.cpu for r in (*ours.values(), *memory.values())):
+        return
+    keys = [(k, label) for k, label in SCENARIOS if k in ("push_batch", "push_concurrent")]
+    keys += [(f"worker_c{c}", f"worker concurrency={c}") for c in concurrencies]
+    if 1 in concurrencies:
+        keys.append((f"worker_c1_prefetch{PREFETCH_C1}", f"worker c=1, prefetch={PREFETCH_C1}"))
+    print()
+    print("client CPU per job, µs (this process, time.process_time; lower is better)")
+    print(f"{'scenario':<34}" + "".join(f"{c:>16}" for c in cols))
+    for key, label in keys:
+        cells = [r.cpu.get(key) for r in (*ours.values(), *memory.values())]
+        print(f"{label:<34}" + "".join(f"{'-' if v is None else f'{v:.1f}':>16}" for v in cells))
+    asyncio_cpu = ours["asyncio"].cpu.get("worker_c100") if "asyncio" in ours else None
+    if asyncio_cpu is not None:
+        verdict = "PASS" if asyncio_cpu <= CPU_TARGET_US else "MISS"
+        print(f"  worker c=100 on asyncio: {asyncio_cpu:.1f} µs/job (target ≤ {CPU_TARGET_US:g}): {verdict}")
+
+
 def print_report(
     args: argparse.Namespace,
     n: int,
@@ -938,6 +1001,8 @@ def print_report(
     width = max(12, *(len(c) + 2 for c in cols))
     keys = [(k, label) for k, label in SCENARIOS]
     keys += [(f"worker_c{c}", f"worker concurrency={c}") for c in concurrencies]
+    if 1 in concurrencies:
+        keys.append((f"worker_c1_prefetch{PREFETCH_C1}", f"worker c=1, ours prefetch={PREFETCH_C1}"))
     print(f"ojs-anyio job throughput in jobs/s: N={n:,} no-op jobs, args {list(ARGS)}, {_host(args.url)}")
     print(
         f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs;"
@@ -1316,8 +1381,10 @@ def main(argv: list[str] | None = None) -> int:
         if dump is not sys.stdout:
             dump.close()
             print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling)
+            print_cpu(ours, memory, concurrencies)
     else:
         print_report(args, n, ours, peers, comparison, concurrencies, elapsed, ceiling, memory)
+        print_cpu(ours, memory, concurrencies)
         print_cli_processes(cli_rates, args.cli_concurrency)
     return 1 if failed else 0
 

@@ -99,8 +99,9 @@ def collect(reader: InMemoryMetricReader) -> tuple[dict[str, dict[str, float]], 
             for metric in sm.metrics:
                 for p in metric.data.data_points:
                     job_type = str((p.attributes or {}).get("ojs.job.type"))
-                    if metric.name == "ojs_job_duration_seconds":
-                        durations[job_type] = p
+                    if metric.name == "messaging.process.duration":
+                        # Completed and failed attempts (error.type) are separate points.
+                        durations.setdefault(job_type, []).append(p)
                     else:
                         name = metric.name.removeprefix("ojs_jobs_").removesuffix("_total")
                         row = counts.setdefault(job_type, {})
@@ -128,19 +129,20 @@ def draw(counts: dict[str, dict[str, float]], durations: dict[str, Any], out: Pa
     left.set_title("ojs_jobs_*_total by ojs.job.type")
     left.legend(fontsize=8)
     for t in types:
-        p = durations.get(t)
-        if p is None:
+        points = durations.get(t)
+        if not points:
             continue
-        bounds = list(p.explicit_bounds)
+        bounds = list(points[0].explicit_bounds)
+        n = sum(p.count for p in points)
         cumulative, total = [], 0
-        for c in p.bucket_counts[: len(bounds)]:
-            total += c
-            cumulative.append(total / max(p.count, 1))
-        right.step([b * 1000 for b in bounds], cumulative, where="post", label=f"{t} (n={p.count})")
+        for i in range(len(bounds)):
+            total += sum(p.bucket_counts[i] for p in points)
+            cumulative.append(total / max(n, 1))
+        right.step([b * 1000 for b in bounds], cumulative, where="post", label=f"{t} (n={n})")
     right.set_xscale("symlog", linthresh=1)
     right.set_xlabel("handler duration (ms, histogram bucket bounds)")
     right.set_ylabel("share of attempts at or below")
-    right.set_title("ojs_job_duration_seconds (cumulative buckets)")
+    right.set_title("messaging.process.duration (cumulative buckets)")
     right.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()

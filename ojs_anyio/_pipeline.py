@@ -31,8 +31,9 @@ import functools
 import inspect
 import logging
 import sys
+import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar, cast
 
 import anyio.to_thread
 import msgspec
@@ -52,7 +53,9 @@ __all__ = [
     "json_decoder",
     "log_dead_letter",
     "log_failed_attempt",
+    "model_json",
     "namespace",
+    "result_converter",
     "target_type",
     "unwrap_partial",
 ]
@@ -126,6 +129,43 @@ def _pydantic_model(tp: Any) -> bool:
     """Whether ``tp`` is a pydantic model class (pydantic is loaded if one exists)."""
     pydantic = sys.modules.get("pydantic")
     return pydantic is not None and isinstance(tp, type) and issubclass(tp, pydantic.BaseModel)
+
+
+def model_json(value: Any) -> Any:
+    """msgspec's ``enc_hook`` for what it does not know: a pydantic model as its JSON form
+    (``model_dump(mode="json")``, the model's own serialisation rules); anything else is
+    refused with ``NotImplementedError`` (msgspec's signal)."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and hasattr(type(value), "model_fields"):
+        return dump(mode="json")
+    raise NotImplementedError(f"{type(value).__name__} has no JSON form")
+
+
+def result_converter(tp: Any) -> Callable[[Any], Any] | None:
+    """A function turning a job's JSON result back into ``tp`` (a handler's return
+    annotation), or None for ``Any``/``None``/a type variable.  pydantic models, and types
+    that hold them (``list[Model]``), are validated with pydantic's own rules (a
+    ``pydantic.ValidationError`` when the value breaks them); other types with msgspec,
+    lax about strings for numbers and dates as JSON is (``msgspec.ValidationError``)."""
+    if tp in (Any, None, type(None)) or isinstance(tp, TypeVar):
+        return None
+    if _pydantic_model(tp):
+        return cast(Callable[[Any], Any], tp.model_validate)
+    if _holds_model(tp):
+        return cast(Callable[[Any], Any], sys.modules["pydantic"].TypeAdapter(tp).validate_python)
+    try:
+        msgspec.json.Decoder(tp)
+    except TypeError:
+        return None  # a type msgspec cannot build: the JSON value as it came
+    return lambda value: msgspec.convert(value, tp, strict=False)
+
+
+def _holds_model(tp: Any, depth: int = 0) -> bool:
+    """Whether ``tp`` is or holds a pydantic model (``list[Model]``, ``dict[str, Model]``,
+    ``Model | None``…)."""
+    if _pydantic_model(tp):
+        return True
+    return depth < 10 and any(_holds_model(arg, depth + 1) for arg in typing.get_args(tp))
 
 
 def target_type(where: str, name: str, annotation: Any, globalns: Mapping[str, Any]) -> Any | None:

@@ -8,12 +8,13 @@ A leaf: it imports nothing from ojs_anyio, so either layer may use it.
 
 from __future__ import annotations
 
-from typing import Final
+from contextlib import AbstractContextManager
+from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-__all__ = ["NO_SPAN", "context_from", "current_traceparent", "header_text"]
+__all__ = ["NO_SPAN", "context_from", "current_traceparent", "header_text", "start_settle_span"]
 
 
 def current_traceparent() -> tuple[str, str | None] | None:
@@ -66,3 +67,34 @@ class _NoSpan:
 
 #: Returned instead of a span when no tracer provider records one (no generator, no span).
 NO_SPAN: Final = _NoSpan()
+
+
+def start_settle_span(
+    tracer: trace.Tracer,
+    parent: otel_context.Context,
+    name: str,
+    *,
+    operation: str,
+    destination: str,
+    message_id: str | None,
+    outcome: str,
+    extra: dict[str, Any] | None = None,
+) -> AbstractContextManager[trace.Span]:
+    """A CLIENT span around one settlement (OpenTelemetry's messaging conventions:
+    ``messaging.operation.type`` ``settle``, ``messaging.operation.name`` ``ack``, ``nack``
+    or ``reject``), in the producer's trace (``parent``), with ``ojs.outcome`` saying what
+    the settlement meant (``completed``, ``retried``, ``dead_lettered``...).  Callers ask
+    whether their tracer records first, so an unrecorded settlement pays nothing here."""
+    attributes: dict[str, Any] = {
+        "messaging.system": "rabbitmq",
+        "messaging.operation.type": "settle",
+        "messaging.operation.name": operation,
+        "messaging.destination.name": destination,
+        "ojs.outcome": outcome,
+    }
+    if message_id:
+        attributes["messaging.message.id"] = message_id
+    if extra:
+        attributes.update(extra)
+    kind = trace.SpanKind.CLIENT
+    return tracer.start_as_current_span(name, context=parent, kind=kind, attributes=attributes)

@@ -79,21 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    groups: dict[str, Any] = {}
+    # The sub-parsers of each group, made the first time one of its commands is added.
+    subparsers: dict[tuple[str, ...], Any] = {(): sub}
+
+    def under(prefix: tuple[str, ...]) -> Any:
+        if prefix not in subparsers:
+            g = GROUPS[prefix]
+            gp = under(prefix[:-1]).add_parser(prefix[-1], help=g.help, description=g.help, parents=[common])
+            subparsers[prefix] = gp.add_subparsers(
+                dest="_".join(prefix) + "_command", required=True, metavar=g.metavar
+            )
+        return subparsers[prefix]
+
     for words, cmd in sorted(COMMANDS.items()):
         parents = [common] if cmd.broker else []
-        if len(words) == 1:
-            description = cmd.description or cmd.help
-            p = sub.add_parser(words[0], help=cmd.help, description=description, parents=parents)
-        else:
-            head = words[0]
-            if head not in groups:
-                g = GROUPS[head]
-                gp = sub.add_parser(head, help=g.help, description=g.help, parents=[common])
-                groups[head] = gp.add_subparsers(dest=f"{head}_command", required=True, metavar=g.metavar)
-            p = groups[head].add_parser(
-                words[1], help=cmd.help, description=cmd.description or cmd.help, parents=parents
-            )
+        description = cmd.description or cmd.help
+        p = under(words[:-1]).add_parser(words[-1], help=cmd.help, description=description, parents=parents)
         cmd.arguments(p)
         p.set_defaults(declared=cmd)
     return parser

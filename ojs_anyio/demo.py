@@ -89,7 +89,7 @@ async def run_demo(url: str | None, n_jobs: int) -> dict[str, int]:
     print(f"processed in {elapsed:.2f}s: completed={finished['completed']} "
           f"retried={finished['retried']} dead-lettered={finished['dead_lettered']}")  # fmt: skip
     for d in dead:
-        print(f"  in ojs.queue.dlx.{QUEUE}: job {d.job_id} type={d.type}")
+        print(f"  in ojs.queue.dlx.{QUEUE}: job {d.id} type={d.type}")
         print(f"      code={d.error_code} reason={d.error_message}")
     return finished
 

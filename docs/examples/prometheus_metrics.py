@@ -7,8 +7,9 @@ Run:  python3 docs/examples/prometheus_metrics.py [asyncio|trio]
 
 It serves /metrics on a free loopback port, runs a known workload (5 jobs that complete, of
 two types, and 2 that fail and are dead-lettered), scrapes the endpoint once and prints the
-``ojs_job*`` lines.  In a real service you would call ``start_http_server(9464)`` once at
-start-up and let Prometheus scrape it; everything else is the same.
+``ojs_job*`` and ``messaging_process_duration*`` lines.  In a real service you would call
+``start_http_server(9464)`` once at start-up and let Prometheus scrape it; everything else is
+the same.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ async def main() -> None:
     queue = os.environ.get("OJS_EXAMPLE_QUEUE", f"prom-{uuid.uuid4().hex[:8]}")
     text = await run_and_scrape(queue)
     for line in text.splitlines():
-        if line.startswith("ojs_job") and 'le="' not in line:  # the bucket lines are long
+        # The bucket lines (le="...") are long and left out.
+        if line.startswith(("ojs_job", "messaging_process")) and 'le="' not in line:
             print(line)
 
 

@@ -57,6 +57,7 @@ async def _open_bus(args: Any) -> AsyncIterator[events.EventBus]:
 
 
 group("events", help="the event bus: a subscription's dead letters, the AsyncAPI document")
+group("events", "dlq", help="a subscription's dead events: peek, requeue, purge, prune")
 
 
 def _bus_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,7 +105,8 @@ def _asyncapi_arguments(p: argparse.ArgumentParser) -> None:
 
 @command(
     "events",
-    "dlq-peek",
+    "dlq",
+    "peek",
     help="show a subscription's oldest dead events: id, key, attempt, age, reason (nothing is removed)",
     arguments=_peek_arguments,
 )
@@ -155,7 +157,8 @@ async def cmd_events_dlq_peek(args: Any) -> int:
 
 @command(
     "events",
-    "dlq-requeue",
+    "dlq",
+    "requeue",
     help="move dead events back to their subscription's queue (publish, confirm, then ack: never lost; "
     "SIGINT stops after the current event)",
     arguments=_requeue_arguments,
@@ -182,7 +185,9 @@ async def cmd_events_dlq_requeue(args: Any) -> int:
     return await interruptible(run)
 
 
-@command("events", "dlq-purge", help="delete every dead event of a subscription", arguments=_purge_arguments)
+@command(
+    "events", "dlq", "purge", help="delete every dead event of a subscription", arguments=_purge_arguments
+)
 async def cmd_events_dlq_purge(args: Any) -> int:
     async with _open_bus(args) as bus:
         dlq = bus.dead_letters(args.name)
@@ -198,7 +203,8 @@ async def cmd_events_dlq_purge(args: Any) -> int:
 
 @command(
     "events",
-    "dlq-prune",
+    "dlq",
+    "prune",
     help="delete a subscription's oldest dead events: older than --max-age, or beyond --max-count",
     arguments=_prune_arguments,
 )

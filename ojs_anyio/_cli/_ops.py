@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from .. import Client, JobInfo, Scheduler, Worker, amqp
+from .. import Client, DeadJob, JobInfo, Scheduler, Worker, amqp
 from ..jobs import (
     DELAY_LEVELS,
     RETRY_LADDER_MS,
@@ -25,10 +25,8 @@ from ..jobs import (
     RetryPolicy,
     check_job_id,
     control_queue_arguments,
-    death_reason,
     delay_landing_queue_arguments,
     delay_level_queue_arguments,
-    died_at,
     dlx_queue_arguments,
     exchanges,
     job_queue_arguments,
@@ -233,17 +231,15 @@ async def cmd_queues(args: Any) -> int:
 # ----------------------------------------------------------------------- dlq
 
 
-def _dead_row(msg: amqp.IncomingMessage, now: datetime) -> dict[str, Any]:
-    props = msg.properties
-    headers = props.headers or {}
-    when = died_at(props)
-    attempt = headers.get("x-ojs-attempt")
+def _dead_row(job: DeadJob, now: datetime) -> dict[str, Any]:
+    when = job.died_at
+    attempt = job.headers.get("x-ojs-attempt")
     return {
-        "id": amqp.property_text(props.message_id),
-        "type": amqp.property_text(props.type),
+        "id": job.id,
+        "type": job.type,
         "attempt": attempt if isinstance(attempt, int) else None,
-        "reason": death_reason(props) if msg.malformed is None else f"malformed message: {msg.malformed}",
-        "malformed": msg.malformed,
+        "reason": job.reason,
+        "malformed": job.malformed,
         "died_at": when.isoformat() if when else None,
         "age_seconds": None if when is None else round((now - when).total_seconds(), 3),
     }
@@ -271,19 +267,9 @@ async def cmd_dlq_peek(args: Any) -> int:
     async with open_client(args.url, args.prefix) as client:
         name = client.names.dlx_queue(args.queue)
         total = await _dead_letter_total(client, args.queue)
-        rows: list[dict[str, Any]] = []
         now = datetime.now(UTC)
-        async with client.conn.channel(confirms=False) as ch:
-            held: list[amqp.IncomingMessage] = []
-            try:
-                for _ in range(args.n):
-                    msg = await ch.get(name)
-                    if msg is None:
-                        break
-                    held.append(msg)
-                    rows.append(_dead_row(msg, now))
-            finally:
-                await return_to_queue(held)
+        # DeadLetters.peek: Basic.Get and put back, joined with the workers' death notes.
+        rows = [_dead_row(job, now) for job in await client.dead_letters(args.queue).peek(args.n)]
     if args.json:
         print_json({"queue": args.queue, "total": total, "jobs": rows})
     else:
@@ -683,7 +669,7 @@ async def cmd_push(args: Any) -> int:
 
 def _info_dict(info: JobInfo) -> dict[str, Any]:
     return {
-        "job_id": info.job_id,
+        "job_id": info.id,
         "state": info.state,
         "attempt": info.attempt,
         "worker_id": info.worker_id,

@@ -52,33 +52,39 @@ class Command:
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """A word with sub-commands (``dlq``, ``topology``)."""
+    """Words with sub-commands (``("dlq",)``, ``("events", "dlq")``)."""
 
-    word: str
+    words: tuple[str, ...]
     help: str
     metavar: str = "ACTION"
 
 
 #: Every command, by its words (``--help`` lists them sorted).
 COMMANDS: dict[tuple[str, ...], Command] = {}
-GROUPS: dict[str, Group] = {}
+#: Every group, by its words; a group's words minus the last are a group too.
+GROUPS: dict[tuple[str, ...], Group] = {}
 
 
-def group(word: str, *, help: str, metavar: str = "ACTION") -> Group:
-    """Declare a word that takes sub-commands (before its first sub-command)."""
-    if word in GROUPS or (word,) in COMMANDS:
-        raise RuntimeError(f"ojs-anyio {word}: declared twice")
-    GROUPS[word] = g = Group(word, help, metavar)
+def _check_words(words: tuple[str, ...]) -> None:
+    """Refuse words declared twice (as a group or a command) or under an undeclared group."""
+    name = " ".join(words)
+    if not words:
+        raise RuntimeError("ojs-anyio: a command or group needs at least one word")
+    if words in COMMANDS or words in GROUPS:
+        raise RuntimeError(f"ojs-anyio {name}: declared twice")
+    if len(words) > 1 and words[:-1] not in GROUPS:
+        raise RuntimeError(f"ojs-anyio {name}: no group {' '.join(words[:-1])!r} declared")
+
+
+def group(*words: str, help: str, metavar: str = "ACTION") -> Group:
+    """Declare words that take sub-commands (before their first sub-command)."""
+    _check_words(words)
+    GROUPS[words] = g = Group(words, help, metavar)
     return g
 
 
 def _register(cmd: Command) -> None:
-    if cmd.words in COMMANDS:
-        raise RuntimeError(f"ojs-anyio {' '.join(cmd.words)}: declared twice")
-    if len(cmd.words) > 1 and cmd.words[0] not in GROUPS:
-        raise RuntimeError(f"ojs-anyio {' '.join(cmd.words)}: no group {cmd.words[0]!r} declared")
-    if len(cmd.words) == 1 and cmd.words[0] in GROUPS:
-        raise RuntimeError(f"ojs-anyio {cmd.words[0]}: a group, not a command")
+    _check_words(cmd.words)
     COMMANDS[cmd.words] = cmd
 
 

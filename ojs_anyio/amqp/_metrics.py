@@ -42,6 +42,22 @@ What each instrument counts (attribute ``queue`` where it says "by queue"; ``doc
   SDK histogram record costs microseconds, too much to pay per publish.  Timed only on
   channels opened while an SDK MeterProvider is installed (:func:`timing_enabled`);
   without the SDK a publish pays one attribute test.
+
+The same tables also feed OpenTelemetry's messaging conventions (``messaging.client.*``,
+semantic conventions 1.26 and later), so a dashboard built on those works unchanged:
+
+* ``messaging.client.sent.messages``: counter, ``{message}``, the publishes above, with
+  ``messaging.operation.name`` ``publish``;
+* ``messaging.client.consumed.messages``: counter, ``{message}``, the deliveries and
+  Basic.Get-Ok replies above, with ``messaging.operation.name`` ``deliver``;
+* ``messaging.client.operation.duration``: histogram, ``s``, the same confirm-latency
+  samples as above (a publish's ``send`` operation lasts until its confirm), with
+  ``messaging.operation.name`` ``publish``.
+
+Their attributes are ``messaging.system`` (``rabbitmq``) and ``messaging.destination.name``
+(the bounded queue label above; left out for ``"other"``, which names no destination).
+The handler's own time is ``messaging.process.duration``, recorded by the job and event
+layers' metrics (``JobMetrics``, a subscription's metrics).
 """
 
 from __future__ import annotations
@@ -59,6 +75,9 @@ __all__ = [
     "confirm_latency",
     "consumers",
     "label",
+    "operation_duration",
+    "record_confirm_latency",
+    "semconv_attributes",
     "reconnections",
     "register",
     "stats",
@@ -138,6 +157,22 @@ def _gauge(value_of: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
     return callback
 
 
+def semconv_attributes(operation: str, queue: str) -> dict[str, str]:
+    """The attributes of a ``messaging.client.*`` point for a queue label."""
+    attrs = {"messaging.system": "rabbitmq", "messaging.operation.name": operation}
+    if queue != OTHER:
+        attrs["messaging.destination.name"] = queue
+    return attrs
+
+
+def _semconv(name: str, operation: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        table: dict[str, int] = getattr(stats, name)
+        return [Observation(v, semconv_attributes(operation, q)) for q, v in list(table.items())]
+
+    return callback
+
+
 def _by_queue(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         table: dict[str, int] | dict[str, float] = getattr(stats, name)
@@ -149,6 +184,7 @@ def _by_queue(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
 #: Synchronous instruments used on rare paths; no-ops until :func:`register`.
 reconnections: metrics.Counter = metrics.NoOpCounter("ojs_amqp_reconnections_total")
 confirm_latency: metrics.Histogram = metrics.NoOpHistogram("ojs_amqp_publish_confirm_latency_seconds")
+operation_duration: metrics.Histogram = metrics.NoOpHistogram("messaging.client.operation.duration")
 _registered = False
 
 
@@ -159,7 +195,7 @@ def register() -> None:
     MeterProvider is installed the API proxies the instruments, so installing one later
     still works.
     """
-    global _registered, reconnections, confirm_latency
+    global _registered, reconnections, confirm_latency, operation_duration
     if _registered:
         return
     _registered = True
@@ -190,6 +226,24 @@ def register() -> None:
         unit="s",
         description="Publisher confirm latency (sampled: oldest publish of a Basic.Ack frame), by queue",
     )
+    for name, table, operation, desc in (
+        ("messaging.client.sent.messages", "published", "publish", "Messages published"),
+        ("messaging.client.consumed.messages", "consumed", "deliver", "Messages delivered to the app"),
+    ):
+        callbacks = [_semconv(table, operation)]
+        meter.create_observable_counter(name, callbacks, unit="{message}", description=desc)
+    operation_duration = meter.create_histogram(
+        "messaging.client.operation.duration",
+        unit="s",
+        description="Duration of a publish until its confirm (sampled as the confirm latency is)",
+    )
+
+
+def record_confirm_latency(latency: float, routing_key: str) -> None:
+    """One confirm-latency sample (see the module docstring), under both names."""
+    queue = label(routing_key)
+    confirm_latency.record(latency, {"queue": queue})
+    operation_duration.record(latency, semconv_attributes("publish", queue))
 
 
 _timing = False

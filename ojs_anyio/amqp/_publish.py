@@ -264,7 +264,7 @@ class PublishingChannel(ChannelCore):
                 if first is not None and first.sent_at:
                     self._next_sample = now + _CONFIRM_SAMPLE_INTERVAL
                     latency = now - first.sent_at
-                    _metrics.confirm_latency.record(latency, {"queue": _metrics.label(first.routing_key)})
+                    _metrics.record_confirm_latency(latency, first.routing_key)
         acked, failed = self._confirms.confirmed(ev)
         _resolve(zip(acked, repeat(True)))
         if failed:

@@ -202,7 +202,7 @@ def create_app(observer: Observer, settings: Settings, *, prefix: str = "") -> A
         job_id = request.path_params["job_id"]
         queue = request.query_params.get("queue") or None
         error = None
-        info = JobInfo(job_id=job_id, state="unknown")
+        info = JobInfo(id=job_id, state="unknown")
         try:
             if queue is not None:
                 queue_arg(queue)

@@ -38,7 +38,6 @@ from ..jobs import (
     SchedulerPresence,
     ScheduleState,
     WorkerPresence,
-    death_reason,
     decode_presence,
     error_from_headers,
 )
@@ -588,7 +587,7 @@ class Observer:
             answer = await self.client.info(job_id, queue=q, timeout=timeout)
             if answer.state != "unknown":
                 return q, answer
-        return queue, JobInfo(job_id=job_id, state="unknown")
+        return queue, JobInfo(id=job_id, state="unknown")
 
     async def _poll_quietly(self) -> None:
         """Poll after an action, so the page shows its effect; a failure shows on the page."""
@@ -616,13 +615,11 @@ def _remember(table: OrderedDict[Any, Any], key: Any, value: Any, limit: int) ->
 
 
 def _dead_row(job: DeadJob) -> DeadRow:
-    props = amqp.BasicProperties(headers=job.headers)
-    reason = death_reason(props) if job.malformed is None else f"malformed message: {job.malformed}"
     return DeadRow(
-        job_id=job.job_id,
+        job_id=job.id,
         type=job.type,
         attempt=job.attempt,
-        reason=reason,
+        reason=job.reason,
         died_at=job.died_at,
         malformed=job.malformed,
         error=error_from_headers(job.headers),

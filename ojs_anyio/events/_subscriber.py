@@ -47,6 +47,7 @@ from ._wire import (
     H_REASON,
     H_ROUTING_KEY,
     consumer_span,
+    settle_span,
 )
 
 __all__ = ["DeadLetter", "EventContext", "Handler", "Subscription"]
@@ -311,7 +312,8 @@ class Subscription:
                 if failure is not None:
                     await self._rejected(ch, msg, routing_key, attempt, failure)
                     continue
-                await msg.ack()
+                with settle_span(msg, queue, routing_key, "ack", "handled"):
+                    await msg.ack()
                 self.handled += 1
                 if self._metrics is not None:
                     self._metrics.handled()
@@ -331,7 +333,10 @@ class Subscription:
                     "event %s on %s could not be processed; rejected into %s",
                     props.message_id, queue, self.dead_letter_queue,
                 )  # fmt: skip
-                with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
+                with (
+                    contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError),
+                    settle_span(msg, queue, msg.routing_key, "reject", "dead_lettered"),
+                ):
                     await msg.reject(requeue=False)
 
     async def _call(
@@ -375,7 +380,8 @@ class Subscription:
         and the reason goes to the log."""
         message_id = amqp.property_text(msg.properties.message_id)
         try:
-            await msg.reject(requeue=False)
+            with settle_span(msg, self.queue, msg.routing_key, "reject", "dead_lettered"):
+                await msg.reject(requeue=False)
         except amqp.DELIVERY_LOST_ERRORS as exc:
             log.warning(
                 "could not settle event %s on %s: %s; the broker will redeliver it",
@@ -430,14 +436,16 @@ class Subscription:
             return
         if published.gave_up:
             # A transient refusal is no verdict on the event: back to the broker, unchanged.
-            await msg.reject(requeue=True)
+            with settle_span(msg, self.queue, routing_key, "reject", "requeued"):
+                await msg.reject(requeue=True)
             _pipeline.log_failed_attempt(
                 log, exc, self._log_extra(msg, routing_key, attempt),
                 "event %s on %s failed (attempt %d): %s; the redelivery was not confirmed (%s): requeued",
                 msg.properties.message_id, self.queue, attempt, error, published.reason,
             )  # fmt: skip
             return
-        await msg.ack()
+        with settle_span(msg, self.queue, routing_key, "ack", "redelivered"):
+            await msg.ack()
         self.redelivered += 1
         if self._metrics is not None:
             self._metrics.redelivered()
@@ -477,7 +485,8 @@ class Subscription:
             policy=self.bus.republish,
         )  # fmt: skip
         if published.confirmed:
-            await msg.ack()
+            with settle_span(msg, self.queue, routing_key, "ack", "dead_lettered"):
+                await msg.ack()
         else:
             # Dead all the same: the queue's own dead-letter arguments take it to the DLQ
             # (with x-death), without the reason.
@@ -485,7 +494,8 @@ class Subscription:
                 "dead letter copy for %s refused (%s); rejected without the reason",
                 self.queue, published.reason,
             )  # fmt: skip
-            await msg.reject(requeue=False)
+            with settle_span(msg, self.queue, routing_key, "reject", "dead_lettered"):
+                await msg.reject(requeue=False)
         self.dead_lettered += 1
         if self._metrics is not None:
             self._metrics.dead_lettered(reason)

@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind
 from .. import amqp
 from .._common import new_id, tracing_recording
 from .._misuse import ArgumentTypeError
-from .._trace_context import NO_SPAN, context_from, current_traceparent
+from .._trace_context import NO_SPAN, context_from, current_traceparent, start_settle_span
 
 __all__ = [
     "CONTENT_BYTES",
@@ -153,6 +153,25 @@ def consumer_span(
     return tracer.start_as_current_span(
         f"process event {routing_key}", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
     )
+
+
+def settle_span(
+    msg: amqp.IncomingMessage, queue: str, routing_key: str, operation: str, outcome: str
+) -> AbstractContextManager[trace.Span]:
+    """The span ``{ack|nack|reject} event {routing_key}`` around settling ``msg`` (see
+    ``_trace_context.start_settle_span``), in the publisher's trace; nothing when unrecorded."""
+    if not _recording():
+        return NO_SPAN
+    headers = msg.properties.headers
+    if headers:
+        parent = context_from(headers.get("traceparent"), headers.get("tracestate"))
+    else:
+        parent = context_from(None)
+    return start_settle_span(
+        tracer, parent, f"{operation} event {routing_key}", operation=operation, destination=queue,
+        message_id=amqp.property_text(msg.properties.message_id), outcome=outcome,
+        extra={"messaging.rabbitmq.destination.routing_key": routing_key},
+    )  # fmt: skip
 
 
 def event_properties(

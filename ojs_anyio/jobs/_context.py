@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import amqp
 from ._envelope import Job, format_timestamp
+from ._renamed import warn_renamed
 
 if TYPE_CHECKING:
     from ._retry import EffectiveRetryPolicy
@@ -90,7 +91,8 @@ class JobContext:
 class JobOutcome:
     """One line of the worker's story: what happened to a job attempt."""
 
-    job_id: str | None
+    #: The job's id (``job_id`` is a deprecated alias).
+    id: str | None
     type: str | None
     queue: str
     attempt: int
@@ -105,3 +107,9 @@ class JobOutcome:
     error: dict[str, Any] | None = None
     #: What the handler returned (completed attempts).
     result: Any = None
+
+    @property
+    def job_id(self) -> str | None:
+        """Deprecated alias of :attr:`id`."""
+        warn_renamed("JobOutcome", "job_id", "id")
+        return self.id

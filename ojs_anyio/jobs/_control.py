@@ -25,6 +25,7 @@ import anyio.abc
 import msgspec
 
 from .. import amqp
+from .._pipeline import model_json
 from ._context import JobContext, JobOutcome
 from ._envelope import format_timestamp
 from ._failures import error_from_headers, error_history
@@ -46,7 +47,7 @@ SYNC_CANCEL_DETAIL = (
     "cancel requested; the handler is synchronous and cannot be interrupted: it runs to completion"
 )
 
-_json = msgspec.json.Encoder()
+_json = msgspec.json.Encoder(enc_hook=model_json)  # results: pydantic models as JSON
 _json_decode = msgspec.json.Decoder()
 
 
@@ -89,8 +90,8 @@ class WorkerControl:
         self.cancelled: OrderedDict[str, float] = OrderedDict()
         #: Liveness seen through BEAT messages: job id -> (worker id, monotonic time); bounded.
         self.liveness: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        #: Jobs this worker finished recently, for INFO: job id -> answer; bounded.
-        self.recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: Jobs this worker finished recently, for INFO: job id -> (outcome, when); bounded.
+        self.recent: OrderedDict[str, tuple[JobOutcome, float]] = OrderedDict()
         #: reply_to queue names checked by may_reply_to: name -> allowed; bounded.
         self._reply_targets: OrderedDict[str, bool] = OrderedDict()
         #: The control channel while :meth:`serve` runs (BEATs go out on it).
@@ -100,25 +101,23 @@ class WorkerControl:
         self.scope: anyio.CancelScope | None = None
 
     def finished(self, outcome: JobOutcome) -> None:
-        """Remember what became of a job, for INFO."""
-        if not outcome.job_id:
-            return
-        now = time.time()
-        remember(
-            self.recent,
-            outcome.job_id,
-            {
-                "job_id": outcome.job_id,
-                "state": _OUTCOME_STATE.get(outcome.outcome, outcome.outcome),
-                "attempt": outcome.attempt,
-                "worker_id": self._worker.worker_id,
-                "started_at": _FinishedAt(now - outcome.duration),
-                "finished_at": _FinishedAt(now),
-                **({"error": outcome.error} if outcome.error is not None else {}),
-                **({"result": outcome.result} if _small_json(outcome.result) else {}),
-            },
-            limit=RECENT_LIMIT,
-        )
+        """Remember what became of a job, for INFO (the answer is built only if INFO asks:
+        this runs once per job)."""
+        if outcome.id:
+            remember(self.recent, outcome.id, (outcome, time.time()), limit=RECENT_LIMIT)
+
+    def _recent_answer(self, outcome: JobOutcome, finished: float) -> dict[str, Any]:
+        """The INFO answer about a job this worker finished at ``finished`` (epoch seconds)."""
+        return {
+            "job_id": outcome.id,
+            "state": _OUTCOME_STATE.get(outcome.outcome, outcome.outcome),
+            "attempt": outcome.attempt,
+            "worker_id": self._worker.worker_id,
+            "started_at": _epoch_text(finished - outcome.duration),
+            "finished_at": _epoch_text(finished),
+            **({"error": outcome.error} if outcome.error is not None else {}),
+            **({"result": outcome.result} if _small_json(outcome.result) else {}),
+        }
 
     async def serve(self, client: ControlClient, started: anyio.Event) -> None:
         """Control messages reach every worker of a queue, whoever sent them.
@@ -282,14 +281,11 @@ class WorkerControl:
         recent = self.recent.get(job_id)
         if recent is None:
             return None
-        if time.time() - recent["finished_at"] > RECENT_MAX_AGE:
+        outcome, finished = recent
+        if time.time() - finished > RECENT_MAX_AGE:
             del self.recent[job_id]  # past the retention: as if never seen here
             return None
-        return {
-            **recent,
-            "started_at": recent["started_at"].text(),
-            "finished_at": recent["finished_at"].text(),
-        }
+        return self._recent_answer(outcome, finished)
 
     def was_cancelled(self, job_id: str) -> bool:
         when = self.cancelled.get(job_id)
@@ -377,13 +373,9 @@ def _drop_malformed_control(msg: amqp.IncomingMessage, queue: str) -> None:
     )  # fmt: skip
 
 
-class _FinishedAt(float):
-    """A finish time kept as epoch seconds; formatted only if INFO asks for it."""
-
-    __slots__ = ()
-
-    def text(self) -> str:
-        return format_timestamp(datetime.fromtimestamp(self, UTC))
+def _epoch_text(seconds: float) -> str:
+    """Epoch seconds as an OJS timestamp."""
+    return format_timestamp(datetime.fromtimestamp(seconds, UTC))
 
 
 def remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) -> None:
@@ -404,4 +396,4 @@ def _small_json(value: Any) -> bool:
         return False
 
 
-_RESULT_ENCODER = msgspec.json.Encoder()
+_RESULT_ENCODER = msgspec.json.Encoder(enc_hook=model_json)

@@ -684,11 +684,21 @@ class Scheduler:
                         if self._holding() is held_now:
                             await self._swap(held_now)
                 continue
-            now = self._clock.now()
-            delay = self._refresh_at - anyio.current_time()
-            for schedule in self._schedules.values():
-                delay = min(delay, (schedule.next_tick(now) - now).total_seconds())
-            await self._clock.wait(changed, max(delay, 0.001))
+            await self._sleep_until_due(changed)
+
+    async def _sleep_until_due(self, changed: anyio.Event) -> None:
+        """Until the next tick (on the scheduler's clock), the token's refresh (on the event
+        loop's clock) or a change, whichever is first.  The refresh is the broker's wall-clock
+        matter (its ``consumer_timeout``) and the ticks the scheduler clock's: on a virtual
+        clock, timing one by the other woke the loop every ``token_refresh`` of virtual time
+        (60 times per virtual hour) for nothing."""
+        now = self._clock.now()
+        ticks = [(schedule.next_tick(now) - now).total_seconds() for schedule in self._schedules.values()]
+        with anyio.move_on_after(max(self._refresh_at - anyio.current_time(), 0.001)):
+            if ticks:
+                await self._clock.wait(changed, max(min(ticks), 0.001))
+            else:
+                await changed.wait()
 
     async def _fire(self, client: Client, schedule: Schedule, tick: datetime, late: bool) -> bool:
         """Push one tick's job.  True when the tick is done with (pushed, or refused)."""

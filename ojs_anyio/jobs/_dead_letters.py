@@ -8,7 +8,9 @@ unchanged but for RabbitMQ's ``x-death`` headers (reason ``rejected``) and the
 ``x-first-death-*`` / ``x-last-death-*`` ones.  No copy is ever put back on the job queue,
 so a consumer that shares the queue (any client following the binding) never sees the job
 again.  A Nack cannot add headers, so the reason of the *final* failure is not on the
-message: it goes to the log line (``outcome=dead_lettered code=... : message``), to the
+message: before the Nack the worker publishes a confirmed **death note** keyed by job id to
+``ojs.dlx-notes.{q}`` (``_death_notes.py``), which :meth:`DeadLetters.peek` joins with.  It
+also goes to the log line (``outcome=dead_lettered code=... : message``), to the
 per-job-type metrics (:class:`JobMetrics`: ``ojs_jobs_dead_lettered_total`` and
 ``ojs_jobs_failed_total`` with ``error.type``) and to a
 ``{queue} dead_letter`` span (``ojs.error.code``, ``ojs.error.message``, status ERROR).  The
@@ -28,8 +30,9 @@ the pure message helpers (requeue properties, death times) are ``_dlq.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -39,11 +42,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from .. import amqp
 from .._dead_letter_queue import DeadLetterQueue, return_to_queue
 from . import _tracing
-from ._dlq import died_at, requeue_properties
+from ._death_notes import DeathNote, Publish, read_notes, write_note
+from ._declarer import Declarer
+from ._dlq import death_reason, died_at, requeue_properties
 from ._durations import DurationLike, duration_seconds
 from ._envelope import format_timestamp
 from ._errors import ArgumentTypeError
 from ._failures import error_history
+from ._renamed import warn_renamed
 from ._topology import DLQ_MAX_AGE_MS, DLQ_MAX_LENGTH, Names
 from ._wire import H_ATTEMPT, H_DEAD_LETTERED_AT, H_ERROR_CODE, H_ERROR_MESSAGE, header_int, with_headers
 
@@ -61,21 +67,38 @@ class DeadLetterClient(Protocol):
     async def declare_queue(self, queue: str) -> None: ...
 
 
+class _DyingClient(Protocol):
+    names: Names
+    declarer: Declarer
+
+
+class Dying(Protocol):
+    """What settling a dead job uses of the worker's ``Attempt`` (``_attempt.py``)."""
+
+    ch: amqp.Channel
+    msg: amqp.IncomingMessage
+    queue: str
+    number: int
+
+    @property
+    def client(self) -> _DyingClient: ...
+
+    @property
+    def job_id(self) -> str | None: ...
+
+    @property
+    def job_type(self) -> str | None: ...
+
+
 log = logging.getLogger("ojs_anyio.worker")
 
 
-async def dead_letter(
-    ch: amqp.Channel,
-    msg: amqp.IncomingMessage,
-    *,
-    dlx_exchange: str,
-    queue: str,
-    job_id: str | None,
-    code: str,
-    message: str,
-    republish: Callable[..., Awaitable[amqp.Republished | None]] | None,
-) -> None:
-    """Settle ``msg`` as dead (see the module docstring); record the final reason."""
+async def dead_letter(a: Dying, *, code: str, message: str, publish: Publish, annotate: bool) -> None:
+    """Settle the delivery of ``a`` as dead (see the module docstring); record the final
+    reason: on the annotated copy (``annotate``), else in a death note (``_death_notes.py``)
+    published with ``publish`` before the Nack."""
+    ch, msg, queue, job_id = a.ch, a.msg, a.queue, a.job_id
+    names = a.client.names
     if _tracing.recording():
         with _tracing.tracer.start_as_current_span(
             f"{queue} dead_letter",
@@ -90,7 +113,7 @@ async def dead_letter(
             },
         ) as span:
             span.set_status(Status(StatusCode.ERROR, f"{code}: {message[:200]}"))
-    if republish is not None:
+    if annotate:
         copy = with_headers(
             msg.properties,
             {
@@ -99,8 +122,8 @@ async def dead_letter(
                 H_DEAD_LETTERED_AT: format_timestamp(datetime.now(UTC)),
             },
         )
-        published = await republish(
-            ch, msg.body, exchange=dlx_exchange, routing_key=queue, properties=copy, mandatory=True
+        published = await publish(
+            ch, msg.body, exchange=names.dlx_exchange, routing_key=queue, properties=copy, mandatory=True
         )
         if published is None:
             return  # the worker's grace period ran out: left for the broker to redeliver
@@ -108,11 +131,18 @@ async def dead_letter(
             await msg.ack()
             return
         # Refused (for good, or through every retry): the job is dead all the same, so the
-        # original goes the default way, without the annotation.
+        # original goes the default way, with a death note instead of the annotation.
         log.warning(
             "job %s: annotated dead-letter copy refused by %r (%s); rejecting the original instead",
-            job_id, dlx_exchange, published.reason,
+            job_id, names.dlx_exchange, published.reason,
         )  # fmt: skip
+    if job_id:
+        noted = await write_note(
+            ch, publish, declarer=a.client.declarer, names=names, queue=queue, job_id=job_id,
+            job_type=a.job_type, attempt=a.number, code=code, message=message,
+        )  # fmt: skip
+        if noted is None:
+            return  # the worker's grace period ran out: left for the broker to redeliver
     await msg.nack(requeue=False)
 
 
@@ -123,15 +153,18 @@ async def dead_letter(
 class DeadJob:
     """A job in a dead-letter queue, with why it died.
 
-    ``error_code`` / ``error_message`` are the ``x-ojs-error-*`` headers: the last retry's
-    reason, or the final reason in the opt-in annotated mode (a Nack cannot add headers;
-    the worker logs the final reason).  ``death_reason`` is RabbitMQ's (``rejected`` for a
-    discard, ``expired``, ``maxlen``) and ``died_at`` when it died.  ``malformed`` says why
-    its content header is malformed (``IncomingMessage.malformed``; ``job_id`` and
-    ``type`` are then shown with backslash escapes, and ``requeue`` leaves it where it is).
+    ``error_code`` / ``error_message`` are why it died: in the default mode from the death
+    note the worker published before its Nack (``noted``), in the opt-in annotated mode from
+    the copy's ``x-ojs-error-*`` headers; without either (a job Nacked by another consumer,
+    or a note since dropped) the headers the last retry wrote, if any.  ``death_reason`` is
+    RabbitMQ's (``rejected`` for a discard, ``expired``, ``maxlen``) and ``died_at`` when it
+    died.  ``malformed`` says why its content header is malformed
+    (``IncomingMessage.malformed``; ``job_id`` and ``type`` are then shown with backslash
+    escapes, and ``requeue`` leaves it where it is).
     """
 
-    job_id: str | None
+    #: The job's id (``job_id`` is a deprecated alias).
+    id: str | None
     type: str | None
     error_code: str | None
     error_message: str | None
@@ -145,6 +178,23 @@ class DeadJob:
     #: oldest first, at most 10); the final attempt's error is ``error_code`` /
     #: ``error_message`` in the annotated mode, else in the worker's log.
     errors: tuple[dict[str, Any], ...] = ()
+    #: ``error_code`` / ``error_message`` come from the death note the worker wrote when it
+    #: Nacked the job (the default mode; ``_death_notes.py``), not from the message's headers.
+    noted: bool = False
+
+    @property
+    def job_id(self) -> str | None:
+        """Deprecated alias of :attr:`id`."""
+        warn_renamed("DeadJob", "job_id", "id")
+        return self.id
+
+    @property
+    def reason(self) -> str:
+        """Why it died, in one line (``ojs-anyio dlq peek``'s REASON, the dashboard's)."""
+        if self.malformed is not None:
+            return f"malformed message: {self.malformed}"
+        final = (self.error_code or "", self.error_message or "") if self.noted else None
+        return death_reason(amqp.BasicProperties(headers=self.headers), final=final)
 
 
 class DeadLetters:
@@ -169,7 +219,11 @@ class DeadLetters:
         Implemented with Basic.Get + one Basic.Reject(requeue) per message on a private
         channel, so it sets ``redelivered`` on them but never removes one.
         """
-        return await self._dlq().peek(limit, _dead_job)
+        jobs = await self._dlq().peek(limit, _dead_job)
+        # Jobs Nacked by a worker carry no final reason: join them to their death notes.
+        bare = {j.id for j in jobs if j.id and j.malformed is None and H_DEAD_LETTERED_AT not in j.headers}
+        notes = await read_notes(self.client.conn, self.client.names, self.queue, bare)
+        return [_with_note(j, notes[j.id]) if j.id in notes else j for j in jobs]
 
     async def requeue(
         self,
@@ -277,6 +331,11 @@ class DeadLetters:
         )
 
 
+def _with_note(job: DeadJob, note: DeathNote) -> DeadJob:
+    """``job`` with the final reason its worker's death note gives (``_death_notes.py``)."""
+    return dataclasses.replace(job, error_code=note.code, error_message=note.message, noted=True)
+
+
 def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
     headers = dict(msg.properties.headers or {})
     code = headers.get(H_ERROR_CODE)
@@ -289,7 +348,7 @@ def _dead_job(msg: amqp.IncomingMessage) -> DeadJob:
     if H_DEAD_LETTERED_AT not in headers and isinstance(latest, dict):
         reason = latest.get("reason")
     return DeadJob(
-        job_id=amqp.property_text(msg.properties.message_id),
+        id=amqp.property_text(msg.properties.message_id),
         type=amqp.property_text(msg.properties.type),
         error_code=code if isinstance(code, str) else None,
         error_message=message if isinstance(message, str) else None,

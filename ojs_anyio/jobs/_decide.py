@@ -79,6 +79,8 @@ def decide(
     cancelled: by CANCEL when ``cancel_requested``, by the grace period when
     ``abandoned``, else by its deadline (a timeout).  ``rng`` draws the retry jitter.
     """
+    if raised is None and not cancelled_caught:
+        return ACK  # the common case first: a handler that returned in time
     if isinstance(raised, Discard):
         return dead_letter(ErrorCode.DISCARDED, raised.reason)
     if isinstance(raised, DeadLetter):
@@ -87,9 +89,7 @@ def decide(
     if isinstance(raised, Retry):
         code, etype, message = ErrorCode.HANDLER_ERROR, "Retry", raised.reason or "handler asked for a retry"
         failure = None
-    elif raised is None:
-        if not cancelled_caught:
-            return ACK
+    elif raised is None:  # the scope was cancelled (a returned handler was decided above)
         if cancel_requested:
             return CANCELLED
         if abandoned:

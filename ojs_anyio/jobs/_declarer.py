@@ -27,6 +27,7 @@ from ._topology import (
     base_exchanges,
     control_queue_arguments,
     control_queue_binding,
+    death_notes_queue_arguments,
     delay_deliver_binding,
     delay_landing_queue_arguments,
     delay_level_bindings,
@@ -65,6 +66,7 @@ class Declarer:
         self.existing_queues: set[str] = set()
         self.declared_retry: set[tuple[str, int]] = set()
         self.declared_redelivered: set[str] = set()
+        self.declared_death_notes: set[str] = set()
         #: Control queues this client sends to, checked (see use_control_queue).
         self.control_ready: set[str] = set()
         self.landing_declared: set[str] = set()
@@ -161,6 +163,16 @@ class Declarer:
         args = job_queue_arguments(self.names, queue, self.queue_options(queue))
         await self._declare_checked(self.names.redelivered_queue(queue), args)
         self.declared_redelivered.add(queue)
+
+    async def declare_death_notes_queue(self, queue: str, *, again: bool = False) -> None:
+        """Declare ``ojs.dlx-notes.{q}`` (``_death_notes.py``), once per client unless
+        ``again`` (a note was returned: the queue was deleted since)."""
+        if again:
+            self.declared_death_notes.discard(queue)
+        if queue in self.declared_death_notes:
+            return
+        await self._declare_checked(self.names.death_notes_queue(queue), death_notes_queue_arguments())
+        self.declared_death_notes.add(queue)
 
     async def use_existing_queue(self, queue: str) -> amqp.QueueInfo:
         """Check that ``ojs.queue.{q}`` exists and push to it as it is, without declaring

@@ -86,11 +86,12 @@ def died_at(props: BasicProperties, *, now: datetime | None = None) -> datetime 
     return shared_died_at(props, _DEAD_LETTERED_AT, parse_timestamp, now=now)
 
 
-def death_reason(props: BasicProperties) -> str:
-    """Why the job died: the OJS error code and message when the message carries them,
-    else RabbitMQ's reason (``rejected``, ``expired``, ``maxlen``...)."""
+def death_reason(props: BasicProperties, *, final: tuple[str, str] | None = None) -> str:
+    """Why the job died: the OJS error code and message when the message carries them (or
+    ``final``, the code and message of the worker's death note), else RabbitMQ's reason
+    (``rejected``, ``expired``, ``maxlen``...)."""
     headers = props.headers or {}
-    code, message = headers.get(H_ERROR_CODE), headers.get(H_ERROR_MESSAGE)
+    code, message = final or (headers.get(H_ERROR_CODE), headers.get(H_ERROR_MESSAGE))
     death = latest_death(headers)
     broker = f"{death.get('reason')}" if death is not None and death.get("reason") else None
     parts = [p for p in (code, message) if isinstance(p, str) and p]

@@ -20,6 +20,7 @@ from ._control import CONTROL_CANCEL, CONTROL_HEARTBEAT, CONTROL_INFO
 from ._declarer import Declarer
 from ._durations import DurationLike, duration_seconds
 from ._envelope import ErrorInfo, check_job_id, error_info
+from ._renamed import warn_renamed
 from ._topology import Names
 
 __all__ = ["ClientControl", "ControlSender", "JobInfo"]
@@ -34,7 +35,8 @@ _json_decode = msgspec.json.Decoder()
 class JobInfo:
     """A worker's answer to INFO; ``state == "unknown"`` when no worker answered in time."""
 
-    job_id: str
+    #: The job's id (``job_id`` is a deprecated alias).
+    id: str
     state: str
     attempt: int | None = None
     worker_id: str | None = None
@@ -56,6 +58,12 @@ class JobInfo:
     #: What the handler returned, for a completed job whose worker keeps it for INFO (a
     #: JSON value of at most 4 KiB, and ``Worker(info_details=True)``); else None.
     result: Any = None
+
+    @property
+    def job_id(self) -> str:
+        """Deprecated alias of :attr:`id`."""
+        warn_renamed("JobInfo", "job_id", "id")
+        return self.id
 
 
 class ControlSender(Protocol):
@@ -158,7 +166,7 @@ class ClientControl:
                         if isinstance(data, dict) and data.get("job_id") == job_id:
                             interruptible, detail = data.get("interruptible"), data.get("detail")
                             return JobInfo(
-                                job_id=job_id,
+                                id=job_id,
                                 state=str(data.get("state", "unknown")),
                                 attempt=data.get("attempt"),
                                 worker_id=data.get("worker_id"),
@@ -174,7 +182,7 @@ class ClientControl:
                 except amqp.AMQPError:
                     await self.aclose()  # declared afresh by the next request
                     raise
-        return JobInfo(job_id=job_id, state="unknown")
+        return JobInfo(id=job_id, state="unknown")
 
     async def _reply_queue(self) -> tuple[amqp.QueueInfo, amqp.Consumer]:
         """This client's INFO reply queue (exclusive, auto-delete) and its consumer."""

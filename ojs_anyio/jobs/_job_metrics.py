@@ -12,8 +12,12 @@ name                                   type       counts
 ``ojs_jobs_retried_total``             counter    attempts scheduled for a retry
 ``ojs_jobs_dead_lettered_total``       counter    jobs dead-lettered (any reason)
 ``ojs_jobs_cancelled_total``           counter    jobs cancelled by a CANCEL
-``ojs_job_duration_seconds``           histogram  handler duration, every finished attempt
+``messaging.process.duration``        histogram  handler duration, every finished attempt
 =====================================  =========  ==========================================
+
+The duration histogram has OpenTelemetry's messaging name (``messaging.process.duration``,
+unit ``s``; a Prometheus exporter shows it as ``messaging_process_duration_seconds``), with
+``messaging.operation.name`` ``process`` and, for a failed attempt, ``error.type``.
 
 Attributes: ``messaging.system`` (``rabbitmq``), ``messaging.destination.name`` (the OJS
 queue) and ``ojs.job.type``; the failure counters add ``error.type`` (the OJS error code).
@@ -59,6 +63,8 @@ class JobMetrics(Middleware):
         self.max_label_sets = max_label_sets
         self.registered: frozenset[str] | None = None  # set by the worker: its job types
         self._attrs: dict[tuple[str, str], dict[str, Any]] = {}
+        #: The duration's attributes, by the counters' attribute dict (same label sets).
+        self._process_attrs: dict[int, dict[str, Any]] = {}
 
     def _attributes(self, queue: str, job_type: str | None) -> dict[str, Any]:
         registered = self.registered
@@ -95,8 +101,13 @@ class JobMetrics(Middleware):
         elif kind == "cancelled":
             self._cancelled.add(1, attrs)
         if outcome.duration > 0.0:
-            self._duration.record(outcome.duration, attrs)
+            process = self._process_attrs.get(id(attrs))
+            if process is None:
+                process = self._process_attrs[id(attrs)] = {**attrs, "messaging.operation.name": "process"}
+            if kind != "completed" and outcome.error_code is not None:
+                process = {**process, "error.type": outcome.error_code}
+            self._duration.record(outcome.duration, process)
 
 
 def _duration_histogram(meter: metrics.Meter) -> metrics.Histogram:
-    return duration_histogram(meter, "ojs_job_duration_seconds", "Handler duration per attempt")
+    return duration_histogram(meter, "messaging.process.duration", "Job handler duration per attempt")

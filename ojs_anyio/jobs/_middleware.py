@@ -21,6 +21,8 @@
   :class:`JobContext`, returns the handler's result (or another), or raises (a raise is the
   handler's failure: retried or dead-lettered by the usual rules; :class:`Discard` and
   :class:`Retry` work from here too).
+* :meth:`Middleware.on_skipped` is awaited before a job CANCELled before it started is
+  acknowledged unrun (``WorkflowMiddleware`` settles the job's workflow with it).
 * :meth:`Middleware.on_outcome` is told what became of each attempt (completed, retried,
   dead-lettered, cancelled, abandoned), synchronously, after the broker was told.
 
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from ._context import JobContext, JobOutcome
     from ._envelope import Job
 
-__all__ = ["Middleware", "build_handler_chain", "build_push_chain"]
+__all__ = ["Middleware", "build_handler_chain", "build_push_chain", "skip_hooks"]
 
 log = logging.getLogger("ojs_anyio.middleware")
 
@@ -59,6 +61,11 @@ class Middleware:
         return await call_next()
 
     def on_outcome(self, outcome: JobOutcome) -> None:
+        return None
+
+    async def on_skipped(self, job: Job) -> None:
+        """A job CANCELled before it started is about to be acknowledged unrun (awaited
+        first: a connection error leaves it unacknowledged, for the broker to redeliver)."""
         return None
 
 
@@ -121,6 +128,10 @@ def _handler_link(mw: Middleware, ctx: JobContext, inner: HandlerNext) -> Handle
         return mw.around_handler(ctx, inner)
 
     return link
+
+
+def skip_hooks(middleware: Sequence[Middleware]) -> tuple[Callable[[Job], Awaitable[None]], ...]:
+    return tuple(m.on_skipped for m in middleware if overrides(m, "on_skipped"))
 
 
 def outcome_hooks(middleware: Sequence[Middleware]) -> tuple[Callable[[JobOutcome], None], ...]:

@@ -34,6 +34,7 @@ import anyio
 import msgspec
 
 from .. import amqp
+from .._pipeline import model_json
 from ._durations import DurationLike, duration_seconds
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ log = logging.getLogger("ojs_anyio.results")
 R = TypeVar("R")
 
 _decoder = msgspec.json.Decoder()
-_encoder = msgspec.json.Encoder()
+_encoder = msgspec.json.Encoder(enc_hook=model_json)  # a pydantic result as its JSON form
 
 #: Results awaited at once by one client (each holds an event and, later, a value).
 MAX_PENDING_RESULTS = 100_000

@@ -102,6 +102,7 @@ __all__ = [
     "DEAD_LETTER_HEADERS",
     "DELAY_LEVELS",
     "DLQ_MAX_AGE_MS",
+    "DEATH_NOTES_MAX_LENGTH",
     "DLQ_MAX_LENGTH",
     "MAX_DELAY_MS",
     "MAX_TTL_MS",
@@ -119,6 +120,7 @@ __all__ = [
     "delay_level_queue_arguments",
     "delay_routing_key",
     "delayed_exchange_arguments",
+    "death_notes_queue_arguments",
     "delayed_queue_binding",
     "dlx_queue_arguments",
     "dlx_queue_binding",
@@ -141,6 +143,8 @@ MAX_DELAY_MS: Final = 2**DELAY_LEVELS - 1
 #: ``DeadLetters.prune``, not by queue arguments (the spec declares the DLQ without any).
 DLQ_MAX_AGE_MS: Final = 180 * 86_400_000
 DLQ_MAX_LENGTH: Final = 10_000
+#: Bound of ``ojs.dlx-notes.{q}`` (the reasons of Nacked jobs): the DLQ's retention count.
+DEATH_NOTES_MAX_LENGTH: Final = DLQ_MAX_LENGTH
 #: Suggested bounds for the durable control queue when an operator opts into limits
 #: (``control_queue_arguments(message_ttl_ms=..., max_length=...)``): 1 h, 10,000.
 CONTROL_MESSAGE_TTL_MS: Final = 3_600_000
@@ -276,6 +280,13 @@ class Names(msgspec.Struct, frozen=True):
         settled (their worker died), each run on its own (see the worker's WORKER_LOST)."""
         return self._name(f"ojs.queue.redelivered.{_check_queue(queue)}")
 
+    def death_notes_queue(self, queue: str) -> str:
+        """This library's own: why each job of ``ojs.queue.{q}`` that was Nacked into the
+        DLQ died (one small note per death, keyed by job id; ``_death_notes.py``).  Outside
+        ``ojs.queue.``, so no OJS queue name can collide with it, and bound to no exchange:
+        only a publish to it by name (default exchange) reaches it."""
+        return self._name(f"ojs.dlx-notes.{_check_queue(queue)}")
+
     def control_routing_key(self, queue: str) -> str:
         """CANCEL and BEAT go to the direct exchange with the control queue's name as key (001 §5)."""
         return self.control_queue(queue)
@@ -392,6 +403,13 @@ def dlx_queue_arguments(names: Names, queue: str, options: QueueOptions | None =
     """
     _check_queue(queue)
     return dead_letter_queue_arguments(QueueOptions() if options is None else options)
+
+
+def death_notes_queue_arguments() -> dict[str, Any]:
+    """Arguments of ``ojs.dlx-notes.{q}`` (durable classic queue): ``x-max-length`` =
+    :data:`DEATH_NOTES_MAX_LENGTH` with ``x-overflow: drop-head``, so it keeps the latest
+    notes and never refuses one.  No TTL: the DLQ's 180 days exceed RabbitMQ's TTL limit."""
+    return {"x-max-length": DEATH_NOTES_MAX_LENGTH, "x-overflow": "drop-head"}
 
 
 def dlx_queue_binding(names: Names, queue: str) -> Binding:

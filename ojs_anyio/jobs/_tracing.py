@@ -30,7 +30,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from .._common import tracing_recording
-from .._trace_context import NO_SPAN, context_from, current_traceparent
+from .._trace_context import NO_SPAN, context_from, current_traceparent, start_settle_span
 from ._envelope import Job
 from ._middleware import HandlerNext, Middleware
 from ._wire import H_TRACE_ID, H_TRACE_STATE, H_TRACEPARENT
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from ._context import JobContext
 
 __all__ = [
-    "Tracing", "consumer_span", "extract_context", "inject_headers", "producer_span", "recording", "tracer",
+    "Tracing", "consumer_span", "extract_context", "inject_headers", "producer_span", "recording",
+    "settle_span", "tracer",
 ]  # fmt: skip
 
 tracer = trace.get_tracer("ojs_anyio.jobs", "0.1.0")
@@ -117,6 +118,27 @@ def consumer_span(
     return tracer.start_as_current_span(
         f"process job {job_type or '-'}", context=ctx, kind=SpanKind.CONSUMER, attributes=attributes
     )
+
+
+def settle_span(
+    headers: Mapping[str, Any] | None,
+    *,
+    queue: str,
+    job_id: str | None,
+    job_type: str | None,
+    operation: str,
+    outcome: str,
+) -> AbstractContextManager[trace.Span]:
+    """The CLIENT span ``{ack|nack|reject} job {type}`` around one settlement, in the
+    producer's trace, with ``ojs.outcome`` (``completed``, ``retried``, ``dead_lettered``,
+    ``cancelled``...); nothing when spans are not recorded."""
+    if not recording():
+        return NO_SPAN
+    return start_settle_span(
+        tracer, extract_context(headers), f"{operation} job {job_type or '-'}", operation=operation,
+        destination=queue, message_id=job_id, outcome=outcome,
+        extra={"ojs.job.queue": queue, "ojs.job.type": job_type or ""},
+    )  # fmt: skip
 
 
 class Tracing(Middleware):

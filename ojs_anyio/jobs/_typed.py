@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol
 
 import msgspec
 
+from .._pipeline import model_json, result_converter
+from ._durations import DurationLike
 from ._errors import ArgumentTypeError
 from ._retry import RetryPolicy
 
@@ -159,33 +161,44 @@ class JobHandle(Generic[P, R]):
         """PUSH it asking for its result: ``await (await h.push_for_result(c, ...)).result()``,
         or ``h.push_for_result(sync_client, ...).result(timeout=30)`` with a :class:`SyncClient`.
 
-        The result is converted to the handler's return annotation with msgspec (a
-        ``datetime``, a Struct, a dataclass…), so it comes back typed as the handler said."""
+        The result is converted to the handler's return annotation (a ``datetime``, a
+        Struct, a dataclass with msgspec; a pydantic model, or a type holding one, validated
+        with pydantic's own rules), so it comes back typed as the handler said."""
         options = dict(self.push_options)
         key = options.pop("idempotency_key", None)
         job = client.build(self.type, self.args_for(*args, **kwargs), **options)
         return client.push_job_for_result(job, idempotency_key=key, convert=self._result_converter())
+
+    @overload
+    def result(self, client: SyncClient, job_id: str, *, timeout: DurationLike = 30.0) -> R: ...
+    @overload
+    def result(
+        self, client: Client, job_id: str, *, timeout: DurationLike = 30.0
+    ) -> Coroutine[Any, Any, R]: ...
+    def result(self, client: Client | SyncClient, job_id: str, *, timeout: DurationLike = 30.0) -> Any:
+        """The result of job ``job_id`` of this type, from any process (:meth:`Client.result`,
+        asking the workers of the handle's queue), converted to the handler's return
+        annotation as :meth:`push_for_result` converts it: a pydantic model is validated with
+        its own rules.  ``await h.result(client, job_id)``, or ``h.result(sync_client,
+        job_id)``, which blocks."""
+        queue = self.push_options.get("queue") or "default"
+        convert = self._result_converter()
+        got = client.result(job_id, queue=queue, timeout=timeout)
+        if not inspect.isawaitable(got):
+            return got if convert is None else convert(got)
+
+        async def converted() -> R:
+            value = await got
+            return cast(R, value) if convert is None else convert(value)
+
+        return converted()
 
     def _result_converter(self) -> Callable[[Any], R] | None:
         try:
             wanted = typing.get_type_hints(self.fn).get("return", Any)
         except Exception:  # an annotation that does not resolve: hand back the JSON as is
             return None
-        if wanted in (Any, None, type(None)) or isinstance(wanted, TypeVar):
-            return None
-
-        def convert(value: Any) -> R:
-            return cast(R, msgspec.convert(value, wanted, strict=False))
-
-        return convert
-
-
-def _model_json(value: Any) -> Any:
-    """msgspec's hook for what it does not know: pydantic models (``model_dump``, JSON mode)."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump) and hasattr(type(value), "model_fields"):
-        return dump(mode="json")
-    raise NotImplementedError(f"{type(value).__name__} has no JSON form")
+        return cast("Callable[[Any], R] | None", result_converter(wanted))
 
 
 def json_form(value: Any, where: str) -> Any:
@@ -196,7 +209,7 @@ def json_form(value: Any, where: str) -> Any:
     if value is None or type(value) in (str, int, float, bool):
         return value
     try:
-        return msgspec.to_builtins(value, enc_hook=_model_json)
+        return msgspec.to_builtins(value, enc_hook=model_json)
     except (NotImplementedError, TypeError) as exc:
         raise ArgumentTypeError(f"argument {where}: {exc}") from None
 

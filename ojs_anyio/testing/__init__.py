@@ -198,7 +198,7 @@ class JobTester:
         if not self.inline:
             return job
         outcomes = await self.drain()
-        final = [o for o in outcomes if o.job_id == job.id and o.outcome != "retried"]
+        final = [o for o in outcomes if o.id == job.id and o.outcome != "retried"]
         if not final:
             raise AssertionError(f"job {job.id} ({type}) did not finish while draining: {outcomes}")
         return final[-1]

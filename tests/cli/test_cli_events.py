@@ -1,4 +1,4 @@
-"""``ojs-anyio events dlq-peek|dlq-requeue|dlq-purge|dlq-prune`` and ``events asyncapi``:
+"""``ojs-anyio events dlq peek|requeue|purge|prune`` and ``events asyncapi``:
 subprocesses against the broker, with the job DLQ commands' guarantees."""
 
 from __future__ import annotations
@@ -88,30 +88,30 @@ def _ok(*args: str) -> str:
 
 def test_peek_requeue_prune_purge(sub: Sub) -> None:
     ids = _dead_events(sub, 5)
-    peek = json.loads(_ok("events", "dlq-peek", sub.name, *sub.options(), "--json"))
+    peek = json.loads(_ok("events", "dlq", "peek", sub.name, *sub.options(), "--json"))
     assert peek["total"] == 5 and [e["message_id"] for e in peek["events"]] == ids
     first = peek["events"][0]
     assert first["reason"] == "rejected" and first["error"] == "ValueError: bad order"
     assert first["routing_key"] == "orders.created" and first["attempt"] == 1
-    table = _ok("events", "dlq-peek", sub.name, *sub.options())
+    table = _ok("events", "dlq", "peek", sub.name, *sub.options())
     assert ids[0] in table and "rejected" in table
-    moved = json.loads(_ok("events", "dlq-requeue", sub.name, *sub.options(), "--id", ids[1], "--json"))
+    moved = json.loads(_ok("events", "dlq", "requeue", sub.name, *sub.options(), "--id", ids[1], "--json"))
     assert moved["requeued"] == 1
     [back] = drain(sub.queue)
     assert back.properties.message_id == ids[1]
     assert (back.properties.headers or {})[events.H_ROUTING_KEY] == "orders.created"
     pruned = json.loads(
-        _ok("events", "dlq-prune", sub.name, *sub.options(), "--max-count", "1", "--yes", "--json")
+        _ok("events", "dlq", "prune", sub.name, *sub.options(), "--max-count", "1", "--yes", "--json")
     )
     assert pruned["pruned"] == 3
-    purged = json.loads(_ok("events", "dlq-purge", sub.name, *sub.options(), "--yes", "--json"))
+    purged = json.loads(_ok("events", "dlq", "purge", sub.name, *sub.options(), "--yes", "--json"))
     assert purged["purged"] == 1 and queue_count(sub.dlq) == 0
 
 
 def test_requeue_interrupted_by_sigint_loses_and_doubles_nothing(sub: Sub) -> None:
     ids = _dead_events(sub, 3000)
     proc = spawn_cli(
-        "events", "dlq-requeue", sub.name, *sub.options(), "--all", "--yes", "--json", capture=True
+        "events", "dlq", "requeue", sub.name, *sub.options(), "--all", "--yes", "--json", capture=True
     )
     with reaped(proc):
         wait_for(lambda: (queue_count(sub.queue) or 0) >= 200, 60, "the requeue to be under way", 0.02)
@@ -128,11 +128,11 @@ def test_requeue_interrupted_by_sigint_loses_and_doubles_nothing(sub: Sub) -> No
 
 def test_changes_ask_first_and_a_missing_subscription_is_one_clear_error(sub: Sub) -> None:
     _dead_events(sub, 2)
-    r = run_cli("events", "dlq-purge", sub.name, *sub.options())
+    r = run_cli("events", "dlq", "purge", sub.name, *sub.options())
     assert r.returncode == 2 and "refusing without --yes" in r.stderr and queue_count(sub.dlq) == 2
-    r = run_cli("events", "dlq-peek", "nosuch", *sub.options())
+    r = run_cli("events", "dlq", "peek", "nosuch", *sub.options())
     assert r.returncode == 5 and r.stderr.startswith("ojs-anyio: ") and r.stderr.count("\n") == 1, r.stderr
-    r = run_cli("events", "dlq-requeue", sub.name, *sub.options())
+    r = run_cli("events", "dlq", "requeue", sub.name, *sub.options())
     assert r.returncode == 2 and "--id" in r.stderr
 
 

@@ -30,6 +30,7 @@ def test_the_parser_is_the_declarations() -> None:
     for words, declared in leaves.items():
         assert declared is _registry.COMMANDS[words], words
     assert {("worker",), ("queues",), ("dlq", "peek"), ("topology", "check"), ("demo",)} <= set(leaves)
+    assert {("events", "dlq", "peek"), ("events", "dlq", "requeue"), ("events", "asyncapi")} <= set(leaves)
 
 
 @pytest.mark.parametrize("words", sorted(_registry.COMMANDS), ids=" ".join)
@@ -43,6 +44,8 @@ def test_every_command_has_help(words: tuple[str, ...], capsys: pytest.CaptureFi
 def test_parsed_arguments_point_at_their_declaration() -> None:
     args = cli.build_parser().parse_args(["dlq", "peek", "jobs", "-n", "3"])
     assert args.declared is _registry.COMMANDS[("dlq", "peek")] and args.n == 3
+    args = cli.build_parser().parse_args(["events", "dlq", "peek", "orders", "-n", "2"])
+    assert args.declared is _registry.COMMANDS[("events", "dlq", "peek")] and args.n == 2
 
 
 def test_a_command_declared_twice_or_under_no_group_fails_at_once() -> None:
@@ -55,4 +58,8 @@ def test_a_command_declared_twice_or_under_no_group_fails_at_once() -> None:
         _registry.command("nosuch", "thing", help="x")(run)
     with pytest.raises(RuntimeError, match="declared twice"):
         _registry.group("dlq", help="again")
+    with pytest.raises(RuntimeError, match="declared twice"):  # a group is not also a command
+        _registry.command("events", "dlq", help="x")(run)
+    with pytest.raises(RuntimeError, match="no group 'events nosuch'"):
+        _registry.command("events", "nosuch", "thing", help="x")(run)
     assert ("nosuch", "thing") not in _registry.COMMANDS

@@ -226,7 +226,7 @@ async def test_chaos_soak(cluster: Cluster) -> None:
     assert not lost, f"{len(lost)} jobs lost, e.g. {lost[:10]}"
     # Every job had attempts left (at most one failure of five): a transient refusal of a
     # retry publish during the leader election must not dead-letter it.
-    assert not soak.dead_lettered, [(o.job_id, o.error_code, o.error_message) for o in soak.dead_lettered[:5]]
+    assert not soak.dead_lettered, [(o.id, o.error_code, o.error_message) for o in soak.dead_lettered[:5]]
     assert new_leader != leader
     assert soak.failed_first >= JOBS // FAIL_ONCE_EVERY  # every retried job ran again (none lost)
 

@@ -73,7 +73,7 @@ async def test_a_running_job_its_worker_and_beat_then_cancel() -> None:
             assert _row(obs, q).running == 1 and _row(obs, q).consumers == 1
 
             await obs.cancel(job.id, q)
-            (final,) = await outcomes.wait_for(lambda o: o.job_id == job.id)
+            (final,) = await outcomes.wait_for(lambda o: o.id == job.id)
             assert final.outcome == "cancelled"
             await wait_for(obs, lambda: _running(obs, job.id) is None, "the job gone from the running ones")
             where, info = await obs.info(job.id, None)
@@ -137,7 +137,9 @@ async def test_dead_letters_with_reasons_requeue_one_then_purge() -> None:
         for n, job in enumerate(jobs):
             row = by_id[job.id]
             assert (row.type, row.attempt, row.malformed) == ("t.fail", 2, None)
-            assert row.reason == f"HANDLER_ERROR: ValueError: no invoice {n}"
+            # The final attempt's reason, from the worker's death note (default mode: Nack).
+            final = "(attempt 2 of 2, retries exhausted)"
+            assert row.reason == f"HANDLER_ERROR: ValueError: no invoice {n} {final}"
             assert row.error is not None and row.error["backtrace"]  # shown only when the operator asks
             assert row.died_at is not None
 

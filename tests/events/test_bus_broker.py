@@ -369,3 +369,55 @@ async def test_spans_follow_the_messaging_conventions_and_name_the_event(
     assert process.attributes["messaging.operation.type"] == "process"
     assert process.parent is not None and send.context is not None
     assert process.parent.span_id == send.context.span_id
+
+
+async def test_settlements_get_spans_in_the_publishers_trace(
+    names: Names, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each settlement is a CLIENT span ``{ack|reject} event {key}`` with
+    ``messaging.operation.type`` ``settle``, in the publisher's trace, and says what it meant:
+    a redelivery's ack, a handled event's ack, a dead letter's ack."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from ojs_anyio.events import _wire
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(_wire, "tracer", provider.get_tracer("ojs_anyio.events"))
+
+    async def handler(event: dict[str, int], ctx: events.EventContext) -> None:
+        if event["n"] == 2:
+            raise events.DeadLetter("not for us")
+        if ctx.attempt == 1:
+            raise ConnectionError("once")
+
+    policy = events.RedeliveryPolicy(initial_interval=0.05, max_interval=0.05, max_attempts=3)
+    outcomes = Seen()
+    async with (
+        events.connect(names.url, **names.bus_options(redelivery=policy)) as bus,
+        bus.subscribe(names.sub("set.tle"), handler) as sub,
+    ):
+        sub.add_listener(lambda outcome, msg: outcomes.add((outcome, msg.properties.message_id)))
+        await bus.publish("set.tle", {"n": 1})
+        await outcomes.wait(2)
+        await bus.publish("set.tle", {"n": 2})
+        await outcomes.wait(3)
+    provider.shutdown()
+    finished = exporter.get_finished_spans()
+    sends = {s.context.trace_id: s for s in finished if s.name == "send event set.tle" and s.context}
+    settles = [
+        s for s in finished if s.attributes and s.attributes.get("messaging.operation.type") == "settle"
+    ]
+    assert [(s.name, s.attributes and s.attributes["ojs.outcome"]) for s in settles] == [
+        ("ack event set.tle", "redelivered"),
+        ("ack event set.tle", "handled"),
+        ("ack event set.tle", "dead_lettered"),
+    ]
+    for span in settles:
+        assert span.kind is trace.SpanKind.CLIENT and span.context is not None
+        assert span.context.trace_id in sends  # the publisher's trace
+        assert span.attributes is not None and span.attributes["messaging.operation.name"] == "ack"
+        assert span.attributes["messaging.destination.name"] == sub.queue

@@ -223,7 +223,10 @@ async def test_each_subscription_counts_its_events(names: Names) -> None:
     assert points[("ojs_events_failed_total", failed)] == 1
     dead = tuple(sorted((*base, ("ojs.event.reason", "rejected"))))
     assert points[("ojs_events_dead_lettered_total", dead)] == 1
-    assert points[("ojs_event_handler_duration_seconds", base)] == 3
+    process = tuple(sorted((*base, ("messaging.operation.name", "process"))))
+    assert points[("messaging.process.duration", process)] == 2
+    process_failed = tuple(sorted((*process, ("error.type", "DeadLetter"))))
+    assert points[("messaging.process.duration", process_failed)] == 1
 
 
 class _NotAHandler:

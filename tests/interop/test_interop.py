@@ -66,7 +66,7 @@ async def foreign_consumer(
 
 
 async def dlq_ids(client: ojs.Client, q: str) -> list[str | None]:
-    return [d.job_id for d in await client.dead_letters(q).peek(limit=1000)]
+    return [d.id for d in await client.dead_letters(q).peek(limit=1000)]
 
 
 # ------------------------------------------------------------------ declaration order
@@ -283,7 +283,7 @@ async def test_attempt_headers_are_int32_on_the_wire_push_retry_dead_letter_requ
             assert (await outcomes.wait_final(int8_discard.id)).outcome == "dead_lettered"
         await wait_message_count(client.conn, names.dlx_queue(q), 2)
         # the second in the DLQ is the annotated copy: read it after moving the first aside
-        assert [d.job_id for d in await client.dead_letters(q).peek()] == [discarded.id, int8_discard.id]
+        assert [d.id for d in await client.dead_letters(q).peek()] == [discarded.id, int8_discard.id]
         assert await client.dead_letters(q).requeue(limit=1) == 1
         msg, wire = await peek_raw(names.dlx_queue(q), url=ojs_vhost)
         assert msg.properties.message_id == int8_discard.id
@@ -407,7 +407,7 @@ async def test_foreign_cancel_reaches_the_worker_running_the_job(
         for job_id, owner_outcomes in others.items():
             assert (await owner_outcomes.wait_final(job_id)).outcome == "completed"
         cancelled = [o for oc in outcomes for o in oc.matching(lambda o: o.outcome == "cancelled")]
-        assert [o.job_id for o in cancelled] == [target.id]
+        assert [o.id for o in cancelled] == [target.id]
 
 
 @PIKA
@@ -461,7 +461,7 @@ async def test_foreign_retry_runs_in_our_worker_and_ours_in_theirs(ojs_vhost: st
             ours = await client.push(
                 "interop.job", ["retry-once"], queue=q, retry=ojs.RetryPolicy(max_attempts=3)
             )
-            retried = await outcomes.wait_for(lambda o: o.job_id == ours.id and o.outcome == "retried")
+            retried = await outcomes.wait_for(lambda o: o.id == ours.id and o.outcome == "retried")
             assert retried[0].delay_ms == 1000
         # Our worker has stopped; the retry comes back to the job queue for the foreign side.
         consumed = Consumed()

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
 from harness.broker import rabbitmqctl
 from support.brokers import OJS_VHOST, current_url, memory_broker
 from support.waits import wait_message_count as _wait_message_count
@@ -32,6 +35,7 @@ __all__ = [
     "consumer_facts",
     "current_url",
     "header_type",
+    "ProcessLog",
     "peek_raw",
     "queue_facts",
     "running",
@@ -175,3 +179,29 @@ async def both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
         tg.start_soon(run, 0, first)
         tg.start_soon(run, 1, second)
     return results[0], results[1]
+
+
+class ProcessLog:
+    """The lines a process writes to one stream, with a way to wait for one."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._changed = anyio.Event()
+
+    async def read(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        buffered = BufferedByteReceiveStream(stream)
+        try:
+            while True:
+                line = await buffered.receive_until(b"\n", 1 << 20)
+                self.lines.append(line.decode(errors="replace"))
+                self._changed.set()
+                self._changed = anyio.Event()
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
+            self._changed.set()
+
+    async def wait_for(self, pattern: str, count: int = 1) -> re.Match[str]:
+        while True:
+            found = [m for line in self.lines if (m := re.search(pattern, line))]
+            if len(found) >= count:
+                return found[count - 1]
+            await self._changed.wait()

@@ -158,7 +158,7 @@ async def test_info_active_then_completed_and_unknown(client: ojs.Client, q: str
         owner = next(w for w, _ in workers if job.id in w.active)
         with anyio.fail_after(WAIT):
             active = await client.info(job.id, queue=q, timeout=5)
-        assert active.job_id == job.id
+        assert active.id == job.id
         assert active.state == "active"
         assert active.worker_id == owner.worker_id
         assert active.attempt == 1
@@ -177,7 +177,7 @@ async def test_info_active_then_completed_and_unknown(client: ojs.Client, q: str
         with anyio.fail_after(WAIT):
             unknown = await client.info(unknown_id, queue=q, timeout=0.5)
         elapsed = time.monotonic() - t0
-    assert unknown == JobInfo(job_id=unknown_id, state="unknown")
+    assert unknown == JobInfo(id=unknown_id, state="unknown")
     assert 0.5 <= elapsed < 3.0
 
 

@@ -178,7 +178,7 @@ async def test_dead_letters_with_an_unusable_death_time(
     await wait_message_count(raw, dlq, 4)
     dead_letters = client.dead_letters(q)
 
-    peeked = {d.job_id: d.died_at for d in await dead_letters.peek()}
+    peeked = {d.id: d.died_at for d in await dead_letters.peek()}
     assert peeked[unknown] is None and peeked[future] is None and peeked[garbage] is None
     when = peeked[fallback]
     assert when is not None and timedelta(days=199) < datetime.now(UTC) - when < timedelta(days=201)
@@ -192,12 +192,12 @@ async def test_dead_letters_with_an_unusable_death_time(
     # By age: the x-death fallback is 200 days old, so it goes; the next one's death time
     # is unknown, so it stays and the age rule stops there (the queue is oldest first).
     assert await dead_letters.prune(timedelta(days=180), max_jobs=None) == 1
-    assert [d.job_id for d in await dead_letters.peek()] == [unknown, future, garbage]
+    assert [d.id for d in await dead_letters.peek()] == [unknown, future, garbage]
     # An age so large that the cutoff is before year 1: nothing is that old.
     assert await dead_letters.prune(timedelta(days=999_999_999), max_jobs=None) == 0
     # By count, the death time does not matter.
     assert await dead_letters.prune(None, max_jobs=1) == 2
-    assert [d.job_id for d in await dead_letters.peek()] == [garbage]
+    assert [d.id for d in await dead_letters.peek()] == [garbage]
 
 
 async def test_cancel_and_info_use_the_workers_quorum_control_queue_as_it_is(

@@ -62,15 +62,18 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
         # peek: all three, with their reasons, none removed.
         peeked = await dead_letters.peek(limit=10)
         # (The three died concurrently: their order in the DLQ is not the push order.)
-        assert sorted(d.job_id or "" for d in peeked) == sorted(j.id for j in jobs)
+        assert sorted(d.id or "" for d in peeked) == sorted(j.id for j in jobs)
         if annotate:
             reasons = sorted(d.error_message or "" for d in peeked)
             assert reasons == [f"dependency down ({n})" for n in range(3)]
             assert all(d.error_code == "DISCARDED" for d in peeked)
             assert all(d.death_reason is None for d in peeked)  # published, not dead-lettered
         else:
-            # Nack(requeue=false): the broker's own dead-lettering, the reason in the worker's log.
-            assert all(d.error_code is None and d.error_message is None for d in peeked)
+            # Nack(requeue=false): the broker's own dead-lettering; the final reason comes
+            # from the worker's death note, joined by job id.
+            reasons = sorted(d.error_message or "" for d in peeked)
+            assert reasons == [f"dependency down ({n})" for n in range(3)]
+            assert all(d.error_code == "DISCARDED" and d.noted for d in peeked)
             assert all(d.death_reason == "rejected" for d in peeked)
         assert all(d.attempt == 1 and d.died_at is not None for d in peeked)
         assert await dead_letters.count() == 3
@@ -83,7 +86,7 @@ async def test_peek_requeue_purge(client: ojs.Client, raw: amqp.Connection, q: s
         msg, wire = await peek_raw(names.job_queue(q))
         h = msg.properties.headers or {}
         by_id = {j.id: j for j in jobs}
-        assert msg.properties.message_id == peeked[0].job_id  # the head of the DLQ
+        assert msg.properties.message_id == peeked[0].id  # the head of the DLQ
         requeued = by_id[msg.properties.message_id]
         assert msg.exchange == names.direct_exchange and msg.routing_key == q
         assert h["x-ojs-attempt"] == 1
@@ -152,7 +155,7 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
     with anyio.fail_after(WAIT):
         assert await dead_letters.prune() == 0  # defaults: 180 days, 10,000 jobs
         assert await dead_letters.prune(max_jobs=3) == 2
-        assert [d.job_id for d in await dead_letters.peek()] == [j.id for j in jobs[2:]]
+        assert [d.id for d in await dead_letters.peek()] == [j.id for j in jobs[2:]]
         assert await dead_letters.prune(timedelta(days=1), max_jobs=None) == 0
         assert await dead_letters.prune(None, max_jobs=0, stop=lambda: True) == 0  # asked to stop at once
         assert await dead_letters.prune(timedelta(days=1), max_jobs=2) == 1
@@ -169,7 +172,7 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
             )
         assert done.stdout.decode().strip() == f"pruned 1 dead job(s) from {client.names.dlx_queue(q)}"
     with anyio.fail_after(WAIT):
-        assert [d.job_id for d in await dead_letters.peek()] == [jobs[4].id]
+        assert [d.id for d in await dead_letters.peek()] == [jobs[4].id]
         progress: list[int] = []
         assert await dead_letters.prune(timedelta(0), max_jobs=None, on_dropped=progress.append) == 1  # old
         assert progress == [1]

@@ -230,7 +230,7 @@ async def test_two_deliveries_of_one_job_id_are_cancelled_and_stopped_together(
         assert info.state == "active"
         await client.cancel(job.id, queue=q)
         cancelled = await outcomes.wait_for(
-            lambda o: o.job_id == job.id and o.outcome == "cancelled", count=2
+            lambda o: o.id == job.id and o.outcome == "cancelled", count=2
         )
     assert len(cancelled) == 2
 
@@ -254,7 +254,7 @@ async def test_two_deliveries_of_one_job_id_are_cancelled_and_stopped_together(
         with anyio.fail_after(WAIT):
             await finished.wait()
         took = anyio.current_time() - stopped_at
-    abandoned = outcomes.matching(lambda o: o.job_id == second.id and o.outcome == "abandoned")
+    abandoned = outcomes.matching(lambda o: o.id == second.id and o.outcome == "abandoned")
     assert len(abandoned) == 2
     assert took < worker.grace_period + 5.0, took  # 0.5 s of grace, then both cancelled
 

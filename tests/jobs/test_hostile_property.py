@@ -98,8 +98,8 @@ async def scenario(batch: list[tuple[str, bytes, amqp.BasicProperties]]) -> None
     expected = {job_id for job_id, _, _ in batch}
 
     def on_outcome(outcome: ojs.JobOutcome) -> None:
-        if outcome.outcome in ("completed", "dead_lettered") and outcome.job_id is not None:
-            finals.setdefault(outcome.job_id, []).append(outcome.outcome)
+        if outcome.outcome in ("completed", "dead_lettered") and outcome.id is not None:
+            finals.setdefault(outcome.id, []).append(outcome.outcome)
         if expected <= set(finals):
             done.set()
 

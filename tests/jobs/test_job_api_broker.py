@@ -230,4 +230,5 @@ async def test_job_metrics_after_a_known_workload(client: ojs.Client, q: str) ->
     assert points[("ojs_jobs_dead_lettered_total", "m.bad", None)] == 1
     assert points[("ojs_jobs_failed_total", "m.bad", "DISCARDED")] == 1
     assert points[("ojs_jobs_dead_lettered_total", "unregistered", None)] == 1  # bounded label
-    assert points[("ojs_job_duration_seconds", "m.ok", None)] == 3
+    assert points[("messaging.process.duration", "m.ok", None)] == 3
+    assert points[("messaging.process.duration", "m.flaky", "HANDLER_ERROR")] == 1

@@ -90,7 +90,7 @@ async def test_the_worker_dead_letters_malformed_jobs_and_runs_every_job_behind_
         (outcome,) = [o for o in dead if o.error_message is not None and case.reason in o.error_message]
         assert outcome.error_code == "INVALID_PAYLOAD"
         assert outcome.error_message.startswith("malformed message: ")
-        assert outcome.job_id == ("\\xff\\xfeid" if case.name == "message-id" else f"poison-{case.name}")
+        assert outcome.id == ("\\xff\\xfeid" if case.name == "message-id" else f"poison-{case.name}")
         assert outcome.queue == q
         assert any(case.reason in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
     # Dead-lettered by the broker (Basic.Nack, requeue=false) into the DLQ; nothing left behind.
@@ -178,7 +178,7 @@ async def test_dead_letters_peek_shows_malformed_jobs_and_requeue_leaves_them(
                 _job_body("good-1", q), routing_key=dlq, properties=amqp.BasicProperties(message_id="good-1")
             )
         peeked = await client.dead_letters(q).peek()
-    assert [job.job_id for job in peeked] == [
+    assert [job.id for job in peeked] == [
         *("\\xff\\xfeid" if h.name == "message-id" else f"bad-{h.name}" for h in HOSTILE),
         "good-1",
     ]
@@ -187,7 +187,7 @@ async def test_dead_letters_peek_shows_malformed_jobs_and_requeue_leaves_them(
     assert peeked[-1].malformed is None
     with anyio.fail_after(WAIT):
         assert await client.dead_letters(q).requeue() == 1
-        assert [job.job_id for job in await client.dead_letters(q).peek()] == [
-            job.job_id for job in peeked[:-1]
+        assert [job.id for job in await client.dead_letters(q).peek()] == [
+            job.id for job in peeked[:-1]
         ]
     await wait_message_count(raw, names.job_queue(q), 1)

@@ -121,7 +121,7 @@ def _points(reader: InMemoryMetricReader) -> dict[tuple[str, tuple[tuple[str, An
 
 def _outcome(kind: str, job_type: str | None = "email.send", code: str | None = None) -> ojs.JobOutcome:
     return ojs.JobOutcome(
-        job_id="j", type=job_type, queue="email", attempt=1, outcome=kind, error_code=code, duration=0.01
+        id="j", type=job_type, queue="email", attempt=1, outcome=kind, error_code=code, duration=0.01
     )
 
 
@@ -145,6 +145,10 @@ def test_job_metrics_count_per_queue_and_type_with_bounded_labels() -> None:
     failed = tuple(sorted((*email, ("error.type", "HANDLER_ERROR"))))
     assert points[("ojs_jobs_failed_total", failed)] == 2
     assert points[("ojs_jobs_dead_lettered_total", (*base, ("ojs.job.type", "unregistered")))] == 1
-    assert points[("ojs_job_duration_seconds", email)] == 5  # histogram count
+    # OpenTelemetry's messaging name; a failed attempt's duration carries its error.type.
+    process = tuple(sorted((*email, ("messaging.operation.name", "process"))))
+    assert points[("messaging.process.duration", process)] == 3  # histogram count
+    process_failed = tuple(sorted((*process, ("error.type", "HANDLER_ERROR"))))
+    assert points[("messaging.process.duration", process_failed)] == 2
     types = {dict(attrs).get("ojs.job.type") for (_name, attrs) in points}
     assert types == {"email.send", "unregistered", "a", "other"}

@@ -74,6 +74,13 @@ def metric_reader() -> InMemoryMetricReader:
     return _READER
 
 
+def _queue_of(point: Any) -> object:
+    """The queue of a point: ``queue`` (001 §12.1's instruments) or
+    ``messaging.destination.name`` (OpenTelemetry's ``messaging.client.*`` ones)."""
+    attributes = point.attributes
+    return attributes.get("queue", attributes.get("messaging.destination.name"))
+
+
 class Snapshot:
     """One collection of the ``ojs_anyio.amqp`` meter: values by (metric, queue)."""
 
@@ -91,13 +98,13 @@ class Snapshot:
     def value(self, name: str, queue: str | None = None) -> float:
         """A counter's or gauge's value (for ``queue``; 0 when it has no point)."""
         for point in self.points.get(name, []):
-            if queue is None or point.attributes.get("queue") == queue:
+            if queue is None or _queue_of(point) == queue:
                 return float(point.value)
         return 0.0
 
     def histogram(self, name: str, queue: str) -> HistogramDataPoint | None:
         for point in self.points.get(name, []):
-            if point.attributes.get("queue") == queue:
+            if _queue_of(point) == queue:
                 assert isinstance(point, HistogramDataPoint)
                 return point
         return None
@@ -233,6 +240,50 @@ async def test_retried_attempts_join_the_original_trace(
     assert consumers[1].status.status_code is StatusCode.UNSET
 
 
+async def test_settlements_get_spans_in_the_producers_trace(
+    client: ojs.Client, q: str, spans: InMemorySpanExporter
+) -> None:
+    """Each settlement is a CLIENT span ``{ack|nack} job {type}`` (``messaging.operation.type``
+    ``settle``) in the producer's trace, saying what it meant: the retry's ack, the final
+    ack, and the Nack of a job that is dead-lettered."""
+    worker = ojs.Worker(queues=[q])
+    outcomes = Outcomes(worker)
+    policy = ojs.RetryPolicy(max_attempts=2, initial_interval="PT0.1S", jitter=False)
+
+    @worker.handler("flaky.job")
+    async def flaky(ctx: ojs.JobContext) -> None:
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    @worker.handler("doomed.job")
+    async def doomed(ctx: ojs.JobContext) -> None:
+        raise RuntimeError("always fails")
+
+    async with running(worker, client):
+        with anyio.fail_after(WAIT):
+            ok = await client.push("flaky.job", [], queue=q, retry=policy)
+            dead = await client.push("doomed.job", [], queue=q, retry=ojs.RetryPolicy(max_attempts=1))
+        await outcomes.wait_final(ok.id)
+        await outcomes.wait_final(dead.id)
+
+    settles = sorted(job_spans(spans, "settle", q), key=lambda s: s.start_time or 0)
+    seen = {
+        (s.name, s.attributes["messaging.operation.name"], s.attributes["ojs.outcome"])
+        for s in settles
+        if s.attributes is not None
+    }
+    assert seen == {
+        ("ack job flaky.job", "ack", "retried"),
+        ("ack job flaky.job", "ack", "completed"),
+        ("nack job doomed.job", "nack", "dead_lettered"),
+    }
+    producers = {s.attributes["messaging.message.id"]: s for s in job_spans(spans, "send", q) if s.attributes}
+    for span in settles:
+        assert span.kind is SpanKind.CLIENT and span.attributes is not None
+        job_id = span.attributes["messaging.message.id"]
+        assert span.context.trace_id == producers[job_id].context.trace_id
+
+
 async def test_tracing_middleware_is_outermost_and_follows_pushes_from_handlers(
     client: ojs.Client, q: str, spans: InMemorySpanExporter
 ) -> None:
@@ -341,6 +392,19 @@ async def test_metrics_publish_consume_ack_nack_by_queue(
     # Sampled (at most one per Basic.Ack frame and per millisecond): 1 to 50 samples.
     assert hist_after is not None and 1 <= hist_after.count <= 50
     assert 0 < hist_after.sum / hist_after.count < WAIT
+    # The same counts under OpenTelemetry's messaging names and attributes.
+    assert delta("messaging.client.sent.messages") == 50
+    assert delta("messaging.client.consumed.messages") == 50
+    sent = next(
+        p.attributes for p in after.points["messaging.client.sent.messages"] if _queue_of(p) == queue
+    )
+    assert sent == {
+        "messaging.system": "rabbitmq",
+        "messaging.operation.name": "publish",
+        "messaging.destination.name": queue,
+    }
+    operation = after.histogram("messaging.client.operation.duration", queue)
+    assert operation is not None and operation.count == hist_after.count
 
 
 async def test_metrics_basic_get_counts_under_its_queue(

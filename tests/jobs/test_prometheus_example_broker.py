@@ -57,10 +57,17 @@ async def test_prometheus_recipe_exports_per_type_series(
     assert value("ojs_jobs_dead_lettered_total", "report.build") == 2
     assert value("ojs_jobs_failed_total", "email.send", error_type="HANDLER_ERROR") is None
     assert value("ojs_jobs_dead_lettered_total", "email.send") is None
-    assert value("ojs_job_duration_seconds_count", "email.send") == 3
-    assert value("ojs_job_duration_seconds_count", "report.build") == 4
+    # OpenTelemetry's messaging.process.duration (unit s), as the exporter names it; a failed
+    # attempt's duration carries its error.type (the exporter writes "" for a label a series
+    # lacks).
+    duration = "messaging_process_duration_seconds"
+    process = {"messaging_operation_name": "process", "error_type": ""}
+    assert value(f"{duration}_count", "email.send", **process) == 3
+    assert value(f"{duration}_count", "report.build", **process) == 2
+    failed = {**process, "error_type": "HANDLER_ERROR"}
+    assert value(f"{duration}_count", "report.build", **failed) == 2
     # The handlers sleep 10 and 20 ms: every attempt is past the 5 ms bucket's bound.
-    assert value("ojs_job_duration_seconds_bucket", "report.build", le="0.005") == 0
-    assert value("ojs_job_duration_seconds_bucket", "report.build", le="+Inf") == 4
-    email_sum = value("ojs_job_duration_seconds_sum", "email.send")
+    assert value(f"{duration}_bucket", "report.build", **process, le="0.005") == 0
+    assert value(f"{duration}_bucket", "report.build", **process, le="+Inf") == 2
+    email_sum = value(f"{duration}_sum", "email.send", **process)
     assert email_sum is not None and 0.03 <= email_sum < 10

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,7 +21,6 @@ import anyio.abc
 import httpx
 import pytest
 from anyio.from_thread import start_blocking_portal
-from anyio.streams.buffered import BufferedByteReceiveStream
 from harness import FaultProxy
 from support.brokers import RABBITMQ_URL as URL
 from support.waits import wait_until
@@ -31,6 +29,7 @@ import ojs_anyio as ojs
 from ojs_anyio import amqp
 
 from .broker_support import WAIT
+from .broker_support import ProcessLog as _Log
 
 ROOT = Path(__file__).resolve().parents[2]
 #: How long a push may wait for a recovering connection (the recipes use the defaults).
@@ -195,32 +194,6 @@ def test_django_recipe_answers_503_while_the_broker_is_away(
     assert elapsed < BOUND + SLACK
     jobs = anyio.run(_take, ojs.Names().job_queue(module.QUEUE))
     assert [j.id for j in jobs] == [before.json()["job_id"]]
-
-
-class _Log:
-    """The lines a process writes to one stream, with a way to wait for one."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._changed = anyio.Event()
-
-    async def read(self, stream: anyio.abc.ByteReceiveStream) -> None:
-        buffered = BufferedByteReceiveStream(stream)
-        try:
-            while True:
-                line = await buffered.receive_until(b"\n", 1 << 20)
-                self.lines.append(line.decode(errors="replace"))
-                self._changed.set()
-                self._changed = anyio.Event()
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
-            self._changed.set()
-
-    async def wait_for(self, pattern: str, count: int = 1) -> re.Match[str]:
-        while True:
-            found = [m for line in self.lines if (m := re.search(pattern, line))]
-            if len(found) >= count:
-                return found[count - 1]
-            await self._changed.wait()
 
 
 @pytest.mark.anyio

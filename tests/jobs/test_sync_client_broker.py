@@ -156,6 +156,9 @@ def test_sync_client_waits_for_results_and_pushes_typed_handles(backend: str) ->
                     assert typed.result(timeout=WAIT) == {"sku": "pen", "qty": 3, "day": "2026-11-25"}
                     assert plain.result(timeout=WAIT) == {"sku": "ink", "qty": 1, "day": "2026-01-01"}
                     assert job.args == [{"sku": "cap", "qty": 2}, "2026-01-02"]
+                    # by id, from any process (INFO), blocking, as the handler's return type
+                    by_id = total.result(client, job.id, timeout=WAIT)
+                    assert by_id == {"sku": "cap", "qty": 2, "day": "2026-01-02"}
                     late = slow.push_for_result(client)
                     with pytest.raises(TimeoutError):
                         late.result(timeout=0.2)

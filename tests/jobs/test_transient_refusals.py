@@ -89,7 +89,7 @@ async def test_a_retry_refused_past_the_policy_goes_back_to_the_broker_never_to_
         fault = broker.fail_publishes(exchange=client.names.retry_exchange, times=None)
         job = await client.push("flaky", [], queue="tq")
         requeued = (await outcomes.wait_for(lambda o: o.outcome == "requeued"))[0]
-        assert requeued.job_id == job.id and requeued.attempt == 1
+        assert requeued.id == job.id and requeued.attempt == 1
         assert "not confirmed" in (requeued.error_message or "")
         broker.remove_fault(fault)  # the broker accepts publishes again
         final = await outcomes.wait_final(job.id)

@@ -36,7 +36,7 @@ async def test_a_job_of_an_unknown_type_waits_for_a_worker_that_knows_it(
             jobs = [await client.push("report.v2", [n], queue=q) for n in range(2)]
             deferred = await old_outcomes.wait_for(lambda o: o.outcome == "deferred", count=2)
         # Only the old worker ran so far: both jobs wait in the retry queues, not in the DLQ.
-        assert {o.job_id for o in deferred} == {j.id for j in jobs}
+        assert {o.id for o in deferred} == {j.id for j in jobs}
         assert all(o.attempt == 1 and o.error_code == "INVALID_JOB_TYPE" for o in deferred)
         assert not old_outcomes.matching(lambda o: o.outcome == "dead_lettered")
         async with running(new, client):

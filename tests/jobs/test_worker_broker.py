@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import ojs_anyio as ojs
@@ -54,7 +55,7 @@ async def dead_jobs(client: ojs.Client, raw: amqp.Connection, q: str, count: int
     with anyio.fail_after(WAIT):
         peeked = await client.dead_letters(q).peek()
     assert len(peeked) == count
-    return {d.job_id or "": d for d in peeked}
+    return {d.id or "": d for d in peeked}
 
 
 # ------------------------------------------------------------- AMQP-006 / 007 / 008
@@ -99,7 +100,7 @@ async def test_amqp_006_007_008_prefetch_manual_ack(client: ojs.Client, raw: amq
     with anyio.fail_after(WAIT):
         async with raw.channel(confirms=False) as ch:
             assert (await ch.queue_declare(jq, passive=True)).message_count == 0
-    assert {o.job_id for o in outcomes.items} == {j.id for j in jobs}
+    assert {o.id for o in outcomes.items} == {j.id for j in jobs}
     assert all(o.attempt == 1 for o in outcomes.items)
 
 
@@ -260,11 +261,15 @@ async def test_exhausted_job_ends_in_dlq_with_error_headers(
     assert (final.outcome, final.attempt, final.error_code) == ("dead_lettered", 3, "HANDLER_ERROR")
     assert "retries exhausted" in (final.error_message or "")
     d = dead[job.id]
-    assert (d.error_code, d.error_message, d.death_reason) == (
+    # The final reason, from the worker's death note; the message itself still carries the
+    # last retry's headers (a Nack adds none).
+    assert (d.error_code, d.error_message, d.death_reason, d.noted) == (
         "HANDLER_ERROR",
-        "RuntimeError: always",
+        "RuntimeError: always (attempt 3 of 3, retries exhausted)",
         "rejected",
+        True,
     )
+    assert d.headers["x-ojs-error-message"] == "RuntimeError: always"
     assert d.attempt == 3
     _, wire = await peek_raw(client.names.dlx_queue(q))
     assert header_type(wire, "x-ojs-attempt") == header_type(wire, "x-ojs-max-attempts") == "I"
@@ -489,7 +494,7 @@ async def test_stop_lets_in_flight_jobs_finish_and_takes_no_new_ones(
         done = await outcomes.wait_for(lambda o: o.outcome == "completed", count=2)
     # run() has returned.
     assert sorted(started) == [0, 1]
-    assert {o.job_id for o in done} == {jobs[0].id, jobs[1].id}
+    assert {o.id for o in done} == {jobs[0].id, jobs[1].id}
     assert len(outcomes.items) == 2
     await wait_message_count(raw, client.names.job_queue(q), 2)  # the 2 finished ones were acked
     with anyio.fail_after(WAIT):
@@ -527,7 +532,7 @@ async def test_stop_cancels_job_after_grace_period_and_leaves_it_unacked(
         abandoned = await outcomes.wait_for(lambda o: o.outcome == "abandoned")
         assert time.monotonic() - stop_at >= 0.3
     assert cancelled
-    assert abandoned[0].job_id == job.id
+    assert abandoned[0].id == job.id
     with anyio.fail_after(WAIT):
         async with raw.channel(confirms=False) as ch:
             msg = await ch.get(client.names.job_queue(q))
@@ -595,3 +600,94 @@ async def test_dead_letter_of_a_full_queue_still_reaches_the_dlq(raw: amqp.Conne
     h = msg.properties.headers or {}
     assert h["x-death"][0]["reason"] == "rejected"
     assert "x-ojs-dead-letter" not in h
+
+
+async def test_one_pull_task_runs_jobs_after_a_timeout_and_a_cancel(
+    client: ojs.Client, raw: amqp.Connection, q: str
+) -> None:
+    """With concurrency 1 every job goes through the same pull task: a job that times out
+    and a job that is cancelled each end as they should, and the jobs after them run as
+    usual (the task's cancel scope, spent by each, is renewed)."""
+    worker = ojs.Worker(queues=[q], concurrency=1)
+    outcomes = Outcomes(worker)
+    started = anyio.Event()
+    ran: list[str] = []
+
+    @worker.handler("hang.job")
+    async def hang(ctx: ojs.JobContext) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    @worker.handler("quick.job")
+    async def quick(ctx: ojs.JobContext, i: int) -> int:
+        ran.append(ctx.id)
+        return i
+
+    once = ojs.RetryPolicy(max_attempts=1)
+    async with running(worker, client):
+        slow = await client.push("hang.job", [], queue=q, timeout=1, retry=once)
+        first = await client.push("quick.job", [1], queue=q)
+        timed_out = await outcomes.wait_final(slow.id)
+        assert (await outcomes.wait_final(first.id)).outcome == "completed"
+        started = anyio.Event()
+        cancelled_job = await client.push("hang.job", [], queue=q, retry=once)
+        with anyio.fail_after(WAIT):
+            await started.wait()
+        with anyio.fail_after(WAIT):
+            await client.cancel(cancelled_job.id, queue=q)
+        cancelled = await outcomes.wait_final(cancelled_job.id)
+        second = await client.push("quick.job", [2], queue=q)
+        done = await outcomes.wait_final(second.id)
+    assert timed_out.outcome == "dead_lettered" and timed_out.error_code == "HANDLER_TIMEOUT"
+    assert cancelled.outcome == "cancelled"
+    assert done.outcome == "completed" and done.result == 2
+    assert ran == [first.id, second.id]
+
+
+@pytest.mark.parametrize("prefetch", [None, 8])
+async def test_prefetch_is_what_the_worker_asked_for(
+    client: ojs.Client, q: str, prefetch: int | None
+) -> None:
+    """The job queue's consumer has the prefetch the worker asked for (as the broker reports
+    it): the concurrency by default (001's FETCH mapping), or ``Worker(prefetch=...)``;
+    jobs still run at most ``concurrency`` at once."""
+    concurrency = 2
+    worker = ojs.Worker(queues=[q], concurrency=concurrency, prefetch=prefetch)
+    outcomes = Outcomes(worker)
+    most = now = 0
+
+    @worker.handler("count.job")
+    async def handler(ctx: ojs.JobContext, i: int) -> None:
+        nonlocal most, now
+        now += 1
+        most = max(most, now)
+        await anyio.lowlevel.checkpoint()
+        now -= 1
+
+    async with running(worker, client):
+        with anyio.fail_after(WAIT):
+            consumers = await consumer_facts(client.names.job_queue(q))
+        jobs = [await client.push("count.job", [i], queue=q) for i in range(12)]
+        for job in jobs:
+            assert (await outcomes.wait_final(job.id)).outcome == "completed"
+    assert [c["prefetch_count"] for c in consumers] == [prefetch or concurrency]
+    assert worker.prefetch == (prefetch or concurrency)
+    assert most <= concurrency
+
+
+@pytest.mark.parametrize("prefetch", [1, 0, True, 1.5, 70_000])
+def test_prefetch_below_concurrency_or_not_an_int_is_refused(prefetch: Any) -> None:
+    with pytest.raises(ojs.UsageError, match="prefetch"):
+        ojs.Worker(queues=["q"], concurrency=2, prefetch=prefetch)
+
+
+def test_prefetch_follows_a_concurrency_set_later() -> None:
+    """The command line sets ``worker.concurrency`` after construction: the default
+    prefetch follows it, and a chosen prefetch never falls below it."""
+    default = ojs.Worker(queues=["q"], concurrency=2)
+    default.concurrency = 5
+    assert default.prefetch == 5
+    chosen = ojs.Worker(queues=["q"], concurrency=1, prefetch=8)
+    assert chosen.prefetch == 8
+    chosen.concurrency = 20
+    assert chosen.prefetch == 20

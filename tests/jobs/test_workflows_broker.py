@@ -13,6 +13,7 @@ import anyio
 import anyio.to_thread
 import pytest
 from support.cleanup import Cleanup
+from support.waits import wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio.jobs._workflows import workflow_queues
@@ -321,18 +322,22 @@ async def test_a_nested_batch_with_no_triggered_callback_moves_its_chain_on(
 
 
 async def test_fan_in_queues_are_declared_as_documented(client: ojs.Client, q: str) -> None:
-    """docs/conformance.md: durable, x-expires 7 days, x-max-length N / 2N+16 / 1, reject-publish."""
+    """docs/conformance.md: durable, x-expires 7 days; tokens x-max-length N, records 4N+64
+    (reject-publish); the lock one message (free), no length bound (it is replaced inside a
+    transaction)."""
     handle = await client.group(ojs.step("a", queue=q), ojs.step("b", queue=q))
     base = f"ojs.workflow.{handle.id}.r"
     facts = await queue_facts(f"{base}.tokens", f"{base}.results", f"{base}.lock")
     week = 7 * 86_400_000
-    for name, length, ready in [(f"{base}.tokens", 2, 2), (f"{base}.results", 20, 0), (f"{base}.lock", 1, 1)]:
+    bounded = {"x-expires": week, "x-overflow": "reject-publish"}
+    expected = [
+        (f"{base}.tokens", {**bounded, "x-max-length": 2}, 2),
+        (f"{base}.results", {**bounded, "x-max-length": 72}, 0),
+        (f"{base}.lock", {"x-expires": week}, 1),
+    ]
+    for name, arguments, ready in expected:
         assert facts[name]["durable"] is True
-        assert facts[name]["arguments"] == {
-            "x-expires": week,
-            "x-max-length": length,
-            "x-overflow": "reject-publish",
-        }
+        assert facts[name]["arguments"] == arguments
         assert facts[name]["messages_ready"] == ready
     assert len(handle.job_ids) == 2
 
@@ -482,3 +487,103 @@ async def test_a_cancelled_job_fails_its_group(client: ojs.Client, q: str) -> No
         state = await client.workflow(handle.id)
     assert rec.ran("alert")[0][2] == {"0": 1, "1": None}
     assert state.jobs["r.1"] == "cancelled" and state.state == "completed"
+
+
+async def test_a_job_cancelled_before_it_starts_settles_its_batch(client: ojs.Client, q: str) -> None:
+    """A CANCEL of one job of a batch that reaches the worker before the job does: the worker
+    skips it, and the batch still settles, counting it as cancelled (a failure): on_failure
+    and on_complete fire once, with None as its result; inspection says cancelled."""
+    rec = Recorder(client, q, concurrency=1)
+    rec.handle("skipped")
+    rec.handle("alert")
+    rec.handle("report")
+    cancel_seen = anyio.Event()
+
+    async def hold(ctx: ojs.JobContext) -> int:
+        await cancel_seen.wait()
+        return 1
+
+    rec.worker.register("hold", hold)
+    async with running(rec.worker, client):
+        handle = await client.batch(
+            [ojs.step("hold", queue=q), ojs.step("skipped", queue=q)],
+            on_failure=ojs.step("alert", queue=q),
+            on_complete=ojs.step("report", queue=q),
+        )
+        await client.cancel(handle.job_ids[1], queue=q)
+        await wait_until(lambda: rec.worker.control.was_cancelled(handle.job_ids[1]), 15)
+        cancel_seen.set()
+        await rec.wait_completed("alert")
+        await rec.wait_completed("report")
+        await rec.outcomes.wait_for(lambda o: o.type == "skipped" and o.outcome == "cancelled")
+        state = await client.workflow(handle.id)
+    assert rec.ran("skipped") == []
+    assert rec.ran("alert")[0][2] == {"0": 1, "1": None}
+    assert len(rec.ran("alert")) == len(rec.ran("report")) == 1
+    assert state.jobs["r.1"] == "cancelled"
+    assert state.state == "completed"  # a batch whose callbacks ran is done (§8.3)
+
+
+async def test_a_job_cancelled_before_it_starts_fails_its_group_and_chain(client: ojs.Client, q: str) -> None:
+    """The same in a group that is a chain's first step: the group fails, the chain stops
+    (its next step is never pushed) and the workflow settles as failed."""
+    rec = Recorder(client, q, concurrency=1)
+    rec.handle("skipped")
+    rec.handle("next")
+    rec.handle("marker")
+    cancel_seen = anyio.Event()
+
+    async def hold(ctx: ojs.JobContext) -> int:
+        await cancel_seen.wait()
+        return 1
+
+    rec.worker.register("hold", hold)
+    async with running(rec.worker, client):
+        handle = await client.chain(
+            ojs.group(ojs.step("hold", queue=q), ojs.step("skipped", queue=q)), ojs.step("next", queue=q)
+        )
+        await client.cancel(handle.job_ids[1], queue=q)
+        await wait_until(lambda: rec.worker.control.was_cancelled(handle.job_ids[1]), 15)
+        cancel_seen.set()
+        await rec.outcomes.wait_for(lambda o: o.type == "skipped" and o.outcome == "cancelled")
+        await rec.wait_completed("hold")
+        # Both outcomes are reported after their acks, and each job moved the workflow on
+        # before its ack (the skipped one in on_skipped): the group has settled.
+        state = await client.workflow(handle.id)
+        await client.push("marker", queue=q)  # one at a time: a successor would come first
+        await rec.wait_completed("marker")
+    assert rec.ran("next") == []
+    assert state.state == "failed"
+    assert state.jobs == {"r.0.0": "completed", "r.0.1": "cancelled", "r.1": "cancelled"}
+
+
+async def test_workflow_queues_are_quorum_queues_when_the_job_queues_are(
+    broker_url: str, q: str, cleanup: Cleanup
+) -> None:
+    """A client with QueueOptions.quorum(): the workflow's own queues (fan-in tokens, records
+    and lock, chain permits, journal, cancel mark) are quorum queues, still with x-expires;
+    the workflow runs to its end on them."""
+    async with ojs.connect(broker_url, queue_options=ojs.QueueOptions.quorum()) as quorum_client:
+        rec = Recorder(quorum_client, q)
+        rec.handle("a", lambda: 1)
+        rec.handle("b", lambda: 2)
+        rec.handle("c")
+        async with running(rec.worker, quorum_client):
+            handle = await quorum_client.chain(
+                ojs.group(ojs.step("a", queue=q), ojs.step("b", queue=q)), ojs.step("c", queue=q)
+            )
+            for name in workflow_queues("", handle.envelope):
+                cleanup.queue(name)
+            await rec.wait_completed("c")
+            state = await quorum_client.workflow(handle.id)
+    assert rec.ran("c")[0][2] == {"0": {"0": 1, "1": 2}}
+    assert state.state == "completed"
+    base = f"ojs.workflow.{handle.id}"
+    names = [f"{base}.r.0.tokens", f"{base}.r.0.results", f"{base}.r.0.lock", f"{base}.r.1.permit"]
+    names += [f"{base}.journal", f"{base}.cancelled"]
+    facts = await queue_facts(*names)
+    assert sorted(facts) == sorted(names)
+    for name in names:
+        assert facts[name]["type"] == "quorum", name
+        assert facts[name]["arguments"]["x-queue-type"] == "quorum"
+        assert facts[name]["arguments"]["x-expires"] == 7 * 86_400_000

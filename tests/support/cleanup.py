@@ -14,14 +14,15 @@ __all__ = ["Cleanup", "ojs_queue_names"]
 
 
 def ojs_queue_names(queue: str, prefix: str = "") -> list[str]:
-    """Every AMQP queue an OJS queue may have: job, dead-letter, control, redelivered, delay
-    landing and each retry queue of the ladder."""
+    """Every AMQP queue an OJS queue may have: job, dead-letter, control, redelivered, death
+    notes, delay landing and each retry queue of the ladder."""
     names = ojs.Names(prefix)
     return [
         names.job_queue(queue),
         names.dlx_queue(queue),
         names.control_queue(queue),
         names.redelivered_queue(queue),
+        names.death_notes_queue(queue),
         names.delay_landing_queue(queue),
         *(names.retry_queue(queue, ms) for ms in RETRY_LADDER_MS),
     ]

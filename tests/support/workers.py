@@ -51,13 +51,13 @@ class Outcomes:
     async def wait_final(self, job_id: str, timeout: float = WAIT) -> ojs.JobOutcome:
         """Wait for the job's final outcome (completed or dead-lettered)."""
         found = await self.wait_for(
-            lambda o: o.job_id == job_id and o.outcome in ("completed", "dead_lettered", "cancelled"),
+            lambda o: o.id == job_id and o.outcome in ("completed", "dead_lettered", "cancelled"),
             timeout=timeout,
         )
         return found[0]
 
     def of(self, job_id: str) -> list[ojs.JobOutcome]:
-        return self.matching(lambda o: o.job_id == job_id)
+        return self.matching(lambda o: o.id == job_id)
 
 
 @asynccontextmanager

@@ -24,3 +24,8 @@ def sync(client: ojs.SyncClient) -> None:
     send_email.push(client, date(2026, 11, 25))  # error: wrong type, blocking form
     job: ojs.Job = send_email.push(ojs.Client.__new__(ojs.Client), "a@b.c")  # error: a coroutine, not a Job
     print(job)
+
+
+async def wrong_result(client: ojs.Client) -> None:
+    n: int = await send_email.result(client, "id")  # error: the handler returns None
+    print(n)

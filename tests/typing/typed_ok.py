@@ -52,3 +52,9 @@ def blocking(client: ojs.SyncClient) -> None:
         "report.day", ["2026-11-25"], queue="email"
     )
     print(job.id, day, untyped.id)
+
+
+async def results_by_id(client: ojs.Client, sync_client: ojs.SyncClient, job_id: str) -> None:
+    day: date = await report_day.result(client, job_id, timeout=10)  # any process, typed
+    again: date = report_day.result(sync_client, job_id)  # blocking
+    print(day, again)

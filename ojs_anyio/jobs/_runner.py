@@ -1,0 +1,448 @@
+"""Running a worker's jobs: the pull tasks, and one delivery from receipt to its verdict.
+
+Per queue (:meth:`JobRunner.serve_queue`): one channel with publisher confirms,
+``Basic.Qos(prefetch=...)`` then ``Basic.Consume(no_ack=False)`` (AMQP-006/007), and
+``concurrency`` long-lived tasks pulling from the bounded delivery stream (no task per
+job), plus one task for the queue of redelivered jobs, which run one at a time.
+
+Per delivery (:meth:`JobRunner._handle_one`): admit it (decode, unsettled deliveries, a
+CANCEL that came first, its handler, its policy, expiry), convert its arguments, run the
+handler under the job's timeout (default 1800 s), ask :func:`decide` what that means, and
+hand the verdict to the :class:`Settler`.  Each pull task has one cancel scope for many
+jobs: while a handler runs, the scope's deadline is the job's, and CANCEL and the grace
+period cancel it (:attr:`JobRunner.running`); a spent scope is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+import msgspec
+from msgspec import UNSET
+
+from .. import _pipeline, amqp
+from . import _tracing
+from ._attempt import Attempt, Backend, decode_delivered, handler_arguments
+from ._client import Client
+from ._context import JobContext, Outcome
+from ._control import WorkerControl
+from ._decide import Verdict, dead_letter, decide
+from ._envelope import Job, parse_timestamp
+from ._errors import ErrorCode, InvalidJobError
+from ._failures import log_extra
+from ._handlers import HandlerSpec
+from ._job_metrics import JobMetrics
+from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks, skip_hooks
+from ._retry import DEFAULT_RETRY_POLICY, EffectiveRetryPolicy, RetryPolicy, merge, resolve_retry
+from ._settle import Settler
+from ._wire import header_attempt, header_max_attempts, unsettled_deliveries
+
+__all__ = ["JobRunner"]
+
+log = logging.getLogger("ojs_anyio.worker")
+
+_json_decode = msgspec.json.Decoder()
+
+
+class RunningWorker(Protocol):
+    """What the runner reads of its worker (``Worker`` is one)."""
+
+    worker_id: str
+    concurrency: int
+    retry: RetryPolicy | None
+    default_timeout: float
+    broker_consumer_timeout: float
+    grace_period: float
+    max_deliveries: int
+    middleware: list[Middleware]
+    metrics: bool
+    tracing: bool
+    control: WorkerControl
+
+    @property
+    def prefetch(self) -> int: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+class JobRunner:
+    """The pull tasks of one worker and what they do with each delivery (see the module
+    docstring)."""
+
+    def __init__(
+        self, worker: RunningWorker, settler: Settler, handlers: dict[str, HandlerSpec], rng: random.Random
+    ) -> None:
+        self._worker = worker
+        self._settler = settler
+        settler.wake = self.wake
+        #: job type -> the handler (the worker's registry, shared).
+        self._registry = handlers
+        self._rng = rng
+        #: Every delivery running now, by job id: (its scope, its context).  Usually one a
+        #: job; two deliveries of one id (a re-push after an unknown outcome) are both here,
+        #: so CANCEL and the grace period reach each.
+        self.running: dict[str, list[tuple[anyio.CancelScope, JobContext]]] = {}
+        #: The scopes of the pull tasks now waiting for a delivery (stop cancels them).
+        self._fetch_scopes: set[anyio.CancelScope] = set()
+        #: (worker policy, it merged over the OJS defaults, that resolved for jobs without
+        #: their own policy): see _policy.
+        self._defaults: tuple[RetryPolicy | None, RetryPolicy, EffectiveRetryPolicy] | None = None
+        self._backend: Backend | None = None
+        #: Bounds the threads of sync handlers (made by prepare(): one per event loop).
+        self._thread_limiter: anyio.CapacityLimiter | None = None
+        self._handler_chain: HandlerChain | None = None
+        #: Middleware ``on_skipped`` hooks (set per run), awaited before a job cancelled
+        #: before it started is acked unrun.
+        self._skip_hooks: tuple[Callable[[Job], Awaitable[None]], ...] = ()
+        #: Set whenever a job finishes during a graceful stop (enforce_grace listens to it).
+        self._changed: anyio.Event | None = None
+        self._queues_running = 0
+        self._queues_done: anyio.Event | None = None
+
+    def start(self, queues: int) -> None:
+        """Per run, in its event loop: the backend's primitives, the thread bound, the
+        handler chain, and the count of queues :meth:`queues_done` waits for."""
+        self._backend = Backend()
+        self._thread_limiter = anyio.CapacityLimiter(self._worker.concurrency * queues)
+        self.prepare()
+        self._queues_running = queues
+        self._queues_done = anyio.Event()
+        self._changed = None
+
+    async def queues_done(self) -> None:
+        """Wait until every :meth:`serve_queue` has returned."""
+        assert self._queues_done is not None
+        await self._queues_done.wait()
+
+    def stop_fetching(self) -> None:
+        """Cancel the pull tasks that wait for a delivery (a graceful stop)."""
+        for scope in list(self._fetch_scopes):
+            scope.cancel()
+
+    def wake(self) -> None:
+        """A job or a settling publish ended: wake the grace-period wait, if any."""
+        if self._changed is not None:
+            self._changed.set()
+
+    def _policy(self, job: Job, client: Client) -> EffectiveRetryPolicy:
+        """The job's own retry policy, over the worker's ``retry=``, over the OJS defaults.
+
+        The client that the worker consumes with plays no part: a producer's defaults
+        (``connect(retry=...)``) were written into each job's envelope when it was built.
+        """
+        cached = self._defaults
+        if cached is None or cached[0] is not self._worker.retry:
+            merged = merge(self._worker.retry, DEFAULT_RETRY_POLICY)
+            cached = self._defaults = (self._worker.retry, merged, resolve_retry(None, merged))
+        # A job without its own policy (most): the worker's, resolved once.
+        return cached[2] if job.retry is UNSET else resolve_retry(job.retry, cached[1])
+
+    async def enforce_grace(self) -> None:
+        with anyio.move_on_after(self._worker.grace_period):
+            while self.running or self._settler.settle_scopes:
+                self._changed = anyio.Event()
+                await self._changed.wait()
+            return
+        for scope, ctx in [entry for entries in self.running.values() for entry in entries]:
+            log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
+            ctx.abandoned = True
+            scope.cancel()
+        for scope in list(self._settler.settle_scopes):
+            scope.cancel()  # a settling publish still refused: left unacked as well
+
+    async def serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
+        names = client.names
+        try:
+            async with (
+                client.conn.channel(confirms=True) as ch,
+                ch.consume(names.job_queue(queue), prefetch=self._worker.prefetch) as deliveries,
+                client.conn.channel(confirms=True) as lone_ch,
+                # Jobs whose delivery ended unsettled run one at a time, so a job that kills
+                # its worker is the only one in flight when it does (see _move_redelivered).
+                lone_ch.consume(names.redelivered_queue(queue), prefetch=1) as redelivered,
+            ):
+                started.set()
+                async with anyio.create_task_group() as tg:
+                    for _ in range(self._worker.concurrency):
+                        tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
+                    lone_loop = functools.partial(self._pull_loop, lone=True)
+                    tg.start_soon(lone_loop, client, lone_ch, queue, redelivered)
+        finally:
+            self._queues_running -= 1
+            if self._queues_running <= 0 and self._queues_done is not None:
+                self._queues_done.set()
+
+    async def _pull_loop(
+        self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer, *, lone: bool = False
+    ) -> None:
+        # One cancel scope for many jobs, not one per job (anyio spends about thirty calls
+        # making, entering and leaving one; setting a deadline costs a few).  It is in
+        # _fetch_scopes (where stop() cancels it) only while the task waits for a delivery;
+        # while a job's handler runs, its deadline is the job's and it is the handle CANCEL
+        # and the grace period cancel (_running).  A cancelled scope is spent: the loop
+        # leaves it, settles the job it cut short, and makes a new one.
+        backend = self._backend or Backend()
+        idle = self._fetch_scopes
+        while not self._worker.stopping:
+            scope = backend.scope_type()
+            cut: Attempt | None = None
+            with scope:
+                while not self._worker.stopping:
+                    idle.add(scope)
+                    try:
+                        msg = await deliveries.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    finally:
+                        idle.discard(scope)
+                    if scope.cancel_called:
+                        return  # stop() came with this delivery: left unacked, the broker redelivers it
+                    if lone:
+                        await self._settler.moves_settled()
+                    cut = Attempt(client, ch, queue, msg, scope)
+                    await self._guarded(cut, self._handle_one)
+                    if scope.cancel_called:
+                        break  # cancelled as its handler returned: settled below, outside the scope
+                    cut = None
+            if cut is not None and cut.ctx is not None:
+                # The scope was cancelled while the job ran (its deadline, CANCEL or the
+                # grace period) or as it returned; the worker itself was not (that would
+                # have gone on up from here, leaving the job unacked).
+                await self._guarded(cut, self._settle_cut)
+
+    async def _guarded(self, a: Attempt, step: Callable[[Attempt], Awaitable[None]]) -> None:
+        """Run ``step`` (admit, run and settle, or settle) for one delivery; a fault of
+        ours with it must not stop this worker."""
+        msg = a.msg
+        try:
+            await step(a)
+        except amqp.DELIVERY_LOST_ERRORS as exc:
+            # The connection or channel died while settling, or stayed away longer than
+            # publish_timeout: the job was not acked, so the broker redelivers it
+            # (redelivered=True).  At-least-once, never lost.
+            log.warning(
+                "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
+                msg.properties.message_id, msg.delivery_tag, a.queue, exc,
+            )  # fmt: skip
+        except Exception:
+            # The backstop: a fault of ours with this one delivery (the handler's own errors
+            # are decided on in _handle_one).  Dead-lettered, so it cannot stop this worker
+            # or the next one; the worker carries on.
+            job_id = msg.properties.message_id
+            log.exception(
+                "job %s on queue %s could not be processed; rejected into the dead-letter queue",
+                job_id, a.queue, extra=log_extra(job_id, msg.properties.type, a.queue, 0),
+            )  # fmt: skip
+            with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
+                await msg.nack(requeue=False)
+
+    async def _handle_one(self, a: Attempt) -> None:
+        """Admit the delivery (decode, checks), then run its handler and settle it.  When
+        the pull task's scope is cancelled during the handler, the cancellation goes on up
+        to the pull loop, which settles the job (:meth:`_settle_cut`)."""
+        admitted = await self._admit(a)
+        if admitted is None:
+            return
+        spec, policy, max_attempts = admitted
+        job = a.job
+        assert job is not None
+        ctx = JobContext(
+            job=job, attempt=a.number, max_attempts=max_attempts, queue=a.queue,
+            worker_id=self._worker.worker_id, message=a.msg, started_at=a.started, policy=policy,
+        )  # fmt: skip
+        args = handler_arguments(spec, ctx)
+        if isinstance(args, Verdict):
+            await self._settler.settle(a, args)
+            return
+        timeout = a.timeout = self._timeout(job)
+        backend = self._backend or Backend()
+        scope = a.scope
+        ctx.deadline = scope.deadline = backend.clock() + timeout
+        a.ctx = ctx
+        entry = (scope, ctx)
+        same_id = self.running.get(job.id)
+        if same_id is None:
+            self.running[job.id] = [entry]
+        else:
+            same_id.append(entry)
+        raised: BaseException | None = None
+        result: Any = None
+        try:
+            chain = self._handler_chain  # tracing is middleware (_tracing.Tracing, see _prepare_middleware)
+            if chain is not None:
+                result = await chain(ctx, functools.partial(self._call_handler, spec, ctx, args, scope))
+            elif spec.is_async:
+                result = await spec.fn(ctx, *args)
+            else:
+                result = await self._run_sync(spec, ctx, args, scope)
+        except backend.cancelled:
+            raise  # this scope (timeout, CANCEL, grace period: see _pull_loop) or the worker's
+        except KeyboardInterrupt:
+            raise  # Ctrl-C reached the handler: the process is stopping, the job stays unacked
+        except BaseException as exc:  # whatever the handler raised, decided on below
+            # SystemExit included: a handler's sys.exit() (argparse inside a job) is the
+            # handler's failure (HANDLER_PANIC), not a request to end the worker.  A signal
+            # stops the worker gracefully through stop(), never through SystemExit.
+            raised = exc
+        finally:
+            scope.deadline = math.inf  # settling is not the handler's time
+            entries = self.running[job.id]
+            if len(entries) == 1:
+                del self.running[job.id]
+            else:
+                entries[:] = [e for e in entries if e is not entry]
+            if self._worker.stopping:  # only _enforce_grace (started by stop()) waits on it
+                self.wake()
+        verdict = decide(
+            raised, cancelled_caught=False, cancel_requested=ctx.cancel_requested, abandoned=ctx.abandoned,
+            timeout=timeout, policy=policy, attempt=a.number, max_attempts=max_attempts, rng=self._rng,
+        )  # fmt: skip
+        if scope.cancel_called:  # cancelled as the handler returned: the pull loop settles it
+            a.verdict, a.result = verdict, result
+            return
+        await self._settler.settle(a, verdict, result)
+
+    async def _settle_cut(self, a: Attempt) -> None:
+        """Settle a job whose handler the pull task's scope cut short (or that returned as
+        it was cancelled: its verdict is then kept on the attempt)."""
+        if a.verdict is not None:
+            await self._settler.settle(a, a.verdict, a.result)
+            return
+        ctx = a.ctx
+        assert ctx is not None and ctx.policy is not None
+        verdict = decide(
+            None, cancelled_caught=True, cancel_requested=ctx.cancel_requested, abandoned=ctx.abandoned,
+            timeout=a.timeout, policy=ctx.policy, attempt=a.number, max_attempts=ctx.max_attempts,
+            rng=self._rng,
+        )  # fmt: skip
+        await self._settler.settle(a, verdict)
+
+    async def _admit(self, a: Attempt) -> tuple[HandlerSpec, EffectiveRetryPolicy, int] | None:
+        """Everything before the handler runs: decode the job, count unsettled deliveries,
+        skip a cancelled job, find its handler and policy, refuse an expired one.  None when
+        the delivery was settled here (or moved)."""
+        msg = a.msg
+        if msg.malformed is not None:
+            await self._settler.reject_malformed(a)
+            return None
+        headers = msg.properties.headers or {}
+        # (A header once made the worker reject a job unrun, with no log line and no outcome:
+        # any vhost client could set it.  It means nothing now; `dlq requeue` still strips it.)
+        try:
+            a.number = header_attempt(headers)
+            job = a.job = decode_delivered(msg.body)
+        except InvalidJobError as exc:
+            a.number = 1
+            await self._settler.settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
+            return None
+        if msg.redelivered and await self._redelivered(a, headers):
+            return None
+        if self._worker.control.was_cancelled(job.id):
+            for hook in self._skip_hooks:  # a workflow settles the job as cancelled
+                await hook(job)
+            await msg.ack()
+            log.info(
+                "job %s type=%s queue=%s outcome=cancelled (cancelled before it started)",
+                job.id, job.type, a.queue,
+            )  # fmt: skip
+            self._settler.report(a.outcome(Outcome.CANCELLED, timed=False))
+            return None
+        spec = self._registry.get(job.type)
+        if spec is None:
+            await self._settler.unknown_type(a)
+            return None
+        try:
+            policy = self._policy(job, a.client)
+            max_attempts = header_max_attempts(headers, policy.max_attempts)
+        except InvalidJobError as exc:
+            await self._settler.settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
+            return None
+        if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
+            await self._settler.settle(a, dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}"))
+            return None
+        return spec, policy, max_attempts
+
+    async def _redelivered(self, a: Attempt, headers: dict[str, Any]) -> bool:
+        """A redelivered job: dead-lettered as WORKER_LOST past ``max_deliveries``, else
+        moved to the redelivered queue.  True when the delivery was settled here."""
+        lost = unsettled_deliveries(headers) + 1
+        if lost >= self._worker.max_deliveries:
+            verdict = dead_letter(
+                ErrorCode.WORKER_LOST,
+                f"delivered {lost} times, and each delivery ended without a settlement (a worker "
+                f"died or lost its connection holding it); max_deliveries is {self._worker.max_deliveries}",
+            )
+            await self._settler.settle(a, verdict)
+            return True
+        return await self._settler.move_redelivered(a, lost)  # the copy carries the count
+
+    def _timeout(self, job: Job) -> float:
+        """The job's timeout in seconds, below the broker's consumer timeout."""
+        own_timeout = isinstance(job.timeout, int) and job.timeout > 0
+        timeout = float(job.timeout) if own_timeout else self._worker.default_timeout  # type: ignore[arg-type]
+        # The broker's clock starts at delivery, and a job may wait prefetched before its
+        # handler starts: keep a 10% margin below the consumer timeout.  The worker's own
+        # default is capped silently; a job that asks for more is warned about.
+        cap = self._worker.broker_consumer_timeout * 0.9
+        if timeout > cap and own_timeout:
+            log.warning(
+                "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): "
+                "the broker would close the channel and redeliver it; it is capped at %.0fs",
+                job.id, timeout, self._worker.broker_consumer_timeout, cap,
+            )  # fmt: skip
+        return min(timeout, cap)
+
+    async def _call_handler(
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+    ) -> Any:
+        if spec.is_async:
+            return await spec.fn(ctx, *args)
+        return await self._run_sync(spec, ctx, args, scope)
+
+    def prepare(self) -> None:
+        """Build the handler chain and outcome hooks once per run (see Middleware)."""
+        middleware = list(self._worker.middleware)
+        # Tracing goes first, so its span covers every other hook, as it covered the whole
+        # handler call when it was built in; without a tracer provider it is left out.
+        has_tracing = any(isinstance(m, _tracing.Tracing) for m in middleware)
+        if self._worker.tracing and not has_tracing and _tracing.recording():
+            middleware.insert(0, _tracing.Tracing())
+        has_metrics = any(isinstance(m, JobMetrics) for m in middleware)
+        if self._worker.metrics and not has_metrics and amqp.sdk_meter_provider_installed():
+            middleware.append(JobMetrics())
+        for m in middleware:
+            if isinstance(m, JobMetrics):
+                m.registered = frozenset(self._registry)
+        self._handler_chain = build_handler_chain(middleware)
+        self._settler.hooks = outcome_hooks(middleware)
+        self._skip_hooks = skip_hooks(middleware)
+        # Settlements get spans when handlers do (a Tracing middleware is in the chain).
+        self._settler.traced = any(isinstance(m, _tracing.Tracing) for m in middleware)
+
+    async def _run_sync(
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+    ) -> Any:
+        """A plain ``def`` handler, in a worker thread bounded by the worker's concurrency.
+
+        Not abandoned on cancel: a thread cannot be interrupted, so a timeout, CANCEL or
+        the grace period waits for it to return (no thread outlives the worker), and what
+        it returned or raised decides the job, as for a handler that finished in time."""
+        result = await _pipeline.call(spec.fn, False, (ctx, *args), self._thread_limiter)
+        late = anyio.current_time() >= scope.deadline
+        if late or ctx.cancel_requested or ctx.abandoned:
+            why = "its timeout" if late else "a CANCEL" if ctx.cancel_requested else "the grace period"
+            log.warning(
+                "job %s: sync handler %s ran past %s (a thread cannot be interrupted); its outcome counts",
+                ctx.id, spec.name, why, extra=log_extra(ctx.id, ctx.job.type, ctx.queue, ctx.attempt),
+            )  # fmt: skip
+        return result
