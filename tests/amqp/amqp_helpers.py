@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 from harness import list_connections
-from helpers import wait_message_count, wait_until
+from support.waits import wait_message_count, wait_until
 
 from ojs_anyio import amqp
 
@@ -77,7 +77,8 @@ async def drain(ch: amqp.Channel, queue: str) -> list[bytes]:
         bodies.append(msg.body)
     return bodies
 
-#: Shared with every test folder (tests/helpers.py); the old name kept for its callers.
+
+#: Shared with every test folder (tests/support/waits.py); the old name kept for its callers.
 wait_for_message_count = wait_message_count
 __all__ = ["wait_for_message_count", "wait_until"]  # re-exported
 

@@ -14,7 +14,7 @@ from harness import PrivateNode
 
 from ojs_anyio import amqp
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = pytest.mark.anyio
 
 
 async def test_blocked_publish_times_out_and_resumes_after_unblock(private_node: PrivateNode) -> None:

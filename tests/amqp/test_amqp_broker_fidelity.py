@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, wait_for_message_count
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import deleted_afterwards, wait_for_message_count
 
 pytestmark = pytest.mark.anyio
 

@@ -7,10 +7,11 @@ import random
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import drain, wait_for_message_count, wait_until
 from harness import FaultProxy
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import drain, wait_for_message_count, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -21,6 +22,7 @@ async def _still_works(ch: amqp.Channel, queue: str, body: bytes = b"still works
     assert seen[-1:] == [body]
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_cancel_a_publish_waiting_for_its_confirm() -> None:
     async with FaultProxy() as proxy:
         with anyio.fail_after(20):
@@ -115,6 +117,7 @@ async def test_cancel_a_consumer_waiting_for_messages(amqp_url: str) -> None:
             await _still_works(ch, queue)
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_cancel_an_rpc_waiting_for_its_reply() -> None:
     async with FaultProxy() as proxy:
         with anyio.fail_after(20):
@@ -157,6 +160,7 @@ async def test_cancel_a_get(amqp_url: str) -> None:
             await _still_works(ch, queue)
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_cancel_opening_a_channel() -> None:
     async with FaultProxy() as proxy:
         with anyio.fail_after(20):
@@ -174,6 +178,7 @@ async def test_cancel_opening_a_channel() -> None:
                 await wait_until(lambda: conn._proto.open_channel_ids == [], what="channels released")
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_cancel_while_closing_a_channel() -> None:
     async with FaultProxy() as proxy:
         with anyio.fail_after(20):

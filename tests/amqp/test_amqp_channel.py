@@ -7,10 +7,11 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import wait_for_message_count, wait_until
 from harness import FaultProxy
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import wait_for_message_count, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -196,6 +197,7 @@ async def test_many_channels_on_one_connection(amqp_url: str) -> None:
             assert not any(ch.is_open for ch in channels)
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_closing_a_channel_fails_calls_waiting_on_it() -> None:
     """aclose() while other tasks wait for replies on the channel: they fail at once with
     ChannelClosedError instead of waiting for a reply the closing channel drops."""
@@ -227,6 +229,7 @@ async def test_closing_a_channel_fails_calls_waiting_on_it() -> None:
                     await fresh.queue_declare(queue, passive=True)
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_operations_on_a_closing_channel_raise_channel_closed() -> None:
     async with FaultProxy() as proxy:
         with anyio.fail_after(10):

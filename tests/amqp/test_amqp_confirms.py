@@ -10,10 +10,11 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import scratch_channel
 from harness import FaultProxy
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import scratch_channel
 
 pytestmark = pytest.mark.anyio
 
@@ -214,6 +215,7 @@ async def test_nack_from_a_full_queue(amqp_url: str) -> None:
             assert ch.is_open and await _count(ch, queue) == 1
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_closing_the_channel_fails_pending_confirms() -> None:
     async with FaultProxy() as proxy:
         with anyio.fail_after(20):
@@ -245,6 +247,7 @@ async def test_closing_the_channel_fails_pending_confirms() -> None:
                 proxy.unstall("downstream")
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_confirm_timeout_gives_up_waiting_and_a_late_confirm_is_ignored() -> None:
     """``publish(confirm_timeout=…)`` and ``wait_all(timeout=…)`` stop waiting for confirms
     that do not come (a broker gone silent): "outcome unknown", and the channel goes on."""
@@ -269,6 +272,7 @@ async def test_confirm_timeout_gives_up_waiting_and_a_late_confirm_is_ignored() 
                 assert await _count(ch, queue) == 7  # "unknown": they were routed after all
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_cutting_the_connection_fails_pending_confirms_promptly() -> None:
     errors: list[BaseException] = []
     async with FaultProxy() as proxy:

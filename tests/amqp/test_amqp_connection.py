@@ -7,7 +7,13 @@ import uuid
 import anyio
 import anyio.lowlevel
 import pytest
-from amqp_helpers import (
+from harness import FaultProxy
+from support.brokers import RABBITMQ_HOST, RABBITMQ_PORT
+
+from ojs_anyio import amqp
+from ojs_codec import ConnectionState, NotAllowed
+
+from .amqp_helpers import (
     broker_connection_names,
     closed_port,
     connections_on,
@@ -15,12 +21,11 @@ from amqp_helpers import (
     wait_broker_forgets,
     wait_until,
 )
-from harness import FaultProxy
-
-from ojs_anyio import amqp
-from ojs_codec import ConnectionState, NotAllowed
 
 pytestmark = pytest.mark.anyio
+
+#: The RabbitMQ broker (``OJS_AMQP_URL``) as host:port, for the URLs these tests spell out.
+BROKER = f"{RABBITMQ_HOST}:{RABBITMQ_PORT}"
 
 
 def _name() -> str:
@@ -46,6 +51,7 @@ async def test_open_and_close(amqp_url: str) -> None:
         assert conn._proto.state is ConnectionState.CLOSED
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_leaving_the_block_waits_for_close_ok() -> None:
     """With the broker's replies held back, leaving waits for Close-Ok up to close_timeout."""
     async with FaultProxy() as proxy:
@@ -118,8 +124,9 @@ async def test_negotiated_values_from_options(amqp_url: str) -> None:
             assert (mine[0]["timeout"], mine[0]["frame_max"], mine[0]["channel_max"]) == (7, 65536, 100)
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_negotiated_values_from_url() -> None:
-    url = "amqp://guest:guest@127.0.0.1:5672/%2F?heartbeat=3&frame_max=8192&channel_max=2"
+    url = f"amqp://guest:guest@{BROKER}/%2F?heartbeat=3&frame_max=8192&channel_max=2"
     with anyio.fail_after(10):
         async with amqp.connect(url) as conn:
             tuned = conn.negotiated
@@ -151,6 +158,7 @@ async def test_default_heartbeat_is_60(amqp_url: str) -> None:
 # ---------------------------------------------------------------------- cancellation
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_cancelling_the_block_from_outside_leaves_nothing_behind() -> None:
     name = _name()
     tasks_before = {task.id for task in anyio.get_running_tasks()}
@@ -181,6 +189,7 @@ async def test_cancelling_the_block_from_outside_leaves_nothing_behind() -> None
     assert {task.id for task in anyio.get_running_tasks()} == tasks_before
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_cancelling_during_the_handshake_leaves_nothing_behind() -> None:
     tasks_before = {task.id for task in anyio.get_running_tasks()}
     async with FaultProxy() as proxy:
@@ -206,6 +215,7 @@ async def test_connection_timeout_bounds_the_handshake() -> None:
             await wait_until(lambda: proxy.active_connections == 0, what="proxied socket closed")
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_aclose_wakes_operations_waiting_for_a_reconnection() -> None:
     """With recovery on and the broker unreachable, operations wait for the connection;
     aclose() (from another task) makes them fail at once instead of hanging."""
@@ -263,10 +273,11 @@ async def test_peer_closing_the_socket_at_once() -> None:
                 pass
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_wrong_password() -> None:
     secret = "not-the-password-42"
     with anyio.fail_after(10), pytest.raises(amqp.AuthenticationError) as info:
-        async with amqp.connect(f"amqp://guest:{secret}@127.0.0.1:5672/"):
+        async with amqp.connect(f"amqp://guest:{secret}@{BROKER}/"):
             pass
     assert info.value.code == 403
     assert "ACCESS_REFUSED" in str(info.value)
@@ -274,8 +285,9 @@ async def test_wrong_password() -> None:
     assert isinstance(info.value, amqp.ConnectionLevelError)
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_amqplain_auth() -> None:
-    url = "amqp://guest:guest@127.0.0.1:5672/?auth_mechanism=AMQPLAIN"
+    url = f"amqp://guest:guest@{BROKER}/?auth_mechanism=AMQPLAIN"
     with anyio.fail_after(10):
         async with amqp.connect(url) as conn, conn.channel() as ch:
             info = await ch.queue_declare("", exclusive=True)
@@ -284,17 +296,19 @@ async def test_amqplain_auth() -> None:
             assert msg is not None and msg.body == b"amqplain"
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_amqplain_wrong_password() -> None:
-    url = "amqp://guest:nope@127.0.0.1:5672/?auth_mechanism=AMQPLAIN"
+    url = f"amqp://guest:nope@{BROKER}/?auth_mechanism=AMQPLAIN"
     with anyio.fail_after(10), pytest.raises(amqp.AuthenticationError):
         async with amqp.connect(url):
             pass
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_unknown_vhost() -> None:
     vhost = f"no-such-vhost-{uuid.uuid4().hex[:8]}"
     with anyio.fail_after(10), pytest.raises(amqp.ConnectionLevelError) as info:
-        async with amqp.connect(f"amqp://guest:guest@127.0.0.1:5672/{vhost}"):
+        async with amqp.connect(f"amqp://guest:guest@{BROKER}/{vhost}"):
             pass
     err = info.value
     assert isinstance(err, NotAllowed)  # RabbitMQ answers Connection.Open with 530

@@ -6,9 +6,10 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, scratch_channel, unacked_on, wait_for_message_count, wait_until
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import deleted_afterwards, scratch_channel, unacked_on, wait_for_message_count, wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -6,14 +6,16 @@ import os
 
 import anyio
 import pytest
-from amqp_helpers import wait_until
 from harness import FaultProxy
 
 from ojs_anyio import amqp
 
+from .amqp_helpers import wait_until
+
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_stalled_broker_is_declared_dead() -> None:
     """heartbeat=1, nothing moves either way: dead after 2 intervals (checked every 0.5 s)."""
     errors: dict[str, tuple[BaseException, float]] = {}
@@ -65,6 +67,7 @@ async def test_stalled_broker_is_declared_dead() -> None:
     assert conn._stream is None
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_idle_connection_is_kept_alive_by_heartbeats() -> None:
     """Nothing to send for 3 heartbeat intervals: our heartbeats keep the broker from
     closing the connection, and the broker's keep ours from declaring it dead."""

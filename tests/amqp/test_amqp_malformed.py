@@ -13,10 +13,11 @@ from collections.abc import Callable
 import anyio
 import pika
 import pytest
-from amqp_helpers import deleted_afterwards
 from harness.hostile import HOSTILE, publish, with_frame_max
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import deleted_afterwards
 
 pytestmark = [pytest.mark.anyio, pytest.mark.rabbitmq_only("a foreign client (pika) publishes the messages")]
 

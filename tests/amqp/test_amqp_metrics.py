@@ -13,7 +13,6 @@ import pytest
 from ojs_anyio.amqp import _metrics
 
 #: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
-BROKER = False
 
 ROOT = Path(__file__).resolve().parents[2]
 

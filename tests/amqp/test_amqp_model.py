@@ -8,10 +8,11 @@ from typing import Any
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, drain, memory_rows, scratch_channel, wait_for_message_count
 from harness import rabbitmqctl
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import deleted_afterwards, drain, memory_rows, scratch_channel, wait_for_message_count
 
 pytestmark = pytest.mark.anyio
 

@@ -9,9 +9,10 @@ from typing import Any
 
 import anyio
 import pytest
-from amqp_helpers import deleted_afterwards, scratch_channel, wait_for_message_count
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import deleted_afterwards, scratch_channel, wait_for_message_count
 
 pytestmark = pytest.mark.anyio
 

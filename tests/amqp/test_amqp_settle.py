@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from amqp_helpers import closed_port, deleted_afterwards
 from harness import FaultProxy
 
 from ojs_anyio import amqp
+
+from .amqp_helpers import closed_port, deleted_afterwards
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import ojs_anyio.amqp
 
-BROKER = False
-
 AMQP = Path(ojs_anyio.amqp.__file__).parent
 #: The count when this test was written (down from 149 with the channel's link as verbs and
 #: its state object); lower it when you remove more, never raise it.

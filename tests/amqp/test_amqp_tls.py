@@ -23,6 +23,7 @@ async def _round_trip(conn: amqp.Connection) -> None:
                 break
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_cacertfile_verifies_the_server(tls_material: TLSMaterial) -> None:
     async with TLSTerminatingProxy(tls_material) as proxy:
         url = proxy.url()
@@ -61,6 +62,7 @@ async def test_wrong_server_name_is_rejected(tls_material: TLSMaterial) -> None:
                 pass
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_verify_none_accepts_any_certificate(tls_material: TLSMaterial) -> None:
     async with TLSTerminatingProxy(tls_material) as proxy:
         url = f"amqps://guest:guest@127.0.0.1:{proxy.port}/?verify=verify_none"
@@ -69,6 +71,7 @@ async def test_verify_none_accepts_any_certificate(tls_material: TLSMaterial) ->
                 await _round_trip(conn)
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_client_certificate(tls_material: TLSMaterial) -> None:
     async with TLSTerminatingProxy(tls_material, require_client_cert=True) as proxy:
         url = proxy.url(client_cert=True)
@@ -88,6 +91,7 @@ async def test_missing_client_certificate_fails(tls_material: TLSMaterial) -> No
         assert proxy.tls_handshake_failures == 1
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_explicit_ssl_context(tls_material: TLSMaterial) -> None:
     async with TLSTerminatingProxy(tls_material, require_client_cert=True) as proxy:
         url = f"amqps://guest:guest@localhost:{proxy.port}/"
@@ -97,6 +101,7 @@ async def test_explicit_ssl_context(tls_material: TLSMaterial) -> None:
                 await _round_trip(conn)
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_tls_connection_survives_large_messages(tls_material: TLSMaterial) -> None:
     body = bytes(range(256)) * 4096 * 2  # 2 MiB: many frames, many TLS records
     async with TLSTerminatingProxy(tls_material) as proxy:

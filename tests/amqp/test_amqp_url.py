@@ -12,7 +12,6 @@ from ojs_anyio import amqp
 from ojs_anyio.amqp import AMQPURL, InvalidURL, parse_url
 
 #: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
-BROKER = False
 
 # ---------------------------------------------------------------------- schemes, ports, hosts
 

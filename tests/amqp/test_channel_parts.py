@@ -11,8 +11,6 @@ from ojs_anyio.amqp._confirms import ConfirmTracker
 from ojs_anyio.amqp._publish import PublishHandle
 from ojs_codec import BasicProperties, Confirmed, Returned
 
-BROKER = False
-
 pytestmark = pytest.mark.anyio
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from support.brokers import RABBITMQ_URL
 
 from ojs_anyio import amqp
 
 ROOT = Path(__file__).resolve().parents[2]
-URL = os.environ.get("OJS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+#: The broker the CLI subprocesses and these helpers use (``tests/support/brokers.py``).
+URL = RABBITMQ_URL
 
 
 def cli_env(**extra: str) -> dict[str, str]:

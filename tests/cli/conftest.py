@@ -1,4 +1,9 @@
-"""Fixtures of the CLI tests: a fresh OJS queue (deleted afterwards) and an app directory."""
+"""Fixtures of the CLI tests: a fresh OJS queue (deleted afterwards) and an app directory.
+
+The CLI runs as a subprocess, so its tests run on RabbitMQ only (a memory:// broker lives in
+one process): ``q`` and the other fixtures that reach the broker take ``rabbitmq_url``,
+which marks their tests ``broker``.  The tests that need no broker (help, argument errors,
+the registry) take none of them."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from .cli_support import delete_queues
 
 
 @pytest.fixture
-def q() -> Iterator[str]:
+def q(rabbitmq_url: str) -> Iterator[str]:
     name = f"tcli{uuid.uuid4().hex[:10]}"
     yield name
     names = ojs.Names()

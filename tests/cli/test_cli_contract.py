@@ -25,8 +25,6 @@ from ojs_anyio.jobs._envelope import _uuid7
 from .cli_support import drain, publish_raw, queue_count, reaped, run_cli, run_many, spawn_cli, wait_for
 from .test_cli_ops import dead_letters, ok
 
-pytestmark = pytest.mark.broker
-
 NO_JOB = "01a2095d-0000-7000-8000-000000000000"  # a job id no worker knows
 
 
@@ -134,7 +132,7 @@ def test_dlq_peek_and_prune_with_an_impossible_death_time(q: str) -> None:
 
 
 @pytest.fixture
-def proxy() -> Iterator[tuple[FaultProxy, BlockingPortal]]:
+def proxy(rabbitmq_url: str) -> Iterator[tuple[FaultProxy, BlockingPortal]]:
     """A TCP proxy to the broker, run by an event loop in a thread (steered through the portal)."""
     with anyio.from_thread.start_blocking_portal() as portal:
         fault = FaultProxy()

@@ -15,7 +15,6 @@ import pytest
 from ojs_anyio import amqp, events
 
 from .cli_support import (
-    URL,
     delete_exchanges,
     delete_queues,
     drain,
@@ -42,7 +41,7 @@ class Sub:
 
 
 @pytest.fixture
-def sub() -> Iterator[Sub]:
+def sub(rabbitmq_url: str) -> Iterator[Sub]:
     s = Sub()
 
     async def declare() -> None:
@@ -50,7 +49,7 @@ def sub() -> Iterator[Sub]:
             pass
 
         async with (
-            events.connect(URL, exchange=s.exchange, queue_tag=s.tag) as bus,
+            events.connect(rabbitmq_url, exchange=s.exchange, queue_tag=s.tag) as bus,
             bus.subscribe(s.name, handle),
         ):
             pass

@@ -24,8 +24,6 @@ from ojs_anyio.jobs import RETRY_LADDER_MS
 
 from .cli_support import delete_queues, lines, queue_count, reaped, spawn_cli, wait_for
 
-pytestmark = pytest.mark.broker
-
 APP = """
 import os
 import ojs_anyio as ojs
@@ -53,7 +51,7 @@ async def kills_its_process(ctx: ojs.JobContext) -> None:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
+def fleet(rabbitmq_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
     q = f"tfleet{uuid.uuid4().hex[:10]}"
     (tmp_path / "app.py").write_text(APP)
     monkeypatch.setenv("APP_QUEUE", q)

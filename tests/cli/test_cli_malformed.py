@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from harness.hostile import HOSTILE, publish, with_frame_max
 
 from .cli_support import URL, drain, queue_count, run_cli
 from .test_cli_ops import dead_letters
-
-pytestmark = pytest.mark.broker
 
 SMALL = with_frame_max(URL)  # below the large-header case's header
 

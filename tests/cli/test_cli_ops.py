@@ -10,13 +10,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from ojs_anyio import amqp
 from ojs_codec import Int32
 
 from .cli_support import (
-    URL,
     declare_raw,
     delete_exchanges,
     delete_queues,
@@ -29,8 +26,6 @@ from .cli_support import (
     spawn_cli,
     wait_for,
 )
-
-pytestmark = pytest.mark.broker
 
 
 def ok(*args: str, cwd: Path | None = None) -> str:
@@ -265,16 +260,16 @@ def test_help_is_plain_text() -> None:
     assert "--jobs" in r.stdout
 
 
-def test_demo_accepts_its_documented_flags() -> None:
-    r = run_cli("demo", "--jobs", "20", "--url", URL, timeout=120)
+def test_demo_accepts_its_documented_flags(rabbitmq_url: str) -> None:
+    r = run_cli("demo", "--jobs", "20", "--url", rabbitmq_url, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "demo OK" in r.stdout
 
 
-def test_the_demo_prints_a_summary_and_shows_the_logs_of_its_failures_only_with_v() -> None:
+def test_the_demo_prints_a_summary_and_shows_the_logs_of_its_failures_only_with_v(rabbitmq_url: str) -> None:
     # one after the other: each run starts the demo's queues afresh
-    quiet = run_cli("demo", "--jobs", "20", "--url", URL, timeout=120)
-    verbose = run_cli("demo", "--jobs", "20", "--url", URL, "-v", timeout=120)
+    quiet = run_cli("demo", "--jobs", "20", "--url", rabbitmq_url, timeout=120)
+    verbose = run_cli("demo", "--jobs", "20", "--url", rabbitmq_url, "-v", timeout=120)
     assert quiet.returncode == 0 and verbose.returncode == 0, quiet.stderr + verbose.stderr
     output = quiet.stdout + quiet.stderr
     assert "Traceback" not in output

@@ -16,8 +16,6 @@ from ojs_anyio.jobs._cron import leader_queue_name
 
 from .cli_support import delete_queues, lines, queue_count, reaped, run_cli, spawn_cli, wait_for
 
-pytestmark = pytest.mark.broker
-
 
 def push_jobs(q: str, n: int, seconds: float) -> list[str]:
     async def go() -> list[str]:

@@ -7,8 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from codec_impls import IMPLS, Impl
-from codec_strategies import (
+from hypothesis import given
+from hypothesis import strategies as st
+from pamqp import body as pbody
+from pamqp import commands, frame, header
+
+import ojs_codec as codec
+from ojs_codec import BasicProperties, ProtocolSyntaxError, UsageError
+
+from .codec_impls import IMPLS, Impl
+from .codec_strategies import (
     OJS_PROPERTIES,
     SETTINGS,
     assert_same,
@@ -19,13 +27,6 @@ from codec_strategies import (
     plain,
     short_text,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-from pamqp import body as pbody
-from pamqp import commands, frame, header
-
-import ojs_codec as codec
-from ojs_codec import BasicProperties, ProtocolSyntaxError, UsageError
 
 delivery_tags = st.integers(0, 2**63 - 1)  # pamqp packs longlong signed
 frame_maxes = st.one_of(st.integers(4096, 70000), st.sampled_from([4096, 4097, 131072]))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import struct
 
 import pytest
-from codec_impls import IMPLS, Impl
-from codec_strategies import OJS_PROPERTIES, SETTINGS, split_at
 from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import commands, frame, header, heartbeat
 
 import ojs_codec
 from ojs_codec import FrameError, FrameReader, ProtocolVersionMismatch, UsageError
+
+from .codec_impls import IMPLS, Impl
+from .codec_strategies import OJS_PROPERTIES, SETTINGS, split_at
 
 
 def raw_frame(frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:

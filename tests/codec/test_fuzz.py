@@ -11,14 +11,15 @@ import struct
 from typing import Any
 
 import pytest
-from codec_impls import IMPLS, Impl
-from codec_strategies import OJS_PROPERTIES, SETTINGS, split_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands, frame, header
 
 import ojs_codec
 from ojs_codec import ProtocolError
+
+from .codec_impls import IMPLS, Impl
+from .codec_strategies import OJS_PROPERTIES, SETTINGS, split_at
 
 EXAMPLES = int(os.environ.get("OJS_FUZZ_EXAMPLES", "500"))
 FUZZ = settings(SETTINGS, max_examples=EXAMPLES)

@@ -22,16 +22,17 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from codec_impls import IMPLS, Impl
-from codec_strategies import SETTINGS, split_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
-from test_protocol import Peer, open_channel, open_connection
 
 import ojs_codec as codec
 from ojs_codec import NESTED_TOO_DEEP, BasicProperties, ProtocolSyntaxError, UsageError, _hot
 from ojs_codec._table import decode_timestamp
+
+from .codec_impls import IMPLS, Impl
+from .codec_strategies import SETTINGS, split_at
+from .test_protocol import Peer, open_channel, open_connection
 
 UTC = datetime.UTC
 MAX = codec.MAX_DEPTH

@@ -7,8 +7,14 @@ import struct
 
 import msgspec
 import pytest
-from codec_impls import IMPLS, Impl
-from codec_strategies import (
+from hypothesis import given
+from pamqp import commands
+
+import ojs_codec as codec
+from ojs_codec import BasicProperties, ProtocolSyntaxError, UsageError
+
+from .codec_impls import IMPLS, Impl
+from .codec_strategies import (
     OJS_PROPERTIES,
     SETTINGS,
     UTC,
@@ -17,11 +23,6 @@ from codec_strategies import (
     our_properties,
     pamqp_properties,
 )
-from hypothesis import given
-from pamqp import commands
-
-import ojs_codec as codec
-from ojs_codec import BasicProperties, ProtocolSyntaxError, UsageError
 
 
 def pamqp_decode(data: bytes) -> commands.Basic.Properties:

@@ -9,13 +9,14 @@ import struct
 from typing import Any
 
 import pytest
-from codec_strategies import SETTINGS, split_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
 import ojs_codec as codec
 from ojs_codec import BasicProperties
+
+from .codec_strategies import SETTINGS, split_at
 
 
 class Peer:

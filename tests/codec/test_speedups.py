@@ -24,14 +24,15 @@ from typing import Any
 
 import msgspec
 import pytest
-from codec_impls import PURE, C, Impl, speedups
-from codec_strategies import OJS_PROPERTIES, SETTINGS
 from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import commands, frame
 
 import ojs_codec
 from ojs_codec import _fast, _frames, _hot
+
+from .codec_impls import PURE, C, Impl, speedups
+from .codec_strategies import OJS_PROPERTIES, SETTINGS
 
 needs_c = pytest.mark.skipif(C is None, reason="ojs_codec._speedups is not built")
 UTC = datetime.UTC

@@ -10,8 +10,16 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from codec_impls import IMPLS, Impl
-from codec_strategies import (
+from hypothesis import given
+from hypothesis import strategies as st
+from pamqp import decode as pdecode
+from pamqp import encode as pencode
+
+import ojs_codec
+from ojs_codec import ProtocolSyntaxError, UsageError
+
+from .codec_impls import IMPLS, Impl
+from .codec_strategies import (
     SETTINGS,
     UTC,
     assert_same,
@@ -22,13 +30,6 @@ from codec_strategies import (
     pamqp_values,
     plain,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-from pamqp import decode as pdecode
-from pamqp import encode as pencode
-
-import ojs_codec
-from ojs_codec import ProtocolSyntaxError, UsageError
 
 
 def entry(key: bytes, kind: bytes, value: bytes) -> bytes:

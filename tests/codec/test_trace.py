@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from capture_trace import TRACE_PROPERTIES, pamqp_method
 
 import ojs_codec
+
+from .capture_trace import TRACE_PROPERTIES, pamqp_method
 
 TRACE = json.loads((Path(__file__).with_name("data") / "rabbitmq_trace.json").read_text())
 

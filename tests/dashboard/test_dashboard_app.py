@@ -15,8 +15,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from helpers import wait_message_count
-from jobs.broker_support import Outcomes, running
+from support.waits import wait_message_count
+from support.workers import Outcomes, running
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -24,7 +24,7 @@ from ojs_anyio.dashboard import Observer, Settings, create_app, observe
 from ojs_anyio.jobs import PRESENCE_KEY, WORKER_PRESENCE
 from ojs_anyio.memory import get_broker
 
-from .support import WAIT, holding_worker, memory_client, qname, wait_for
+from .dashboard_support import WAIT, holding_worker, memory_client, qname, wait_for
 
 pytestmark = pytest.mark.anyio
 

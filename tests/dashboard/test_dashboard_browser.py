@@ -36,7 +36,7 @@ from cli.cli_support import URL, cli_cmd, cli_env, delete_queues
 import ojs_anyio as ojs
 from ojs_anyio.jobs import RETRY_LADDER_MS
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.broker]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("rabbitmq_url")]
 
 CHROMIUM = os.environ.get("OJS_CHROMIUM", "/usr/bin/chromium")
 #: The flags /work/.library/env/machines/python-svc.md gives for Chromium on a closed network.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cli.cli_support import cli_cmd, cli_env, run_many
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.broker]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("rabbitmq_url")]
 
 
 def test_bad_options_are_one_line_and_exit_2_or_6(tmp_path: Path) -> None:

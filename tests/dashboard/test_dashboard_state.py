@@ -13,8 +13,8 @@ import socket
 
 import anyio
 import pytest
-from helpers import wait_message_count
-from jobs.broker_support import Outcomes, running
+from support.waits import wait_message_count
+from support.workers import Outcomes, running
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -22,7 +22,7 @@ from ojs_anyio.dashboard import Observer, observe
 from ojs_anyio.dashboard import _state as state
 from ojs_anyio.jobs import PRESENCE_KEY, WORKER_PRESENCE
 
-from .support import WAIT, holding_worker, memory_client, qname, wait_for
+from .dashboard_support import WAIT, holding_worker, memory_client, qname, wait_for
 
 pytestmark = pytest.mark.anyio
 

@@ -8,16 +8,16 @@ import dataclasses
 import importlib
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from support.waits import Seen
 
 from ojs_anyio import amqp, events
 
-from .support import URL, Names, Seen
+from .bus_support import Names
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Path(os.environ.get("OJS_ASYNCAPI_SCHEMA", Path.home() / ".cache/ojs-anyio/asyncapi-3.0.0.json"))
@@ -111,10 +111,8 @@ def test_misuse_gets_one_clear_error() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("broker", ["rabbitmq", "memory"])
-async def test_serve_runs_every_registered_subscriber(broker: str) -> None:
-    url = URL if broker == "rabbitmq" else f"memory://cat-{uuid.uuid4().hex[:8]}/"
-    names = Names(url)
+async def test_serve_runs_every_registered_subscriber(names: Names) -> None:
+    url = names.url
     catalog = events.Catalog("Orders", exchange=names.exchange, queue_tag=names.tag)
     seen = Seen()
 
@@ -122,13 +120,10 @@ async def test_serve_runs_every_registered_subscriber(broker: str) -> None:
     async def audit(event: RecordRead, ctx: events.EventContext) -> None:
         seen.add((ctx.routing_key, event.id))
 
-    try:
-        async with events.connect(url, **catalog.bus_options()) as bus, catalog.serve(bus):
-            await bus.publish("order.read", RecordRead("mongo", 7))
-            await seen.wait(1)
-        with pytest.raises(amqp.UsageError, match="not the catalog's"):
-            async with events.connect(url, exchange=names.exchange) as bus, catalog.serve(bus):
-                pass
-    finally:
-        await names.cleanup()
+    async with events.connect(url, **catalog.bus_options()) as bus, catalog.serve(bus):
+        await bus.publish("order.read", RecordRead("mongo", 7))
+        await seen.wait(1)
+    with pytest.raises(amqp.UsageError, match="not the catalog's"):
+        async with events.connect(url, exchange=names.exchange) as bus, catalog.serve(bus):
+            pass
     assert seen.items == [("order.read", 7)]

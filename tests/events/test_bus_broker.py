@@ -10,14 +10,14 @@ import anyio
 import anyio.lowlevel
 import msgspec
 import pytest
-from harness.broker import list_connections
-from helpers import queue_exists
+from amqp.amqp_helpers import connections_on
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from support.waits import Seen, queue_exists
 
 from ojs_anyio import amqp, events
 
-from .support import URL, Names, Seen, take
+from .bus_support import Names, take
 
 pytestmark = pytest.mark.anyio
 
@@ -37,7 +37,7 @@ async def test_typed_handler_gets_structs_and_context(names: Names) -> None:
         seen.add((event, ctx))
 
     name = names.sub("rec.read")
-    async with events.connect(URL, **names.bus_options()) as bus, bus.subscribe(name, on_read):
+    async with events.connect(names.url, **names.bus_options()) as bus, bus.subscribe(name, on_read):
         mid = await bus.publish("rec.read", RecordRead("mongo", 7))
         (event, ctx), *_ = await seen.wait(1)
     assert event == RecordRead("mongo", 7)
@@ -61,7 +61,7 @@ async def test_payload_type_argument_and_untyped_payloads(names: Names) -> None:
         raw.add(event)
 
     async with (
-        events.connect(URL, **names.bus_options()) as bus,
+        events.connect(names.url, **names.bus_options()) as bus,
         bus.subscribe(names.sub("typed"), on_typed, payload_type=RecordRead),
         bus.subscribe(names.sub("untyped"), on_untyped),
         bus.subscribe(names.sub("raw"), on_raw, payload_type=bytes),
@@ -76,12 +76,12 @@ async def test_payload_type_argument_and_untyped_payloads(names: Names) -> None:
 
 
 async def test_unroutable_raises_unless_mandatory_is_off(names: Names) -> None:
-    async with events.connect(URL, **names.bus_options()) as bus:
+    async with events.connect(names.url, **names.bus_options()) as bus:
         with pytest.raises(amqp.UnroutableError) as info:
             await bus.publish("nobody.listens", {"x": 1})
         assert info.value.routing_key == "nobody.listens"
         await bus.publish("nobody.listens", {"x": 1}, mandatory=False)  # dropped by the broker, no error
-    async with events.connect(URL, **names.bus_options(mandatory=False)) as bus:
+    async with events.connect(names.url, **names.bus_options(mandatory=False)) as bus:
         await bus.publish("nobody.listens", {"x": 1})
 
 
@@ -91,11 +91,11 @@ async def test_queues_are_declared_by_subscribers_not_at_connect(names: Names) -
     async def handler(event: Any) -> None:
         pass
 
-    async with events.connect(URL, **names.bus_options()) as bus:
-        assert not await queue_exists(URL, queue)
+    async with events.connect(names.url, **names.bus_options()) as bus:
+        assert not await queue_exists(names.url, queue)
         async with bus.subscribe(names.sub("rel.read"), handler, bindings=["*.read"]):
-            assert await queue_exists(URL, queue)
-            assert await queue_exists(URL, f"{queue}.dlq")
+            assert await queue_exists(names.url, queue)
+            assert await queue_exists(names.url, f"{queue}.dlq")
             await bus.publish("rec.read", {})  # routed through the wildcard binding
             await bus.publish("rel.read", {})
 
@@ -113,7 +113,7 @@ async def test_trace_context_is_propagated(names: Names) -> None:
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
     )
     async with (
-        events.connect(URL, **names.bus_options()) as bus,
+        events.connect(names.url, **names.bus_options()) as bus,
         bus.subscribe(names.sub("traced"), handler),
     ):
         with trace.use_span(NonRecordingSpan(parent)):
@@ -130,7 +130,7 @@ async def test_bulk_path_and_publisher_pool(names: Names) -> None:
         seen.add(event["i"])
 
     async with (
-        events.connect(URL, **names.bus_options(publisher_pool_size=3)) as bus,
+        events.connect(names.url, **names.bus_options(publisher_pool_size=3)) as bus,
         bus.subscribe(names.sub("bulk"), handler, concurrency=4),
     ):
         ids = await bus.publish_many(("bulk", {"i": i}) for i in range(500))
@@ -164,8 +164,8 @@ async def test_competing_instances_handle_each_event_once(names: Names) -> None:
 
     name = names.sub("orb.operation")
     async with (
-        events.connect(URL, **names.bus_options()) as one,
-        events.connect(URL, **names.bus_options()) as two,
+        events.connect(names.url, **names.bus_options()) as one,
+        events.connect(names.url, **names.bus_options()) as two,
         one.subscribe(name, handler_for("a"), prefetch=4),
         two.subscribe(name, handler_for("b"), prefetch=4),
     ):
@@ -184,7 +184,7 @@ async def test_subscription_limit_opens_more_connections(names: Names) -> None:
     conn_name = f"ojs-test-ev-{names.tag}"
     async with (
         events.connect(
-            URL, **names.bus_options(max_subscriptions_per_connection=2, connection_name=conn_name)
+            names.url, **names.bus_options(max_subscriptions_per_connection=2, connection_name=conn_name)
         ) as bus,
         bus.subscribe(names.sub("pool"), handler, consumers=3),
     ):  # 2 + 1: two connections
@@ -193,7 +193,7 @@ async def test_subscription_limit_opens_more_connections(names: Names) -> None:
             assert len(bus.subscriber_connections) == 2
             async with bus.subscribe(names.sub("two"), handler):  # a third one opens
                 assert len(bus.subscriber_connections) == 3
-                rows = await list_connections()
+                rows = await connections_on(names.url)
                 ours = {
                     item[2]
                     for row in rows
@@ -224,14 +224,14 @@ async def test_backoff_timings_then_dead_letter_with_reason(names: Names) -> Non
 
     name = names.sub("rec.write")
     async with (
-        events.connect(URL, **names.bus_options()) as bus,
+        events.connect(names.url, **names.bus_options()) as bus,
         bus.subscribe(name, failing, bindings=["rec.*"], redelivery=policy) as sub,
     ):
         mid = await bus.publish("rec.write", {"n": 1})
         await calls.wait(4)  # the first run and 3 redeliveries
-        (dead,) = await take(URL, sub.dead_letter_queue, 1)
+        (dead,) = await take(names.url, sub.dead_letter_queue, 1)
         for ms in (policy.wait_ms(2), policy.wait_ms(3)):  # the wait queues of the ladder
-            assert await queue_exists(URL, sub.wait_queue_name(ms))
+            assert await queue_exists(names.url, sub.wait_queue_name(ms))
     times = [t for t, _, _ in calls.items]
     assert [a for _, a, _ in calls.items] == [1, 2, 3, 4]
     assert {k for _, _, k in calls.items} == {"rec.write"}  # the original key, also after a wait
@@ -260,14 +260,14 @@ async def test_bad_payloads_are_dead_lettered_and_the_subscriber_keeps_running(n
         seen.add(event)
 
     async with (
-        events.connect(URL, **names.bus_options()) as bus,
+        events.connect(names.url, **names.bus_options()) as bus,
         bus.subscribe(names.sub("rel.write"), handler) as sub,
     ):
         await bus.publish("rel.write", b"\xff not json")
         await bus.publish("rel.write", {"store": "maria"})  # JSON, but the id is missing
         await bus.publish("rel.write", RecordRead("maria", 3))
         assert await seen.wait(1) == [RecordRead("maria", 3)]
-        dead = await take(URL, sub.dead_letter_queue, 2)
+        dead = await take(names.url, sub.dead_letter_queue, 2)
     reasons = [(m.properties.headers or {})[events.H_REASON] for m in dead]
     assert reasons == ["invalid_payload", "invalid_payload"]
     errors = [(m.properties.headers or {})[events.H_ERROR] for m in dead]
@@ -283,11 +283,11 @@ async def test_dead_letter_exception_skips_redelivery(names: Names) -> None:
         raise events.DeadLetter("not for us")
 
     async with (
-        events.connect(URL, **names.bus_options()) as bus,
+        events.connect(names.url, **names.bus_options()) as bus,
         bus.subscribe(names.sub("adm"), handler) as sub,
     ):
         await bus.publish("adm", {"n": 1})
-        (dead,) = await take(URL, sub.dead_letter_queue, 1)
+        (dead,) = await take(names.url, sub.dead_letter_queue, 1)
     headers = dead.properties.headers or {}
     assert headers[events.H_REASON] == "rejected" and "not for us" in headers[events.H_ERROR]
     assert len(calls.items) == 1 and sub.redelivered == 0
@@ -304,7 +304,7 @@ async def test_a_redelivered_event_can_succeed(names: Names) -> None:
     policy = events.RedeliveryPolicy(initial_interval=0.1, multiplier=1.0, max_interval=0.1, max_attempts=5)
     outcomes = Seen()
     async with (
-        events.connect(URL, **names.bus_options(redelivery=policy)) as bus,
+        events.connect(names.url, **names.bus_options(redelivery=policy)) as bus,
         bus.subscribe(names.sub("mig"), flaky) as sub,
     ):
         sub.add_listener(lambda outcome, msg: outcomes.add(outcome))
@@ -325,14 +325,14 @@ async def test_leaving_the_block_lets_running_handlers_finish(names: Names) -> N
         finished.add(event["i"])
 
     name = names.sub("graceful")
-    async with events.connect(URL, **names.bus_options()) as bus:
+    async with events.connect(names.url, **names.bus_options()) as bus:
         async with bus.subscribe(name, slow, concurrency=2, prefetch=2, grace_period=1.0):
             await bus.publish(name, {"i": 0})
             await bus.publish(name, {"i": 1})
             await started.wait(2)
         # The first handler finished and acked after the block was left; the second did not.
         assert finished.items == [0]
-        async with amqp.connect(URL) as conn, conn.channel() as ch:
+        async with amqp.connect(names.url) as conn, conn.channel() as ch:
             info = await ch.queue_declare(f"{names.tag}{name}", passive=True)
         assert info.message_count == 1  # the cancelled one is back in the queue
 
@@ -356,7 +356,7 @@ async def test_spans_follow_the_messaging_conventions_and_name_the_event(
         seen.add(event["n"])
 
     async with (
-        events.connect(URL, **names.bus_options()) as bus,
+        events.connect(names.url, **names.bus_options()) as bus,
         bus.subscribe(names.sub("rec.read"), handler),
     ):
         await bus.publish("rec.read", {"n": 1})
@@ -397,7 +397,7 @@ async def test_settlements_get_spans_in_the_publishers_trace(
     policy = events.RedeliveryPolicy(initial_interval=0.05, max_interval=0.05, max_attempts=3)
     outcomes = Seen()
     async with (
-        events.connect(URL, **names.bus_options(redelivery=policy)) as bus,
+        events.connect(names.url, **names.bus_options(redelivery=policy)) as bus,
         bus.subscribe(names.sub("set.tle"), handler) as sub,
     ):
         sub.add_listener(lambda outcome, msg: outcomes.add((outcome, msg.properties.message_id)))

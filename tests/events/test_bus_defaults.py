@@ -9,12 +9,11 @@ import os
 import anyio
 import pytest
 from amqp.amqp_helpers import broker_connection_names
+from support.waits import Seen
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp, events
 from ojs_anyio.memory import get_broker
-
-from .support import Seen
 
 pytestmark = pytest.mark.anyio
 
@@ -52,6 +51,7 @@ async def test_a_url_or_the_environment_is_used_without_a_warning(
     assert not [r for r in caplog.records if r.name == "ojs_anyio.events"]
 
 
+@pytest.mark.usefixtures("rabbitmq_url")  # the default is RabbitMQ on 127.0.0.1:5672
 async def test_the_job_layer_keeps_its_rabbitmq_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OJS_AMQP_URL", raising=False)
     async with ojs.connect() as client:
@@ -82,9 +82,9 @@ async def test_reserved_names_are_refused_before_the_broker_sees_them(
     assert "reserved for" in str(caught.value)
 
 
-async def test_every_connection_of_both_layers_is_named() -> None:
+async def test_every_connection_of_both_layers_is_named(rabbitmq_url: str) -> None:
     """An operator tells them apart in ``rabbitmqctl list_connections client_properties``."""
-    url = os.environ.get("OJS_AMQP_URL") or "amqp://guest:guest@127.0.0.1:5672/"
+    url = rabbitmq_url
 
     async def on_event(event: object) -> None:
         pass

@@ -7,18 +7,13 @@ from datetime import timedelta
 
 import anyio
 import pytest
-from helpers import message_count
+from support.waits import Seen, message_count
 
 from ojs_anyio import amqp, events
 
-from .support import Names, Seen
+from .bus_support import Names
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def names(any_names: Names) -> Names:
-    return any_names
 
 
 async def _kill(bus: events.EventBus, name: str, count: int) -> list[str]:

@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from .support import URL, take
+from .bus_support import take
 
 pytestmark = pytest.mark.anyio
 
@@ -29,10 +29,12 @@ def vhost_of(url: str) -> str:
     return unquote(urlsplit(url).path[1:])
 
 
-async def test_beds_recipe(vhosts: Callable[[int], list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+async def test_beds_recipe(
+    rabbitmq_url: str, vhosts: Callable[[int], list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
     beds = load("events_beds")
     prod, qa = vhosts(2)
-    results = await beds.main(URL, vhost_of(prod), vhost_of(qa))
+    results = await beds.main(rabbitmq_url, vhost_of(prod), vhost_of(qa))
     for tag, env in (("prod_", "prod"), ("qa_", "qa")):
         by_service = results[tag]
         got = {name: sorted(e.routing_key for e in evs) for name, evs in by_service.items()}

@@ -14,10 +14,11 @@ from typing import Any
 
 import anyio
 import pytest
+from support.waits import Seen
 
 from ojs_anyio import amqp, events
 
-from .support import WAIT, Names, Seen
+from .bus_support import WAIT, Names
 
 pytestmark = pytest.mark.anyio
 
@@ -32,11 +33,6 @@ CASES: list[tuple[str, bytes, dict[str, Any], str | None]] = [
     ("JSON nested 100,000 deep", DEEP, {}, "RecursionError"),
     ("not UTF-8", b'{"n": "\xff"}', {}, "invalid_payload"),
 ]
-
-
-@pytest.fixture
-def names(any_names: Names) -> Names:
-    return any_names
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])

@@ -17,14 +17,16 @@ import anyio
 import pika
 import pytest
 from harness.hostile import HOSTILE, publish, with_frame_max
+from support.waits import Seen
 
 from ojs_anyio import events
 
-from .support import URL, WAIT, Names, Seen, take
+from .bus_support import WAIT, Names, take
 
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.rabbitmq_only("pika publishes the hostile frames over TCP: memory:// has no socket")
 async def test_the_subscriber_dead_letters_malformed_events_and_handles_the_rest(
     names: Names, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -46,16 +48,16 @@ async def test_the_subscriber_dead_letters_malformed_events_and_handles_the_rest
     with caplog.at_level(logging.ERROR, logger="ojs_anyio.events"):
         # The subscriber's frame_max (4096) is below the large-header case's header.
         async with (
-            events.connect(with_frame_max(URL), **names.bus_options()) as bus,
+            events.connect(with_frame_max(names.url), **names.bus_options()) as bus,
             bus.subscribe(name, handler, concurrency=2) as sub,
         ):
             sub.add_listener(lambda outcome, msg: outcomes.append((outcome, msg.malformed)))
             with anyio.fail_after(WAIT):
-                await anyio.to_thread.run_sync(publish, URL, [*poison, *good])
+                await anyio.to_thread.run_sync(publish, names.url, [*poison, *good])
             assert sorted(await seen.wait(10)) == list(range(10))
             await bus.publish(name, {"n": 10})  # still consuming
             assert sorted(await seen.wait(11)) == list(range(11))
-            dead = await take(URL, sub.dead_letter_queue, len(HOSTILE))
+            dead = await take(names.url, sub.dead_letter_queue, len(HOSTILE))
             assert sub.dead_lettered == len(HOSTILE) and sub.handled == 11
             assert all(conn.reconnections == 0 for conn in sub.connections)
     # In the DLQ as they were, moved there by the broker (x-death), in order.

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 import anyio
 import msgspec
 import pytest
-from helpers import queue_exists
+from support.waits import Seen, queue_exists
 
 from ojs_anyio import amqp, events
 
-from .support import Seen, take
+from .bus_support import take
 
 pytestmark = pytest.mark.anyio
 

@@ -24,10 +24,11 @@ import anyio.from_thread
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support.waits import Seen
 
 from ojs_anyio import amqp, events
 
-from .support import WAIT, Names, Seen
+from .bus_support import WAIT, Names
 
 try:
     import pydantic
@@ -55,11 +56,6 @@ if pydantic is not None:
     class OrderPM(pydantic.BaseModel):
         id: int
         sku: str
-
-
-@pytest.fixture
-def names(any_names: Names) -> Names:
-    return any_names
 
 
 @pytest.fixture

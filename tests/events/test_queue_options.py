@@ -7,19 +7,14 @@ from __future__ import annotations
 import anyio
 import pytest
 from harness.broker import rabbitmqctl
-from helpers import message_count
+from support.waits import Seen, message_count
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp, events
 
-from .support import URL, Names, Seen
+from .bus_support import Names
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def names(any_names: Names) -> Names:
-    return any_names
 
 
 LOG = ojs.QueueOptions(max_length=5, overflow="reject-publish", max_priority=None)
@@ -87,10 +82,11 @@ async def test_options_that_do_not_match_the_queue_are_refused_by_the_broker(nam
     assert refused.value.reply_code == 406
 
 
-async def test_quorum_queues_for_a_cluster() -> None:
+async def test_quorum_queues_for_a_cluster(rabbitmq_url: str) -> None:
     """On RabbitMQ (one node here; scripts/cluster for three): the queue, its DLQ and its
-    wait queues are quorum queues with at-least-once dead-lettering, and a redelivery works."""
-    names = Names(URL)
+    wait queues are quorum queues with at-least-once dead-lettering, and a redelivery works.
+    RabbitMQ only: the queue types are read with ``rabbitmqctl``."""
+    names = Names(rabbitmq_url)
     name = names.sub("orders")
     seen = Seen()
     failures: dict[int, int] = {}
@@ -105,7 +101,7 @@ async def test_quorum_queues_for_a_cluster() -> None:
     policy = events.RedeliveryPolicy(initial_interval=0.05, max_interval=0.1)
     try:
         async with (
-            events.connect(URL, **names.bus_options(redelivery=policy)) as bus,
+            events.connect(names.url, **names.bus_options(redelivery=policy)) as bus,
             bus.subscribe(name, flaky, queue=ojs.QueueOptions.quorum()),
         ):
             for n in range(3):

@@ -6,11 +6,9 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from helpers import queue_exists
+from support.waits import Seen, queue_exists
 
 from ojs_anyio import amqp, events
-
-from .support import Seen
 
 pytestmark = pytest.mark.anyio
 

@@ -3,7 +3,7 @@
 Two kinds of node (:class:`Node`):
 
 * **The default broker** (``DEFAULT_NODE``: ``rabbitmqctl`` on this host, AMQP on
-  127.0.0.1:5672, or ``OJS_BROKER_HOST`` / ``OJS_BROKER_PORT``) may be the user's own
+  the host and port of ``OJS_AMQP_URL``, see ``tests/support/brokers.py``) may be the user's own
   RabbitMQ.  The harness only queries it and manages what the tests create on it: its
   ``ctl()`` runs ``status``, ``list_*``, ``close_connection`` (of a connection the test
   opened and named), and the tests' own vhosts (not ``/``), users (``ojs-test-…``) and
@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 import anyio
 from anyio.abc import ByteStream
+from support.brokers import RABBITMQ_HOST, RABBITMQ_PORT, require_rabbitmq
 
 from ojs_anyio.amqp import UsageError
 
@@ -59,8 +60,7 @@ __all__ = [
 ]
 
 AMQP_PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-BROKER_HOST = os.environ.get("OJS_BROKER_HOST", "127.0.0.1")
-BROKER_PORT = int(os.environ.get("OJS_BROKER_PORT", "5672"))
+BROKER_HOST, BROKER_PORT = RABBITMQ_HOST, RABBITMQ_PORT
 RABBITMQCTL = os.environ.get("OJS_RABBITMQCTL", "rabbitmqctl")
 _FRAME_END = 0xCE
 _MAX_START_FRAME = 128 * 1024
@@ -157,6 +157,8 @@ class Node:
 
     def _argv(self, args: Sequence[str]) -> tuple[list[str], dict[str, str] | None]:
         self.check_command(args)
+        if not self.disruptable:
+            require_rabbitmq(f"rabbitmqctl {' '.join(args)}")
         env = {**os.environ, **self._env} if self._env else None
         return [*self._command, *args], env
 

@@ -38,6 +38,7 @@ from anyio import (
 )
 from anyio.abc import ByteStream, SocketAttribute, SocketStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from support.brokers import RABBITMQ_HOST, RABBITMQ_PORT
 
 __all__ = ["Direction", "FaultProxy", "ProxyStatistics", "build_amqp_url", "unwrap_single_exception"]
 
@@ -154,8 +155,8 @@ class FaultProxy:
 
     def __init__(
         self,
-        target_host: str = "127.0.0.1",
-        target_port: int = 5672,
+        target_host: str = RABBITMQ_HOST,
+        target_port: int = RABBITMQ_PORT,
         *,
         connect_timeout: float = 10.0,
         chunk_size: int = 65536,

@@ -18,6 +18,7 @@ from pamqp import body as amqp_body
 from pamqp import commands as amqp
 from pamqp import frame as amqp_frame
 from pamqp import header as amqp_header
+from support.brokers import RABBITMQ_HOST, RABBITMQ_PORT
 
 from harness import (
     DEFAULT_NODE,
@@ -439,11 +440,11 @@ def test_tls_url(tls_material: TLSMaterial) -> None:
 # ---------------------------------------------------------------------- the real broker
 
 
-@pytest.mark.broker
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_proxy_to_rabbitmq_connection_start() -> None:
     with anyio.fail_after(15):
         async with (
-            FaultProxy("127.0.0.1", 5672) as proxy,
+            FaultProxy(RABBITMQ_HOST, RABBITMQ_PORT) as proxy,
             await anyio.connect_tcp("127.0.0.1", proxy.port) as client,
         ):
             frame = await read_connection_start(client)
@@ -452,10 +453,12 @@ async def test_proxy_to_rabbitmq_connection_start() -> None:
             assert proxy.bytes_up == len(broker.AMQP_PROTOCOL_HEADER)
 
 
-@pytest.mark.broker
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_tls_proxy_to_rabbitmq_connection_start(tls_material: TLSMaterial) -> None:
     with anyio.fail_after(15):
-        async with TLSTerminatingProxy(tls_material, target_port=5672, require_client_cert=True) as tls:
+        async with TLSTerminatingProxy(
+            tls_material, RABBITMQ_HOST, RABBITMQ_PORT, require_client_cert=True
+        ) as tls:
             client = await anyio.connect_tcp(
                 "127.0.0.1",
                 tls.port,
@@ -469,7 +472,7 @@ async def test_tls_proxy_to_rabbitmq_connection_start(tls_material: TLSMaterial)
             assert tls.client_common_names == ["ojs-test-client"]
 
 
-@pytest.mark.broker
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_broker_queries() -> None:
     with anyio.fail_after(60):
         await broker.wait_broker_ready(timeout=30)
@@ -645,11 +648,11 @@ class RawAMQP:
         )
 
 
-@pytest.mark.broker
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_close_connections_by_name() -> None:
     name = f"harness-{os.getpid()}-{os.urandom(4).hex()}"
     with anyio.fail_after(60):
-        async with await anyio.connect_tcp("127.0.0.1", 5672) as stream:
+        async with await anyio.connect_tcp(RABBITMQ_HOST, RABBITMQ_PORT) as stream:
             peer = RawAMQP(stream)
             await peer.open(name)
             assert await broker.close_connections("bye from the harness", connection_name=name) == 1

@@ -21,6 +21,7 @@ import anyio
 import trustme
 from anyio.abc import ByteStream, SocketStream
 from anyio.streams.tls import TLSAttribute, TLSStream
+from support.brokers import RABBITMQ_HOST, RABBITMQ_PORT
 
 from .proxy import FaultProxy, _Connection, build_amqp_url
 
@@ -126,8 +127,8 @@ class TLSTerminatingProxy(FaultProxy):
     def __init__(
         self,
         material: TLSMaterial,
-        target_host: str = "127.0.0.1",
-        target_port: int = 5672,
+        target_host: str = RABBITMQ_HOST,
+        target_port: int = RABBITMQ_PORT,
         *,
         require_client_cert: bool = False,
         handshake_timeout: float = 10.0,

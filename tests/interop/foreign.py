@@ -25,14 +25,15 @@ from typing import Any
 
 import pika
 import uuid6
+from support.brokers import OJS_VHOST, RABBITMQ_HOST, RABBITMQ_PORT, SPEC_RETRY_DELAYS_MS
 
-SPEC_RETRY_DELAYS_MS = [1000, 2000, 4000, 8000, 16000, 32000, 60000]
-HOST = "localhost"
-VHOST = "/ojs"
+__all__ = ["SPEC_RETRY_DELAYS_MS"]
 
 
 def _connect() -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(host=HOST, virtual_host=VHOST))
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(host=RABBITMQ_HOST, port=RABBITMQ_PORT, virtual_host=OJS_VHOST)
+    )
 
 
 # fmt: off

@@ -17,7 +17,8 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 import pytest
-from jobs.broker_support import WAIT, Outcomes, header_type, peek_raw, running, wait_message_count
+from jobs.broker_support import header_type, peek_raw, wait_message_count
+from support.workers import WAIT, Outcomes, running
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -26,6 +27,9 @@ from . import foreign
 from .foreign import SPEC_RETRY_DELAYS_MS, Consumed, RetryableError
 
 pytestmark = pytest.mark.anyio
+
+#: The foreign client is pika, over TCP: it cannot reach an in-process memory:// broker.
+PIKA = pytest.mark.rabbitmq_only("the foreign client (pika) speaks TCP: memory:// has no socket")
 
 
 def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -68,6 +72,7 @@ async def dlq_ids(client: ojs.Client, q: str) -> list[str | None]:
 # ------------------------------------------------------------------ declaration order
 
 
+@PIKA
 async def test_foreign_declares_first_then_our_push_worker_retry_and_dead_letter_work(
     ojs_vhost: str, spec_queue: str
 ) -> None:
@@ -97,6 +102,7 @@ async def test_foreign_declares_first_then_our_push_worker_retry_and_dead_letter
         assert await dlq_ids(client, q) == [dead.id]
 
 
+@PIKA
 async def test_ours_declare_first_then_foreign_declarations_succeed(
     ojs_vhost: str, spec_queue: str
 ) -> None:
@@ -120,6 +126,7 @@ async def test_ours_declare_first_then_foreign_declarations_succeed(
 # ------------------------------------------------------------------ shared job queue
 
 
+@PIKA
 async def test_spec_queue_200_jobs_failing_ones_dead_lettered_exactly_once(
     ojs_vhost: str, spec_queue: str
 ) -> None:
@@ -296,6 +303,7 @@ async def test_attempt_headers_are_int32_on_the_wire_push_retry_dead_letter_requ
 # ------------------------------------------------------------------ priority
 
 
+@PIKA
 async def test_unprioritised_jobs_stay_fifo_across_clients_and_150_arrives_as_9(
     ojs_vhost: str, spec_queue: str
 ) -> None:
@@ -373,6 +381,7 @@ async def three_blocked_workers(client: ojs.Client, q: str) -> AsyncIterator[Blo
 
 
 @pytest.mark.parametrize("via", ["default", "direct"])
+@PIKA
 async def test_foreign_cancel_reaches_the_worker_running_the_job(
     ojs_vhost: str, spec_queue: str, via: str
 ) -> None:
@@ -401,6 +410,7 @@ async def test_foreign_cancel_reaches_the_worker_running_the_job(
         assert [o.id for o in cancelled] == [target.id]
 
 
+@PIKA
 async def test_foreign_info_is_answered_on_the_foreign_reply_queue(ojs_vhost: str, spec_queue: str) -> None:
     """A foreign INFO (exclusive auto-delete reply queue, reply_to, correlation_id) sent to
     the control queue through the default exchange, with three workers on the queue: the
@@ -427,6 +437,7 @@ async def test_foreign_info_is_answered_on_the_foreign_reply_queue(ojs_vhost: st
 # ------------------------------------------------------------------ retries both ways
 
 
+@PIKA
 async def test_foreign_retry_runs_in_our_worker_and_ours_in_theirs(ojs_vhost: str, spec_queue: str) -> None:
     """A retry the foreign client publishes through ojs.exchange.retry (§15.4, attempt 2,
     1000 ms) is run by our worker as attempt 2.  A retry our worker publishes (attempt 1

@@ -1,10 +1,7 @@
 """Helpers for the job layer's real-broker tests (``tests/jobs/test_*_broker.py``).
 
-* :data:`URL` / :data:`OJS_VHOST_URL`: the test broker on vhost ``/`` and on ``/ojs`` (the
-  vhost of 001's examples).
-* :class:`Outcomes`: records a worker's :class:`ojs_anyio.JobOutcome` events and waits on
-  them (the tests synchronise on these, never on sleeps).
-* :func:`running`: run a worker for the duration of a block, stop it gracefully on exit.
+* :func:`current_url`, :data:`OJS_VHOST`, :class:`Outcomes`, :func:`running`, :data:`WAIT`:
+  from ``tests/support`` (re-exported for the job tests).
 * :func:`wait_message_count`: wait until a queue holds ``n`` messages (for the one hop no
   worker event reports: the broker moving a rejected copy into ``ojs.queue.dlx.{q}``).
 * :func:`queue_facts` / :func:`consumer_facts` / :func:`bindings_to`: broker-side truth
@@ -15,25 +12,22 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 from harness.broker import rabbitmqctl
-from helpers import wait_message_count as _wait_message_count
+from support.brokers import OJS_VHOST, current_url, memory_broker
+from support.waits import wait_message_count as _wait_message_count
+from support.workers import WAIT, Outcomes, running
 
-import ojs_anyio as ojs
 from ojs_anyio import amqp
 
 __all__ = [
     "OJS_VHOST",
-    "OJS_VHOST_URL",
-    "URL",
     "WAIT",
     "Outcomes",
     "bindings_to",
@@ -48,115 +42,20 @@ __all__ = [
     "wait_message_count",
 ]
 
-URL = os.environ.get("OJS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-#: The broker of the running test (RabbitMQ's URL or a memory:// one): set by the ``amqp_url``
-#: based fixtures of conftest.py (client, raw, cleanup, q, broker_url).
-_current = [URL]
-
-
-def current_url() -> str:
-    """The running test's broker URL (its ``amqp_url``: RabbitMQ or memory://)."""
-    return _current[0]
-
 
 def _memory_broker(vhost: str) -> Any:
     if not current_url().startswith("memory://"):
         return None
-    from ojs_anyio.memory import get_broker
-
-    broker = get_broker(amqp.parse_url(current_url()).host)
+    broker = memory_broker(current_url())
     broker.add_vhost(vhost) if vhost not in broker.state.vhosts else None
     return broker
 
 
-OJS_VHOST = "/ojs"
-OJS_VHOST_URL = os.environ.get("OJS_AMQP_VHOST_URL", "amqp://guest:guest@127.0.0.1:5672/%2Fojs")
-#: The retry delays of the OJS AMQP binding's §15.3 example (its retry queues).
-SPEC_RETRY_DELAYS_MS = (1000, 2000, 4000, 8000, 16000, 32000, 60000)
-#: Bound on any single wait in these tests (seconds).
-WAIT = 15.0
-
-
-#: Wait until a queue holds exactly ``n`` ready messages (tests/helpers.py), up to WAIT.
+#: Wait until a queue holds exactly ``n`` ready messages (tests/support/waits.py), up to WAIT.
 wait_message_count = functools.partial(_wait_message_count, timeout=WAIT)
 
 A = TypeVar("A")
 B = TypeVar("B")
-
-
-class Outcomes:
-    """Every :class:`JobOutcome` a worker reports, in order, with a way to wait for some."""
-
-    def __init__(self, worker: ojs.Worker) -> None:
-        self.items: list[ojs.JobOutcome] = []
-        self._changed = anyio.Event()
-        worker.add_listener(self._on_outcome)
-
-    def _on_outcome(self, outcome: ojs.JobOutcome) -> None:
-        self.items.append(outcome)
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
-
-    def matching(self, pred: Callable[[ojs.JobOutcome], bool]) -> list[ojs.JobOutcome]:
-        return [o for o in self.items if pred(o)]
-
-    async def wait_for(
-        self,
-        pred: Callable[[ojs.JobOutcome], bool],
-        count: int = 1,
-        timeout: float = WAIT,
-    ) -> list[ojs.JobOutcome]:
-        """Wait until ``count`` outcomes match ``pred``; return them."""
-        with anyio.fail_after(timeout):
-            while len(found := self.matching(pred)) < count:
-                await self._changed.wait()
-        return found
-
-    async def wait_final(self, job_id: str, timeout: float = WAIT) -> ojs.JobOutcome:
-        """Wait for the job's final outcome (completed or dead-lettered)."""
-        found = await self.wait_for(
-            lambda o: o.id == job_id and o.outcome in ("completed", "dead_lettered", "cancelled"),
-            timeout=timeout,
-        )
-        return found[0]
-
-    def of(self, job_id: str) -> list[ojs.JobOutcome]:
-        return self.matching(lambda o: o.id == job_id)
-
-
-@asynccontextmanager
-async def running(
-    worker: ojs.Worker,
-    client: ojs.Client,
-    timeout: float = WAIT,
-) -> AsyncIterator[ojs.Worker]:
-    """Run ``worker`` in the background; on exit ``stop()`` it and wait for ``run()`` to return
-    (if the block raised, cancel it instead)."""
-    finished = anyio.Event()
-
-    async def run() -> None:
-        try:
-            await worker.run(client)
-        finally:
-            finished.set()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        with anyio.fail_after(timeout):
-            await worker.wait_ready()
-        try:
-            yield worker
-        except BaseException:
-            tg.cancel_scope.cancel()  # the test failed: don't wait out a graceful stop
-            raise
-        finally:
-            worker.stop()
-            with anyio.move_on_after(worker.grace_period + timeout, shield=True):
-                await finished.wait()
-            stuck = not finished.is_set()
-            tg.cancel_scope.cancel()
-        if stuck:
-            raise AssertionError("worker.run() did not return after stop() and the grace period")
 
 
 async def peek_raw(queue: str, *, url: str | None = None) -> tuple[amqp.IncomingMessage, bytes]:

@@ -19,7 +19,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import pytest
-from helpers import wait_until as _wait_until
+from support.waits import wait_until as _wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp

@@ -20,6 +20,8 @@ import anyio.abc
 import msgspec
 import pytest
 from harness import FaultProxy
+from support.cleanup import Cleanup
+from support.policies import FAST
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -28,10 +30,8 @@ from ojs_anyio.jobs._envelope import decode_job, format_timestamp, parse_timesta
 from ojs_anyio.jobs._schedule import Leadership, Schedule, merge_fired, skipped_ticks
 
 from .broker_support import WAIT, current_url
-from .conftest import Cleanup
 
 EVERY_SECOND = "* * * * * *"
-FAST = amqp.RecoveryPolicy(initial_delay=0.01, max_delay=0.1, jitter=0.1, consumer_resubscribe_delay=0.05)
 
 
 def at(text: str) -> datetime:

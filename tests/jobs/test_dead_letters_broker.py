@@ -9,12 +9,12 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support.brokers import RABBITMQ_URL as URL
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
 from .broker_support import (
-    URL,
     WAIT,
     Outcomes,
     current_url,

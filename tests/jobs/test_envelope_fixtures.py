@@ -29,7 +29,6 @@ from ojs_anyio.jobs._errors import ErrorCode, InvalidJobError
 from ojs_anyio.jobs._retry import RetryPolicy
 
 #: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
-BROKER = False
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "ojs-json-schema"
 if not (SCHEMA_DIR / "tests" / "valid").is_dir():

@@ -15,7 +15,6 @@ from ojs_anyio import amqp
 from ojs_anyio.jobs import _errors, _verdicts, compute_delay_ms, priority_to_amqp
 
 #: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
-BROKER = False
 
 MISUSE = [
     ojs.InvalidJobError,

@@ -20,8 +20,9 @@ import anyio
 import anyio.abc
 import httpx
 import pytest
+from support.brokers import RABBITMQ_URL as URL
 
-from .broker_support import URL, ProcessLog
+from .broker_support import ProcessLog
 
 pytestmark = pytest.mark.anyio
 

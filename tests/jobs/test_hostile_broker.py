@@ -21,7 +21,7 @@ import anyio
 import pika
 import pytest
 import uuid6
-from conftest import SECOND_USER
+from support.brokers import SECOND_USER
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp

@@ -25,7 +25,6 @@ import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.memory import MemoryBroker
 
-BROKER = False  # memory:// only
 Q = "hq"
 WAIT = 20.0
 

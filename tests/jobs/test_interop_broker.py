@@ -17,14 +17,19 @@ import pika
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from support.brokers import RABBITMQ_HOST, RABBITMQ_PORT
+from support.cleanup import Cleanup
 
 import ojs_anyio as ojs
 from ojs_anyio.jobs._dedup import lock_queue
 
 from .broker_support import OJS_VHOST, WAIT, Outcomes, running
-from .conftest import Cleanup
 
-pytestmark = [pytest.mark.anyio, pytest.mark.rabbitmq_only("plain pika connects over TCP to localhost")]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.rabbitmq_only("plain pika connects over TCP: memory:// has no socket"),
+]
+
 
 # fmt: off
 def spec_15_1_publish(queue_name: str) -> str:
@@ -95,7 +100,9 @@ def spec_15_3_retry_topology(queue_name: str) -> None:
 
 def pika_basic_get(queue: str) -> tuple[Any, Any, bytes]:
     """One message from ``queue`` with plain pika (Basic.Get, then ack)."""
-    conn = pika.BlockingConnection(pika.ConnectionParameters(host="localhost", virtual_host="/ojs"))
+    conn = pika.BlockingConnection(
+        pika.ConnectionParameters(host=RABBITMQ_HOST, port=RABBITMQ_PORT, virtual_host="/ojs")
+    )
     try:
         ch = conn.channel()
         method, properties, body = ch.basic_get(queue=queue, auto_ack=False)

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
+from support.cleanup import Cleanup
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -32,7 +33,6 @@ from ojs_anyio.amqp import _metrics
 from ojs_anyio.jobs import _tracing
 
 from .broker_support import WAIT, Outcomes, current_url, running
-from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
 
@@ -499,6 +499,7 @@ async def test_metrics_worker_utilization_and_job_acks(
     assert delta("ojs_amqp_messages_published_total", q) == 2
 
 
+@pytest.mark.rabbitmq_only("the fault proxy cuts a TCP connection: memory:// has no socket")
 async def test_metrics_across_a_reconnect(
     metric_reader: InMemoryMetricReader, cleanup: Cleanup, unique: Any
 ) -> None:

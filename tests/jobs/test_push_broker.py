@@ -15,6 +15,7 @@ import anyio
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from support.cleanup import Cleanup
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -22,7 +23,6 @@ from ojs_anyio.jobs._dedup import lock_queue
 from ojs_anyio.jobs._envelope import parse_timestamp
 
 from .broker_support import WAIT, current_url, header_type, peek_raw, wait_message_count
-from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
 

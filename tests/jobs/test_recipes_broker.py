@@ -22,12 +22,13 @@ import httpx
 import pytest
 from anyio.from_thread import start_blocking_portal
 from harness import FaultProxy
-from helpers import wait_until
+from support.brokers import RABBITMQ_URL as URL
+from support.waits import wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
-from .broker_support import URL, WAIT
+from .broker_support import WAIT
 from .broker_support import ProcessLog as _Log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,10 +61,11 @@ async def _take(queue: str) -> list[ojs.Job]:
 
 
 @pytest.fixture
-def example_queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def example_queue(rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh queue for the recipes, which run on RabbitMQ (uvicorn runs one in a subprocess)."""
     q = f"t{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("OJS_EXAMPLE_QUEUE", q)
-    monkeypatch.setenv("OJS_AMQP_URL", URL)
+    monkeypatch.setenv("OJS_AMQP_URL", rabbitmq_url)
     yield q
 
 
@@ -74,6 +76,7 @@ def _django() -> ModuleType:
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_fastapi_recipe_pushes_from_a_request(example_queue: str) -> None:
     module = _load("fastapi_app")
     app = module.app
@@ -88,6 +91,7 @@ async def test_fastapi_recipe_pushes_from_a_request(example_queue: str) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_fastapi_recipe_answers_503_while_the_broker_is_away(
     example_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,6 +132,7 @@ async def test_fastapi_recipe_answers_503_while_the_broker_is_away(
     assert [j.id for j in jobs] == [before.json()["job_id"], after.json()["job_id"]]
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 def test_django_recipe_pushes_from_request_threads(example_queue: str) -> None:
     module = _django()
     from django.test import Client as DjangoClient
@@ -145,6 +150,7 @@ def test_django_recipe_pushes_from_request_threads(example_queue: str) -> None:
     assert {tuple(j.args) for j in jobs} == {(f"u{i}@b.c", "welcome") for i in range(3)}
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 def test_django_recipe_answers_503_while_the_broker_is_away(
     example_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,6 +197,7 @@ def test_django_recipe_answers_503_while_the_broker_is_away(
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_fastapi_recipe_under_uvicorn_stops_promptly_on_sigterm_while_the_broker_is_away(
     example_queue: str,
 ) -> None:

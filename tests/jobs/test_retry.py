@@ -30,7 +30,6 @@ from ojs_anyio.jobs._retry import (
 )
 
 #: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
-BROKER = False
 
 # ------------------------------------------------------------------ durations
 

@@ -22,6 +22,7 @@ import anyio
 import anyio.from_thread
 import msgspec
 import pytest
+from support.brokers import RABBITMQ_URL as URL
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -29,7 +30,7 @@ from ojs_anyio.jobs._dedup import lock_queue
 from ojs_anyio.jobs._durations import duration_seconds
 from ojs_anyio.jobs._retry import is_retryable_error
 
-from .broker_support import URL, WAIT, Outcomes, current_url, running
+from .broker_support import WAIT, Outcomes, current_url, running
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ojs.RetryPolicy(initial_interval="PT0.1S", jitter=False)
@@ -238,7 +239,7 @@ async def test_2_retry_policy_precedence(
         raise RuntimeError("no")
 
     producer = None if producer_policy is None else ojs.RetryPolicy(max_attempts=producer_policy)
-    async with ojs.connect(URL, retry=producer) as client, running(worker, client):
+    async with ojs.connect(current_url(), retry=producer) as client, running(worker, client):
         retry = None if job_policy is None else ojs.RetryPolicy(max_attempts=job_policy)
         job = await client.push("failing.job", [], queue=q, retry=retry)
         final = await outcomes.wait_final(job.id, timeout=30)
@@ -489,9 +490,9 @@ def test_6_constructors_validate_their_arguments() -> None:
 
 
 @pytest.mark.anyio
-async def test_6_connect_validates_retry() -> None:
+async def test_6_connect_validates_retry(broker_url: str) -> None:
     with pytest.raises(TypeError, match="retry must be"):
-        async with ojs.connect(URL, retry=5):  # type: ignore[arg-type]
+        async with ojs.connect(broker_url, retry=5):  # type: ignore[arg-type]
             pass
 
 
@@ -628,6 +629,7 @@ async def test_10_push_delay_and_timeout_take_the_same_forms(client: ojs.Client,
 
 
 @pytest.mark.anyio
+@pytest.mark.rabbitmq_only("the example runs in a subprocess: a memory:// broker lives in this process")
 async def test_9_the_job_layer_example_runs(anyio_backend_name: str, new_queue: Any) -> None:
     root = ROOT
     queue = new_queue()

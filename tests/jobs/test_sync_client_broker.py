@@ -10,12 +10,13 @@ import anyio
 import msgspec
 import pytest
 from anyio.from_thread import start_blocking_portal
+from support.brokers import RABBITMQ_URL as URL
+from support.cleanup import Cleanup
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 
-from .broker_support import URL, WAIT
-from .conftest import Cleanup
+from .broker_support import WAIT
 
 BACKENDS = [pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")]
 
@@ -42,6 +43,7 @@ async def _drain_ids(name: str, n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("rabbitmq_url")
 def test_sync_client_from_eight_threads(backend: str) -> None:
     q = f"t{uuid.uuid4().hex[:10]}"
     try:
@@ -95,6 +97,7 @@ def _eight_threads(q: str, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("rabbitmq_url")
 def test_sync_client_raises_the_async_clients_errors_in_the_caller(backend: str) -> None:
     with ojs.SyncClient(URL, backend=backend, declare="lazy") as client:
         with pytest.raises(ojs.InvalidJobError):
@@ -117,6 +120,7 @@ class Order(msgspec.Struct):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("rabbitmq_url")
 def test_sync_client_waits_for_results_and_pushes_typed_handles(backend: str) -> None:
     """A Django view's view of the job layer: push_for_result blocks for the reply, typed
     handles push through a SyncClient, and a result that is late raises TimeoutError."""

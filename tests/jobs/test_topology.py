@@ -40,7 +40,6 @@ from ojs_anyio.jobs._topology import (
 )
 
 #: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
-BROKER = False
 
 NAMES = Names()
 

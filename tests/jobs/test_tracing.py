@@ -10,7 +10,6 @@ import ojs_anyio as ojs
 from ojs_anyio.jobs import _tracing
 
 #: Pure test module: runs under ``pytest -m "not broker"`` (see tests/conftest.py).
-BROKER = False
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 SPAN_ID = 0x00F067AA0BA902B7

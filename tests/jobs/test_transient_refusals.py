@@ -25,7 +25,6 @@ from ojs_anyio.memory import MemoryBroker
 from .broker_support import WAIT, Outcomes, running
 
 pytestmark = pytest.mark.anyio
-BROKER = False  # memory:// only: the faults are injected by the in-process broker
 
 FAST = ojs.RepublishPolicy(initial_delay=0.01, max_delay=0.05, deadline=WAIT)
 #: Gives up after three refusals, so a test sees the "requeued" path quickly.

@@ -8,8 +8,6 @@ import anyio
 import ojs_anyio as ojs
 from ojs_anyio.testing import job_tester
 
-BROKER = False  # memory:// only: no RabbitMQ needed
-
 WORKER = ojs.Worker(queues=["reuse"])  # made outside any event loop
 SEEN: list[int] = []
 

@@ -12,13 +12,13 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from helpers import wait_until
+from support.cleanup import Cleanup
+from support.waits import wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio.jobs._workflows import workflow_queues
 
 from .broker_support import Outcomes, queue_facts, running
-from .conftest import Cleanup
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.broker]
+pytestmark = [pytest.mark.usefixtures("rabbitmq_url")]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,14 +8,13 @@ import uuid
 import anyio
 import pytest
 from cli.cli_support import run_cli
+from support.brokers import RABBITMQ_URL as URL
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.jobs._workflows import workflow_queues
 
-from .broker_support import URL
-
-pytestmark = pytest.mark.broker
+pytestmark = pytest.mark.usefixtures("rabbitmq_url")
 
 
 def test_workflow_show_prints_state_and_says_when_there_is_none() -> None:

@@ -26,14 +26,13 @@ from typing import Any
 
 import anyio
 import pytest
+from support.brokers import RABBITMQ_URL as URL
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.jobs._workflows import workflow_queues
 
-from .broker_support import URL
-
-pytestmark = pytest.mark.broker
+pytestmark = pytest.mark.usefixtures("rabbitmq_url")
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = 300

@@ -1,4 +1,5 @@
-"""Helpers for the fault-injection tests: fast recovery settings and an event recorder."""
+"""Helpers for the fault-injection tests: an event recorder, an observer channel, and the
+shared waits and fast recovery policy of ``tests/support`` (re-exported)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,17 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import anyio
-from helpers import message_count, queue_exists
-from helpers import wait_until as _wait_until
+from support.policies import FAST
+from support.waits import message_count, queue_exists
+from support.waits import wait_until as _wait_until
 
 from ojs_anyio import amqp
 
 #: Resilience waits span reconnects: 10 s unless the caller says otherwise.
 wait_until = functools.partial(_wait_until, timeout=10.0)
-__all__ = ["message_count", "queue_exists"]  # re-exported from tests/helpers.py
+__all__ = ["FAST", "message_count", "queue_exists"]  # re-exported from tests/support
 
 E = TypeVar("E", bound=amqp.RecoveryEvent)
-
-#: Backoff in milliseconds, so recovery takes a few tens of ms after the fault ends.
-FAST = amqp.RecoveryPolicy(
-    initial_delay=0.01,
-    multiplier=2.0,
-    max_delay=0.1,
-    jitter=0.1,
-    consumer_resubscribe_delay=0.05,
-)
 
 
 class EventLog:

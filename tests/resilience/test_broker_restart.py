@@ -17,7 +17,7 @@ from ojs_anyio import amqp
 
 from .resilience_helpers import EventLog
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = pytest.mark.anyio
 
 #: Small backoff, so the first attempt after the broker is back comes within ~0.2 s.
 POLICY = amqp.RecoveryPolicy(initial_delay=0.05, multiplier=2.0, max_delay=0.2, jitter=0.1)

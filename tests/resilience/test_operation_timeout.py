@@ -17,6 +17,7 @@ from .resilience_helpers import FAST, EventLog
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_a_call_times_out_as_an_operation_not_a_publish(
     amqp_url: str, unique: Callable[[str], str]
 ) -> None:

@@ -25,7 +25,8 @@ import anyio
 import pytest
 from anyio.from_thread import start_blocking_portal
 from harness import FaultProxy
-from helpers import message_count, wait_message_count, wait_until
+from support.brokers import RABBITMQ_URL as URL
+from support.waits import message_count, wait_message_count, wait_until
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
@@ -36,7 +37,6 @@ BOUND = amqp.DEFAULT_PUBLISH_TIMEOUT
 CONFIRM = amqp.DEFAULT_CONFIRM_TIMEOUT
 #: What a loaded 2-core machine may add to a bound.
 SLACK = 10.0
-URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 def _queue() -> str:
@@ -74,6 +74,7 @@ def _assert_not_sent(exc: BaseException | None, queue: str) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_broker_away_longer_than_the_bound_every_push_is_not_sent() -> None:
     async with _through_proxy() as (proxy, client, q):
         worker = ojs.Worker(queues=[q])
@@ -124,6 +125,7 @@ async def test_broker_away_longer_than_the_bound_every_push_is_not_sent() -> Non
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_a_short_outage_inside_the_bound_the_push_succeeds_after_recovery() -> None:
     async with _through_proxy() as (proxy, client, q):
         log = EventLog(client.conn)
@@ -153,6 +155,7 @@ async def test_a_short_outage_inside_the_bound_the_push_succeeds_after_recovery(
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_the_connection_dies_after_the_job_was_written_outcome_unknown() -> None:
     async with _through_proxy() as (proxy, client, q):
         ch = await client.channel()
@@ -180,6 +183,7 @@ async def test_the_connection_dies_after_the_job_was_written_outcome_unknown() -
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("rabbitmq_url")
 async def test_a_silent_broker_after_the_job_was_written_outcome_unknown_after_confirm_timeout() -> None:
     async with _through_proxy() as (proxy, client, q):
         proxy.stall()  # nothing gets through, and the heartbeat (60 s) notices nothing yet
@@ -195,6 +199,7 @@ async def test_a_silent_broker_after_the_job_was_written_outcome_unknown_after_c
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.usefixtures("rabbitmq_url")
 def test_sync_client_push_while_the_broker_stays_away_is_not_sent_within_the_bound(backend: str) -> None:
     q = _queue()
     try:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 from harness import FaultProxy
-from helpers import wait_message_count
+from support.waits import wait_message_count
 
 from ojs_anyio import amqp
 

@@ -1,26 +1,23 @@
-"""Helpers shared by every test folder (``from helpers import wait_until``).
+"""Bounded waits and counts, shared by every test folder (``from support.waits import wait_until``).
 
-One home for what tests/amqp, tests/jobs and tests/resilience all need: polling state
-that has no event to wait on, waiting for a queue's message count, whether a queue
-exists, and unwrapping an
-exception group to the one error a test expects (``unwrap_single_exception``, from the
-harness, which needs it itself).  ``tests/`` is on ``sys.path`` (the
-rootdir conftest), like the ``harness`` package.
+Polling state that has no event to wait on (:func:`wait_until`), a queue's message count
+(:func:`message_count`, :func:`wait_message_count`), whether a queue exists
+(:func:`queue_exists`), and :class:`Seen`: things a handler saw, with a way to wait for them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
-from harness.proxy import unwrap_single_exception
 
 from ojs_anyio import amqp
 
 __all__ = [
+    "Seen",
     "message_count",
     "queue_exists",
-    "unwrap_single_exception",
     "wait_message_count",
     "wait_until",
 ]
@@ -91,3 +88,23 @@ async def _poll_count(
         if n == count or (at_least and n >= count):
             return
         await anyio.sleep(interval)  # polling broker state: there is no event for it
+
+
+class Seen:
+    """Things a handler saw, with a way to wait for them (never a sleep)."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self._changed = anyio.Event()
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    async def wait(self, count: int, timeout: float = 20.0) -> list[Any]:
+        """Wait until ``count`` items were seen; return all of them."""
+        with anyio.fail_after(timeout):
+            while len(self.items) < count:
+                await self._changed.wait()
+        return self.items

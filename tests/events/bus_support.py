@@ -1,26 +1,25 @@
-"""Helpers for the event bus tests: names, waiting on handlers, reading queues directly."""
+"""Helpers for the event bus tests: fresh names (cleaned up after the test) and reading queues
+directly.  The broker URL, the fast recovery policy and :class:`Seen` are in ``tests/support``."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any
-from urllib.parse import quote
 
 import anyio
+from support.policies import FAST
 
 from ojs_anyio import amqp, events
 
-URL = os.environ.get("OJS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-#: Reconnect within tens of milliseconds after a cut.
-FAST = amqp.RecoveryPolicy(
-    initial_delay=0.01, multiplier=2.0, max_delay=0.1, jitter=0.1, consumer_resubscribe_delay=0.05
-)
+#: Bound on any single wait of the event tests (seconds).
 WAIT = 20.0
 
 
 class Names:
-    def __init__(self, url: str = URL) -> None:
+    """A fresh exchange and queue tag on the broker at ``url``; ``sub(name)`` registers a
+    subscription whose queues are deleted by ``cleanup()``."""
+
+    def __init__(self, url: str) -> None:
         token = uuid.uuid4().hex[:10]
         self.url = url
         self.exchange = f"ojs-test-ev-{token}"
@@ -53,29 +52,6 @@ class Names:
                 if attempt == 9:
                     raise
                 await anyio.sleep(0.5)
-
-
-def vhost_url(vhost: str, base: str = URL) -> str:
-    return base.rstrip("/") + "/" + quote(vhost, safe="")
-
-
-class Seen:
-    """Things a handler saw, with a way to wait for them (never a sleep)."""
-
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-        self._changed = anyio.Event()
-
-    def add(self, item: Any) -> None:
-        self.items.append(item)
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
-
-    async def wait(self, count: int, timeout: float = WAIT) -> list[Any]:
-        with anyio.fail_after(timeout):
-            while len(self.items) < count:
-                await self._changed.wait()
-        return self.items
 
 
 async def take(url: str, queue: str, count: int, timeout: float = WAIT) -> list[amqp.IncomingMessage]:
