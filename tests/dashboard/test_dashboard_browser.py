@@ -278,7 +278,9 @@ def test_an_operator_watches_and_acts_in_chromium(
     shots.take(page, "overview")
     cell("dead").get_by_role("link").click()
     dead_row = page.locator(f'tr[data-job="{dead}"]')
-    expect(dead_row.locator("td.reason")).to_have_text("HANDLER_ERROR: ValueError: invoice 7 not found")
+    expect(dead_row.locator("td.reason")).to_have_text(
+        "HANDLER_ERROR: ValueError: invoice 7 not found (attempt 2 of 2, retries exhausted)"
+    )
     expect(dead_row.locator("td").nth(1)).to_have_text("2")  # attempt
     expect(page.locator("details")).to_have_count(0)  # no backtrace unless --show-backtraces
     shots.take(page, "dead-letters")
