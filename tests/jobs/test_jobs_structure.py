@@ -27,7 +27,6 @@ import ojs_anyio
 import ojs_anyio.events
 import ojs_anyio.jobs
 
-
 LIBRARY = Path(ojs_anyio.__file__).parent
 JOBS = Path(ojs_anyio.jobs.__file__).parent
 EVENTS = Path(ojs_anyio.events.__file__).parent
