@@ -23,6 +23,8 @@ from ._misuse import ArgumentTypeError
 
 __all__ = [
     "DEATH_CLOCK_SKEW",
+    "ID_RESCAN_DELAY",
+    "ID_SCANS",
     "DeadLetterQueue",
     "died_at",
     "latest_death",
@@ -100,6 +102,12 @@ async def return_to_queue(held: Sequence[amqp.IncomingMessage]) -> None:
                 return
 
 
+#: Scans of a requeue by id before an id is reported not found (see DeadLetterQueue.move).
+ID_SCANS = 3
+#: Seconds before the second scan (doubled before the third).
+ID_RESCAN_DELAY = 0.2
+
+
 class DeadLetterQueue:
     """The scans of one dead-letter queue ``name``, on channels of ``conn``."""
 
@@ -150,38 +158,70 @@ class DeadLetterQueue:
         most the messages present at the start are looked at.  Malformed messages (that
         cannot be published again as they are) and the ones left out are held while the
         queue is scanned and put back in their order.  ``on_moved(n)`` reports progress;
-        ``stop()`` ends the scan early when true.  Returns how many were moved."""
+        ``stop()`` ends the scan early when true.  Returns how many were moved.
+
+        With ``ids``, an id not found is looked for again, up to :data:`ID_SCANS` scans in
+        all (after :data:`ID_RESCAN_DELAY` s, then twice that): a concurrent peek holds the
+        messages it looks at unacked for a moment, and they are not counted as present then."""
         wanted = None if ids is None else set(ids)
         moved = 0
         async with self.conn.channel(confirms=True) as ch:
-            present = (await ch.queue_declare(self.name, passive=True)).message_count
-            held: list[amqp.IncomingMessage] = []
-            try:
-                for _ in range(present):
-                    if (limit is not None and moved >= limit) or wanted == set():
-                        break
-                    if stop is not None and stop():
-                        break
-                    msg = await ch.get(self.name)
-                    if msg is None:
-                        break
-                    name = key(msg)
-                    if msg.malformed is not None or (wanted is not None and name not in wanted):
-                        held.append(msg)
-                        continue
-                    try:
-                        await republish(ch, msg)
-                    except BaseException:
-                        held.append(msg)
-                        raise
-                    await msg.ack()
-                    moved += 1
-                    if wanted is not None:
-                        wanted.discard(name)
-                    if on_moved is not None:
-                        on_moved(moved)
-            finally:
-                await return_to_queue(held)
+            for scan in range(ID_SCANS):
+                moved = await self._move_scan(
+                    ch, republish, key=key, limit=limit, wanted=wanted, on_moved=on_moved, stop=stop,
+                    moved=moved,
+                )  # fmt: skip
+                if not wanted or (limit is not None and moved >= limit) or (stop is not None and stop()):
+                    break
+                if scan + 1 < ID_SCANS:
+                    # An id not seen may be held for a moment by another reader of the queue
+                    # (a peek: a dashboard's refresh, another command), which takes messages
+                    # with Basic.Get and puts them back: look again before calling it absent.
+                    await anyio.sleep(ID_RESCAN_DELAY * 2**scan)
+        return moved
+
+    async def _move_scan(
+        self,
+        ch: amqp.Channel,
+        republish: Callable[[amqp.Channel, amqp.IncomingMessage], Awaitable[None]],
+        *,
+        key: Callable[[amqp.IncomingMessage], str],
+        limit: int | None,
+        wanted: set[str] | None,
+        on_moved: Callable[[int], object] | None,
+        stop: Callable[[], bool] | None,
+        moved: int,
+    ) -> int:
+        """One pass of :meth:`move` over the messages present now; ``moved`` so far in, the
+        new total out (``wanted`` loses each id moved)."""
+        present = (await ch.queue_declare(self.name, passive=True)).message_count
+        held: list[amqp.IncomingMessage] = []
+        try:
+            for _ in range(present):
+                if (limit is not None and moved >= limit) or wanted == set():
+                    break
+                if stop is not None and stop():
+                    break
+                msg = await ch.get(self.name)
+                if msg is None:
+                    break
+                name = key(msg)
+                if msg.malformed is not None or (wanted is not None and name not in wanted):
+                    held.append(msg)
+                    continue
+                try:
+                    await republish(ch, msg)
+                except BaseException:
+                    held.append(msg)
+                    raise
+                await msg.ack()
+                moved += 1
+                if wanted is not None:
+                    wanted.discard(name)
+                if on_moved is not None:
+                    on_moved(moved)
+        finally:
+            await return_to_queue(held)
         return moved
 
     async def prune(

@@ -6,6 +6,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -176,3 +177,52 @@ async def test_prune_enforces_retention_by_count_then_age_and_from_the_cli(
         progress: list[int] = []
         assert await dead_letters.prune(timedelta(0), max_jobs=None, on_dropped=progress.append) == 1  # old
         assert progress == [1]
+
+
+async def test_requeue_by_id_finds_a_job_a_concurrent_peek_holds(
+    client: ojs.Client, raw: amqp.Connection, q: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peek (a dashboard's refresh, another command) holds the messages it looks at
+    unacked for a moment, and the broker does not count them as present: a requeue by id
+    that starts then looks again before it says the job is not there."""
+    from ojs_anyio import _dead_letter_queue
+
+    worker = ojs.Worker(queues=[q])
+    outcomes = Outcomes(worker)
+
+    @worker.handler("held.job")
+    async def handler(ctx: ojs.JobContext) -> None:
+        raise ojs.Discard("dead at once")
+
+    async with running(worker, client):
+        job = await client.push("held.job", [], queue=q)
+        assert (await outcomes.wait_final(job.id)).outcome == "dead_lettered"
+        await wait_message_count(raw, client.names.dlx_queue(q), 1)
+
+    first_scan_done = anyio.Event()
+    scan = _dead_letter_queue.DeadLetterQueue._move_scan
+
+    async def observed_scan(self: Any, *args: Any, **kwargs: Any) -> int:
+        moved: int = await scan(self, *args, **kwargs)
+        first_scan_done.set()
+        return moved
+
+    monkeypatch.setattr(_dead_letter_queue.DeadLetterQueue, "_move_scan", observed_scan)
+    dead_letters = client.dead_letters(q)
+    moved: list[int] = []
+    with anyio.fail_after(WAIT):
+        async with raw.channel() as ch:
+            held = await ch.get(client.names.dlx_queue(q))  # the other reader's Basic.Get
+            assert held is not None and held.properties.message_id == job.id
+            async with anyio.create_task_group() as tg:
+
+                async def requeue() -> None:
+                    moved.append(await dead_letters.requeue(ids=[job.id]))
+
+                tg.start_soon(requeue)
+                await first_scan_done.wait()  # the first scan did not see it
+                await held.reject(requeue=True)  # the peek puts it back
+        assert moved == [1]
+        assert await dead_letters.count() == 0
+        # An id that is not there is reported so after the scans, not waited for.
+        assert await dead_letters.requeue(ids=["no-such-job"]) == 0
