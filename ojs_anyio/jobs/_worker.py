@@ -65,6 +65,9 @@ __all__ = ["Handler", "JobContext", "JobOutcome", "Worker"]
 
 log = logging.getLogger("ojs_anyio.worker")
 
+#: Tries of a worker's start-up declarations through connection cuts (Worker._declare_queues).
+DECLARE_ATTEMPTS = 5
+
 #: ``async def handler(ctx, *args)`` or ``def handler(ctx, *args)`` (run in a worker thread).
 Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
 
@@ -271,14 +274,30 @@ class Worker:
             self._ready = anyio.Event()
         return self._ready
 
+    async def _declare_queues(self, client: Client) -> None:
+        """Declare the worker's queues (idempotent), again when the connection is cut on the
+        way (a worker started as its connection drops waits for the recovery instead of
+        failing); at most :data:`DECLARE_ATTEMPTS` tries, and never past a failed recovery."""
+        for attempt in range(1, DECLARE_ATTEMPTS + 1):
+            try:
+                for queue in self.queues:
+                    await client.declare_queue(queue)
+                    await client.declare_redelivered_queue(queue)
+                return
+            except amqp.ConnectionLostError as exc:
+                if isinstance(exc, amqp.RecoveryFailedError) or attempt == DECLARE_ATTEMPTS:
+                    raise
+                log.warning(
+                    "worker %s: the connection was lost while declaring its queues (%s); "
+                    "declaring again once it is back", self.worker_id, exc,
+                )  # fmt: skip
+
     async def run(self, client: Client) -> None:
         """Consume until cancelled or :meth:`stop`; returns after a graceful stop."""
         # Not reset here: a stop() that came before this task got going (a signal during
         # startup) must still count.  Reset on the way out, so the worker can run again.
         try:
-            for queue in self.queues:
-                await client.declare_queue(queue)
-                await client.declare_redelivered_queue(queue)
+            await self._declare_queues(client)
             self._runner.start(len(self.queues))
             log.info(
                 "worker %(worker)s starting: queues=%(queues)s concurrency=%(concurrency)d "

@@ -691,3 +691,33 @@ def test_prefetch_follows_a_concurrency_set_later() -> None:
     assert chosen.prefetch == 8
     chosen.concurrency = 20
     assert chosen.prefetch == 20
+
+
+async def test_a_cut_while_the_worker_declares_its_queues_is_ridden_out(
+    client: ojs.Client, q: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker started as its connection drops (the cut lands in its start-up
+    declarations) declares again once the connection is back, and runs jobs; it does not
+    fail its run()."""
+    declare = client.declare_queue
+    cuts = [amqp.ConnectionLostError("socket error: cut during start-up")]
+
+    async def cut_once(queue: str) -> None:
+        if cuts:
+            raise cuts.pop()
+        await declare(queue)
+
+    monkeypatch.setattr(client, "declare_queue", cut_once)
+    worker = ojs.Worker(queues=[q])
+    outcomes = Outcomes(worker)
+
+    @worker.handler("after.cut")
+    async def handler(ctx: ojs.JobContext) -> str:
+        return "ran"
+
+    with caplog.at_level(logging.WARNING, logger="ojs_anyio.worker"):
+        async with running(worker, client):
+            job = await client.push("after.cut", [], queue=q)
+            assert (await outcomes.wait_final(job.id)).outcome == "completed"
+    assert cuts == []
+    assert any("lost while declaring its queues" in r.getMessage() for r in caplog.records)
