@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Final
 
 import msgspec
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
@@ -131,15 +132,19 @@ def producer_span(exchange: str, routing_key: str, message_id: str) -> AbstractC
     )
 
 
+def _publisher_context(headers: Mapping[str, Any] | None) -> otel_context.Context:
+    """The publisher's trace context from an event's ``traceparent`` / ``tracestate``."""
+    if not headers:
+        return context_from(None)
+    return context_from(headers.get("traceparent"), headers.get("tracestate"))
+
+
 def consumer_span(
     headers: Mapping[str, Any] | None, queue: str, routing_key: str, message_id: str | None, attempt: int
 ) -> AbstractContextManager[trace.Span]:
     if not _recording():
         return NO_SPAN
-    if headers:
-        ctx = context_from(headers.get("traceparent"), headers.get("tracestate"))
-    else:
-        ctx = context_from(None)
+    ctx = _publisher_context(headers)
     attributes: dict[str, Any] = {
         "messaging.system": "rabbitmq",
         "messaging.operation.type": "process",
@@ -162,13 +167,9 @@ def settle_span(
     ``_trace_context.start_settle_span``), in the publisher's trace; nothing when unrecorded."""
     if not _recording():
         return NO_SPAN
-    headers = msg.properties.headers
-    if headers:
-        parent = context_from(headers.get("traceparent"), headers.get("tracestate"))
-    else:
-        parent = context_from(None)
     return start_settle_span(
-        tracer, parent, f"{operation} event {routing_key}", operation=operation, destination=queue,
+        tracer, _publisher_context(msg.properties.headers), f"{operation} event {routing_key}",
+        operation=operation, destination=queue,
         message_id=amqp.property_text(msg.properties.message_id), outcome=outcome,
         extra={"messaging.rabbitmq.destination.routing_key": routing_key},
     )  # fmt: skip
