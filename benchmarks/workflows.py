@@ -507,7 +507,9 @@ def run_peer(peer: str, args: argparse.Namespace) -> dict[str, float]:
                 "--queue", tag, "--tag", tag, "--url", args.url, "--redis", args.redis,
                 "--n", str(args.n), "--steps", str(args.steps), "--batches", str(args.batches),
             ]  # fmt: skip
-            return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+            # The driver prints its figures; the worker's output (Celery's banner) goes to its log.
+            out = subprocess.PIPE if role == "driver" else log
+            return subprocess.Popen(cmd, env=env, stdout=out, stderr=log, start_new_session=True)
 
         with (
             open(os.path.join(tmp, "worker.log"), "wb") as wlog,
