@@ -13,12 +13,16 @@ nothing can interrupt: they return into the outage).  The held jobs' deliveries 
 the restart, so each of them runs again after it.  In every case every job completes,
 each callback runs exactly once with all 30 results, nothing is left in the job queue or
 its dead-letter queue, and inspection says ``completed``.
+
+The same for a chain: ``chain(group(a, b), hold, c)`` with ``hold`` held across the
+restart; ``c``, pushed under ``hold``'s permit, runs exactly once.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -138,6 +142,66 @@ async def test_batch_callbacks_fire_once_across_a_broker_restart_with_quorum_que
     assert state.state == "completed"
     assert state.failed_count == 0
     assert all(state.jobs[f"r.{i}"] == "completed" for i in range(N))
+
+
+@pytest.mark.parametrize("released", ["while_down", "after_restart"])
+async def test_chain_successor_runs_once_across_a_broker_restart_with_quorum_queues(
+    private_node: PrivateNode, released: str
+) -> None:
+    """``chain(group(a, b), hold, c)`` on quorum queues: the group fans in before the
+    restart; ``hold`` is held in its handler while the broker restarts, so its delivery dies
+    and it runs again; its successor ``c`` is pushed under ``hold``'s permit and runs exactly
+    once, with every result before it."""
+    q = f"wf-restart-{uuid.uuid4().hex[:12]}"
+    gate = anyio.Event()
+    holding = anyio.Event()
+    calls: list[tuple[str, dict[str, Any]]] = []
+    handle: ojs.WorkflowHandle | None = None
+
+    def record(name: str, value: Any) -> Callable[[ojs.JobContext], Awaitable[Any]]:
+        async def handler(ctx: ojs.JobContext) -> Any:
+            calls.append((name, ctx.parent_results))
+            if name == "hold" and not gate.is_set():
+                holding.set()
+                await gate.wait()
+            return value
+
+        return handler
+
+    with anyio.fail_after(300):
+        async with ojs.connect(
+            private_node.url, queue_options=ojs.QueueOptions.quorum(), recovery=RECOVERY
+        ) as client:
+            worker = ojs.Worker(queues=[q], concurrency=4, middleware=[ojs.WorkflowMiddleware(client)])
+            outcomes = Outcomes(worker)
+            for name, value in (("a", 1), ("b", 2), ("hold", "held"), ("c", "end")):
+                worker.register(name, record(name, value))
+            try:
+                async with running(worker, client, timeout=240):
+                    handle = await client.chain(
+                        ojs.group(ojs.step("a", queue=q), ojs.step("b", queue=q)),
+                        ojs.step("hold", queue=q),
+                        ojs.step("c", queue=q),
+                    )
+                    await holding.wait()
+                    async with private_node.broker_stopped():
+                        if released == "while_down":
+                            gate.set()
+                    gate.set()
+                    await outcomes.wait_for(lambda o: o.type == "c" and o.outcome == "completed", timeout=120)
+                state = await client.workflow(handle.id)
+                async with client.conn.channel(confirms=False) as ch:
+                    left = await ch.queue_declare(client.names.job_queue(q), passive=True)
+            finally:
+                with anyio.CancelScope(shield=True), anyio.fail_after(60):
+                    await _delete_queues(client, q, handle)
+
+    assert [name for name, _ in calls].count("hold") >= 2  # its delivery died with the restart
+    assert [(name, parents) for name, parents in calls if name == "c"] == [
+        ("c", {"0": {"0": 1, "1": 2}, "1": "held"})
+    ]
+    assert left.message_count == 0
+    assert state.state == "completed"
 
 
 def _completed_job(o: ojs.JobOutcome) -> bool:
