@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import anyio
 import anyio.lowlevel
@@ -23,7 +23,7 @@ from ojs_codec import AMQPError, Delivery, GetOk, UsageError
 
 from . import _metrics, _park
 from ._channel_state import ChannelState, Settle
-from ._consumers import ConsumerFeed, ConsumerRegistry
+from ._consumers import ChannelView, ConsumerFeed, ConsumerRegistry
 from ._errors import ConsumerCancelledError, DeliveryAlreadySettledError, StaleDeliveryError
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class IncomingMessage:
 
     def __init__(
         self,
-        channel: Channel,
+        channel: ChannelView,
         consumer: ConsumerFeed | None,
         ev: Delivery | GetOk,
         settled: bool,
@@ -139,7 +139,7 @@ class IncomingMessage:
 
     @property
     def channel(self) -> Channel:
-        return self._channel
+        return cast("Channel", self._channel)
 
     @property
     def is_stale(self) -> bool:
@@ -223,8 +223,8 @@ class Consumer:
     or :class:`ChannelClosedError` / :class:`ConnectionLostError` when its channel died.
     """
 
-    def __init__(self, channel: Channel, feed: ConsumerFeed) -> None:
-        self.channel = channel
+    def __init__(self, channel: ChannelView, feed: ConsumerFeed) -> None:
+        self.channel = cast("Channel", channel)
         #: The channel's side of this consumer: its parameters and delivery buffer.
         self._feed = feed
         self._since_yield = 0
@@ -320,7 +320,7 @@ class Consuming:
     """The consuming part of a channel: its consumers, ``consume``, ``get``, QoS and
     Basic.Recover, and the reader's deliveries."""
 
-    def __init__(self, channel: Channel, state: ChannelState, link: ChannelLink, calls: Calls) -> None:
+    def __init__(self, channel: ChannelView, state: ChannelState, link: ChannelLink, calls: Calls) -> None:
         #: The facade, handed to each Consumer and IncomingMessage (their ``channel``).
         self._channel = channel
         self._state = state

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from pamqp import commands
@@ -38,7 +38,6 @@ from ._interfaces import ChannelEndpoint
 from ._publish import Publisher
 
 if TYPE_CHECKING:
-    from ._channel import Channel
     from ._link import ChannelLink
 
 __all__ = ["Lifecycle", "ScratchChannel", "queue_exists", "replay_topology", "scratch_channel"]
@@ -344,9 +343,7 @@ class ScratchChannel:
         calls = Calls(state, link)
         self._call = calls.call
         publisher = Publisher(state, link, calls)
-        # It never consumes: its consumer part's channel (what a message's ``channel`` would
-        # return) is never handed out.
-        consuming = Consuming(cast("Channel", self), state, link, calls)
+        consuming = Consuming(self, state, link, calls)  # it never consumes
         self._lifecycle = Lifecycle(state, link, calls, publisher, consuming)
 
     @property

@@ -104,7 +104,8 @@ def _listing(found: Counter[str]) -> str:
 def test_private_cross_object_accesses_are_bounded() -> None:
     found = private_cross_object_accesses(AMQP)
     total = sum(found.values())
-    assert total <= BOUND, f"{total} private cross-object accesses in amqp/ (bound {BOUND}):\n{_listing(found)}"
+    listing = _listing(found)
+    assert total <= BOUND, f"{total} private cross-object accesses in amqp/ (bound {BOUND}):\n{listing}"
 
 
 def test_no_class_reads_private_attributes_defined_in_another_module() -> None:
