@@ -53,7 +53,13 @@ __all__ = [
 
 
 class Channel:
-    """An AMQP channel.  Use ``async with link.channel() as ch:``."""
+    """An AMQP channel.  Use ``async with link.channel() as ch:``.
+
+    Besides the model methods below, a channel's methods are its parts' own, bound when it
+    is made: ``publish`` and ``confirm_select`` (:class:`~._publish.Publisher`);
+    ``consume``, ``get``, ``basic_qos`` and ``recover`` (:class:`~._consume.Consuming`);
+    ``open`` and ``aclose`` (:class:`~._recovery.Lifecycle`).
+    """
 
     def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
         state = self._state = ChannelState(confirms=confirms, prefetch=prefetch)
