@@ -5,7 +5,7 @@ A :class:`ConsumePool` runs, in its own task group, the pull tasks added to it (
 tasks per consumer's delivery stream: :meth:`ConsumePool.add`), for as long as its
 ``async with`` block lasts.  It does no per-message work: each pull task is the layer's
 own loop (``jobs._runner.JobRunner._pull_loop``, ``events._subscriber.Subscription.pull``),
-started once, and the pool only counts the tasks that are still running.
+started once, and the pool only counts the tasks that have not returned.
 
 The graceful stop (:meth:`ConsumePool.stop`, or leaving the block normally):
 
@@ -29,7 +29,7 @@ arrives meanwhile waits at most the grace period.  The pool imports neither ``jo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any, Self
@@ -58,22 +58,17 @@ class ConsumePool:
         self.grace_period = grace_period
         self._stop_fetching = stop_fetching
         self._abandon = abandon
-        self._pulls: list[tuple[int, Callable[[], Awaitable[None]]]] = []
+        self._pulls: list[tuple[int, Callable[[], Coroutine[Any, Any, None]]]] = []
         self._running = 0
         self._all_done: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._stopping = False
         self._cm: AbstractAsyncContextManager[Self] | None = None
 
-    def add(self, tasks: int, pull: Callable[[], Awaitable[None]]) -> None:
+    def add(self, tasks: int, pull: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run ``tasks`` tasks of ``pull()`` (one consumer's M pull tasks) in the block."""
         assert self._tg is None, "pull tasks are added before the pool is entered"
         self._pulls.append((tasks, pull))
-
-    @property
-    def running(self) -> int:
-        """How many pull tasks have not returned yet."""
-        return self._running
 
     async def __aenter__(self) -> Self:
         self._cm = self._open()
@@ -114,7 +109,10 @@ class ConsumePool:
             finally:
                 self._tg = None
 
-    async def _run(self, pull: Callable[[], Awaitable[None]]) -> None:
+    async def _run(self, pull: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        # The pull tasks are the pool's task group's own children (no task group between
+        # them and the layer's: anyio walks the cancel scopes above a task at every
+        # checkpoint), and this frame is the only thing the pool adds on their way.
         try:
             await pull()
         finally:
