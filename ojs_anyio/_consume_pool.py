@@ -5,14 +5,16 @@ A :class:`ConsumePool` runs, in its own task group, the pull tasks added to it (
 tasks per consumer's delivery stream: :meth:`ConsumePool.add`), for as long as its
 ``async with`` block lasts.  It does no per-message work: each pull task is the layer's
 own loop (``jobs._runner.JobRunner._pull_loop``, ``events._subscriber.Subscription.pull``),
-started once, and the pool only counts the tasks that have not returned.
+started once, and the pool only counts the tasks that have not returned.  What it adds on
+a pull loop's way is one coroutine frame (``_run``, which counts), resumed with the loop
+after each wait for a delivery: tens of nanoseconds, one more profiled call per job.
 
 The graceful stop (:meth:`ConsumePool.stop`, or leaving the block normally):
 
 1. ``stop_fetching()``, called at once (a coroutine it returns is awaited within the grace
-   period): the layer stops taking deliveries (the event bus cancels its
-   consumers, so what they buffered goes back to the queue; the worker cancels its pull
-   tasks that wait for a delivery, and they take no new job);
+   period): the layer stops taking deliveries (the event bus cancels its consumers, so
+   what they buffered goes back to the queue; the worker cancels its pull tasks that wait
+   for a delivery, and they take no new job);
 2. the running work gets ``grace_period`` seconds to finish and settle, that is, for every
    pull task to return;
 3. then ``abandon()``: by default the pull tasks still running are cancelled (what they
