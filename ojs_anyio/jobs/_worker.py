@@ -1,13 +1,14 @@
 """The OJS worker: FETCH, ACK, FAIL (001 §5.2-5.5), with retry and dead letters.
 
-This module holds the :class:`Worker` itself: configuration, the handler registry, run,
-stop and the grace period.  The pull tasks and one delivery's run are ``_runner.py``;
-settling on the broker and reporting outcomes, ``_settle.py``.
+This module holds the :class:`Worker` itself: configuration, the handler registry, run
+and stop.  The pull tasks and one delivery's run are ``_runner.py``; each queue's pull
+tasks and their grace period on stop are a consume pool (``ojs_anyio/_consume_pool.py``,
+the event bus's too); settling on the broker and reporting outcomes, ``_settle.py``.
 
 Per queue: one channel with publisher confirms, ``Basic.Qos(prefetch=concurrency)`` then
 ``Basic.Consume(no_ack=False)`` (AMQP-006/007), and ``concurrency`` long-lived tasks
-pulling from the bounded delivery stream (no task per job).  Each job runs in its own
-cancel scope under its ``timeout`` (default 1800 s).
+pulling from the bounded delivery stream (no task per job).  Each job runs under its
+``timeout`` (default 1800 s), the deadline of its pull task's cancel scope.
 
 Outcomes:
 
