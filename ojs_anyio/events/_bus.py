@@ -13,6 +13,7 @@ URL picks the transport and the vhost, so ``memory://`` needs nothing special he
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -25,10 +26,11 @@ from opentelemetry import metrics as otel_metrics
 
 from .. import amqp
 from .._common import single_error
+from .._consume_pool import ConsumePool
 from .._misuse import ArgumentTypeError, UsageError
 from .._queue_options import QueueOptions
 from ._dead_letters import EventDeadLetters
-from ._pool import ConnectionPool, ConsumerStopper, Slot, consume_pool
+from ._pool import ConnectionPool, ConsumerStopper, Slot, stop_all
 from ._redelivery import RedeliveryPolicy
 from ._subscriber import Handler, Subscription
 from ._wire import encode_payload, event_properties, new_message_id, producer_span, trace_headers
@@ -434,8 +436,8 @@ class EventBus:
         )
         async with AsyncExitStack() as stack:
             declared: set[int] = set()
-            streams: list[tuple[amqp.Channel, amqp.Consumer]] = []
             stoppers: list[ConsumerStopper] = []
+            pool = ConsumePool(grace_period=grace_period, stop_fetching=functools.partial(stop_all, stoppers))
             for _ in range(consumers):
                 slot = await self._pool.acquire()
                 stack.callback(self._pool.release, slot)
@@ -449,11 +451,9 @@ class EventBus:
                 deliveries = await stopper.start()
                 stack.push_async_callback(stopper.stop)
                 stoppers.append(stopper)
-                streams.append((ch, deliveries))
+                pool.add(concurrency, functools.partial(sub.pull, ch, deliveries))
             try:
-                async with consume_pool(
-                    streams, stoppers, sub.pull, concurrency=concurrency, grace_period=grace_period
-                ):
+                async with pool:
                     yield sub
             except BaseExceptionGroup as eg:
                 # A consumer that ended for good (its queue could not be restored, recovery

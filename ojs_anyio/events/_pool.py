@@ -1,19 +1,20 @@
-"""The event bus's connections and its consume pool.
+"""The event bus's connections, and the consumers of a subscription.
 
 :class:`ConnectionPool`: every AMQP connection of a bus is held by one task of the bus's
 task group (inside ``amqp.connect(...)``, so none outlives the bus), opened on first use:
 the publisher's, and as many subscriber connections as the per-connection subscription
 limit requires.
 
-:func:`consume_pool`: one subscription's N consumers x M pull tasks, and on a normal exit
-the graceful stop (consumers cancelled, running handlers given a grace period, then
-cancelled).
+:class:`ConsumerStopper` and :func:`stop_all`: a subscription's consumers, stopped early
+(a graceful stop) or by the exit stack.  A subscription's N consumers x M pull tasks and
+its graceful stop are a :class:`ojs_anyio._consume_pool.ConsumePool`, the one the job
+worker uses too.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
@@ -21,7 +22,7 @@ import anyio.abc
 
 from .. import amqp
 
-__all__ = ["ConnectionPool", "ConsumerStopper", "Slot", "consume_pool"]
+__all__ = ["ConnectionPool", "ConsumerStopper", "Slot", "stop_all"]
 
 
 class Slot:
@@ -129,43 +130,8 @@ class ConsumerStopper:
             await self._cm.__aexit__(None, None, None)
 
 
-@asynccontextmanager
-async def consume_pool(
-    streams: Sequence[tuple[amqp.Channel, amqp.Consumer]],
-    stoppers: Sequence[ConsumerStopper],
-    pull: Callable[[amqp.Channel, amqp.Consumer], Awaitable[None]],
-    *,
-    concurrency: int,
-    grace_period: float,
-) -> AsyncIterator[None]:
-    """Run ``concurrency`` ``pull`` tasks per consumer for the block.  Leaving it normally
-    stops the consumers (what they buffered goes back to the queue), lets the running
-    handlers finish and ack within ``grace_period``, then cancels what is left (unacked:
-    it comes again); an error or a cancellation cancels them at once."""
-    running = len(streams) * concurrency
-    all_done = anyio.Event()
-
-    async def run(ch: amqp.Channel, deliveries: amqp.Consumer) -> None:
-        nonlocal running
-        try:
-            await pull(ch, deliveries)
-        finally:
-            running -= 1
-            if running == 0:
-                all_done.set()
-
-    async with anyio.create_task_group() as tg:
-        for ch, deliveries in streams:
-            for _ in range(concurrency):
-                tg.start_soon(run, ch, deliveries)
-        try:
-            yield
-        except BaseException:
-            tg.cancel_scope.cancel()
-            raise
-        else:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(grace_period):
-                for stopper in stoppers:
-                    await stopper.stop()
-                await all_done.wait()
-            tg.cancel_scope.cancel()
+async def stop_all(stoppers: Sequence[ConsumerStopper]) -> None:
+    """Stop a subscription's consumers (its pool's ``stop_fetching``): what they buffered
+    goes back to the queue."""
+    for stopper in stoppers:
+        await stopper.stop()

@@ -3,7 +3,9 @@
 Per queue (:meth:`JobRunner.serve_queue`): one channel with publisher confirms,
 ``Basic.Qos(prefetch=...)`` then ``Basic.Consume(no_ack=False)`` (AMQP-006/007), and
 ``concurrency`` long-lived tasks pulling from the bounded delivery stream (no task per
-job), plus one task for the queue of redelivered jobs, which run one at a time.
+job), plus one task for the queue of redelivered jobs, which run one at a time.  These
+tasks and their graceful stop are a :class:`ConsumePool` (``_consume_pool.py``, the event
+bus's too): :meth:`JobRunner.stop` stops each queue's pool.
 
 Per delivery (:meth:`JobRunner._handle_one`): admit it (decode, unsettled deliveries, a
 CANCEL that came first, its handler, its policy, expiry), convert its arguments, run the
@@ -26,10 +28,10 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-import msgspec
 from msgspec import UNSET
 
 from .. import _pipeline, amqp
+from .._consume_pool import ConsumePool
 from . import _tracing
 from ._attempt import Attempt, Backend, decode_delivered, handler_arguments
 from ._client import Client
@@ -49,8 +51,6 @@ from ._wire import header_attempt, header_max_attempts, unsettled_deliveries
 __all__ = ["JobRunner"]
 
 log = logging.getLogger("ojs_anyio.worker")
-
-_json_decode = msgspec.json.Decoder()
 
 
 class RunningWorker(Protocol):
@@ -84,7 +84,6 @@ class JobRunner:
     ) -> None:
         self._worker = worker
         self._settler = settler
-        settler.wake = self.wake
         #: job type -> the handler (the worker's registry, shared).
         self._registry = handlers
         self._rng = rng
@@ -104,8 +103,8 @@ class JobRunner:
         #: Middleware ``on_skipped`` hooks (set per run), awaited before a job cancelled
         #: before it started is acked unrun.
         self._skip_hooks: tuple[Callable[[Job], Awaitable[None]], ...] = ()
-        #: Set whenever a job finishes during a graceful stop (enforce_grace listens to it).
-        self._changed: anyio.Event | None = None
+        #: The consume pool of each queue being served (stop() stops each).
+        self._pools: set[ConsumePool] = set()
         self._queues_running = 0
         self._queues_done: anyio.Event | None = None
 
@@ -117,48 +116,43 @@ class JobRunner:
         self.prepare()
         self._queues_running = queues
         self._queues_done = anyio.Event()
-        self._changed = None
 
     async def queues_done(self) -> None:
         """Wait until every :meth:`serve_queue` has returned."""
         assert self._queues_done is not None
         await self._queues_done.wait()
 
-    def stop_fetching(self) -> None:
-        """Cancel the pull tasks that wait for a delivery (a graceful stop)."""
+    def stop(self) -> None:
+        """The graceful stop of each queue's pool (the worker's ``stopping`` is set)."""
+        for pool in list(self._pools):
+            pool.stop()
+
+    def _stop_fetching(self) -> None:
+        """Cancel the pull tasks that wait for a delivery (a pool's ``stop_fetching``)."""
         for scope in list(self._fetch_scopes):
             scope.cancel()
 
-    def wake(self) -> None:
-        """A job or a settling publish ended: wake the grace-period wait, if any."""
-        if self._changed is not None:
-            self._changed.set()
+    def _abandon(self, queue: str, channels: tuple[amqp.Channel, ...]) -> None:
+        """The grace period ran out (a pool's ``abandon``): cancel the handlers of ``queue``
+        still running (settled as abandoned: unacked), and its settling publishes."""
+        for scope, ctx in [entry for entries in self.running.values() for entry in entries]:
+            if ctx.queue == queue:
+                log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
+                ctx.abandoned = True
+                scope.cancel()
+        for scope, ch in list(self._settler.settle_scopes.items()):
+            if ch in channels:
+                scope.cancel()  # a settling publish still refused: left unacked as well
 
     def _policy(self, job: Job, client: Client) -> EffectiveRetryPolicy:
-        """The job's own retry policy, over the worker's ``retry=``, over the OJS defaults.
-
-        The client that the worker consumes with plays no part: a producer's defaults
-        (``connect(retry=...)``) were written into each job's envelope when it was built.
-        """
+        """The job's own retry policy, over the worker's ``retry=``, over the OJS defaults
+        (a producer's ``connect(retry=...)`` was written into the job's envelope)."""
         cached = self._defaults
         if cached is None or cached[0] is not self._worker.retry:
             merged = merge(self._worker.retry, DEFAULT_RETRY_POLICY)
             cached = self._defaults = (self._worker.retry, merged, resolve_retry(None, merged))
         # A job without its own policy (most): the worker's, resolved once.
         return cached[2] if job.retry is UNSET else resolve_retry(job.retry, cached[1])
-
-    async def enforce_grace(self) -> None:
-        with anyio.move_on_after(self._worker.grace_period):
-            while self.running or self._settler.settle_scopes:
-                self._changed = anyio.Event()
-                await self._changed.wait()
-            return
-        for scope, ctx in [entry for entries in self.running.values() for entry in entries]:
-            log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
-            ctx.abandoned = True
-            scope.cancel()
-        for scope in list(self._settler.settle_scopes):
-            scope.cancel()  # a settling publish still refused: left unacked as well
 
     async def serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
         names = client.names
@@ -171,12 +165,20 @@ class JobRunner:
                 # its worker is the only one in flight when it does (see _move_redelivered).
                 lone_ch.consume(names.redelivered_queue(queue), prefetch=1) as redelivered,
             ):
-                started.set()
-                async with anyio.create_task_group() as tg:
-                    for _ in range(self._worker.concurrency):
-                        tg.start_soon(self._pull_loop, client, ch, queue, deliveries)
-                    lone_loop = functools.partial(self._pull_loop, lone=True)
-                    tg.start_soon(lone_loop, client, lone_ch, queue, redelivered)
+                pool = ConsumePool(
+                    grace_period=self._worker.grace_period, stop_fetching=self._stop_fetching,
+                    abandon=functools.partial(self._abandon, queue, (ch, lone_ch)),
+                )  # fmt: skip
+                pull = self._pull_loop
+                pool.add(self._worker.concurrency, functools.partial(pull, client, ch, queue, deliveries))
+                pool.add(1, functools.partial(pull, client, lone_ch, queue, redelivered, lone=True))
+                self._pools.add(pool)
+                try:
+                    started.set()
+                    async with pool:
+                        await pool.wait()  # until a graceful stop (stop()) ends them, or the consumers end
+                finally:
+                    self._pools.discard(pool)
         finally:
             self._queues_running -= 1
             if self._queues_running <= 0 and self._queues_done is not None:
@@ -301,8 +303,6 @@ class JobRunner:
                 del self.running[job.id]
             else:
                 entries[:] = [e for e in entries if e is not entry]
-            if self._worker.stopping:  # only _enforce_grace (started by stop()) waits on it
-                self.wake()
         verdict = decide(
             raised, cancelled_caught=False, cancel_requested=ctx.cancel_requested, abandoned=ctx.abandoned,
             timeout=timeout, policy=policy, attempt=a.number, max_attempts=max_attempts, rng=self._rng,

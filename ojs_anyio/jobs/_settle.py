@@ -80,10 +80,9 @@ class Settler:
         #: ``Worker.add_listener`` callbacks, and the middleware's outcome hooks (set per run).
         self.listeners: list[Callable[[JobOutcome], None]] = []
         self.hooks: tuple[Callable[[JobOutcome], None], ...] = ()
-        #: The scopes of settling publishes under way (the end of the grace period cancels them).
-        self.settle_scopes: set[anyio.CancelScope] = set()
-        #: Called when a settling publish ends during a graceful stop (the runner's grace wait).
-        self.wake: Callable[[], None] = _nothing
+        #: The scopes of settling publishes under way, and the channel of each (the end of
+        #: the grace period for that channel's queue cancels them).
+        self.settle_scopes: dict[anyio.CancelScope, amqp.Channel] = {}
         #: Redelivered jobs being moved now, and the event their end sets (moves_settled).
         self._moving = 0
         self._moved: anyio.Event | None = None
@@ -405,13 +404,11 @@ class Settler:
         ``None`` when a graceful stop's grace period ran out first: the delivery is left
         unsettled, and the broker redelivers it when the channel closes."""
         with anyio.CancelScope() as scope:
-            self.settle_scopes.add(scope)
+            self.settle_scopes[scope] = ch
             try:
                 return await amqp.republish(ch, body, policy=self._worker.republish, rng=self.rng, **publish)
             finally:
-                self.settle_scopes.discard(scope)
-                if self._worker.stopping:
-                    self.wake()
+                del self.settle_scopes[scope]
         return None
 
     def report(self, outcome: JobOutcome) -> None:
@@ -439,7 +436,3 @@ class Settler:
 
 def _error_type(exc: BaseException) -> str:
     return error_type_name(type(exc))
-
-
-def _nothing() -> None:
-    pass

@@ -1,13 +1,14 @@
 """The OJS worker: FETCH, ACK, FAIL (001 §5.2-5.5), with retry and dead letters.
 
-This module holds the :class:`Worker` itself: configuration, the handler registry, run,
-stop and the grace period.  The pull tasks and one delivery's run are ``_runner.py``;
-settling on the broker and reporting outcomes, ``_settle.py``.
+This module holds the :class:`Worker` itself: configuration, the handler registry, run
+and stop.  The pull tasks and one delivery's run are ``_runner.py``; each queue's pull
+tasks and their grace period on stop are a consume pool (``ojs_anyio/_consume_pool.py``,
+the event bus's too); settling on the broker and reporting outcomes, ``_settle.py``.
 
 Per queue: one channel with publisher confirms, ``Basic.Qos(prefetch=concurrency)`` then
 ``Basic.Consume(no_ack=False)`` (AMQP-006/007), and ``concurrency`` long-lived tasks
-pulling from the bounded delivery stream (no task per job).  Each job runs in its own
-cancel scope under its ``timeout`` (default 1800 s).
+pulling from the bounded delivery stream (no task per job).  Each job runs under its
+``timeout`` (default 1800 s), the deadline of its pull task's cancel scope.
 
 Outcomes:
 
@@ -165,7 +166,6 @@ class Worker:
         #: job type -> the handler, inspected at registration
         self._handlers: dict[str, HandlerSpec] = {}
         self._stopping = False
-        self._tg: anyio.abc.TaskGroup | None = None
         #: Set once run() is consuming.  Made in the event loop that uses it (wait_ready or
         #: run), and dropped when run() ends, so a Worker made at import time runs on asyncio,
         #: then Trio, then asyncio again.
@@ -310,7 +310,6 @@ class Worker:
                 extra={"worker_id": self.worker_id, "queues": list(self.queues)},
             )  # fmt: skip
             async with anyio.create_task_group() as tg:
-                self._tg = tg
                 control_started = anyio.Event()
                 control_scope = self.control.scope = anyio.CancelScope()
                 tg.start_soon(self.control.serve, client, control_started)
@@ -331,11 +330,9 @@ class Worker:
                 presence_scope.cancel()
                 control_scope.cancel()
         finally:
-            # Also when run() fails: a later stop() must not start a task in a dead group.
-            self._tg = None
+            # Reset also when run() fails, so the worker can run again.
             self._stopping = False
             self._ready = None
-            self._jobs_changed = None
 
     def interruptible(self, ctx: JobContext) -> bool:
         """Whether CANCEL stops the job's handler: not a plain ``def``, which runs in a thread."""
@@ -373,9 +370,7 @@ class Worker:
             return
         self._stopping = True
         log.info("worker %s stopping (grace period %.1fs)", self.worker_id, self.grace_period)
-        self._runner.stop_fetching()
-        if self._tg is not None:
-            self._tg.start_soon(self._runner.enforce_grace)
+        self._runner.stop()
 
     def cancel_job(self, job_id: str) -> bool:
         """Cancel a running job (CANCEL): it is acked and reported as cancelled."""

@@ -8,7 +8,8 @@
 * no call with more than five positional arguments in ``jobs/``;
 * no function in ``ojs_anyio`` graded worse than D by radon's cyclomatic complexity;
 * the push path builds the message after declaring what the route needs, and nothing
-  slices a list of entities by position.
+  slices a list of entities by position;
+* one consume pool (``ojs_anyio/_consume_pool.py``) runs the pull tasks of both layers.
 
 Files not yet split are listed with the figure they have now, so the lists can only
 shrink: lower or remove an entry when the file is split.  Pure: no broker.
@@ -224,6 +225,30 @@ def test_nothing_slices_a_list_of_entities_by_position() -> None:
                 func = node.value.func
                 called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
                 assert called not in listing, f"{path.name}:{node.lineno}: {ast.unparse(node)}"
+
+
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+
+
+def test_one_consume_pool_serves_both_layers() -> None:
+    """The worker's queues and the bus's subscriptions run their pull tasks, and stop them
+    with a grace period, through the one ``ojs_anyio._consume_pool.ConsumePool``: each layer
+    makes its pools in one place, and no module starts a pull loop as a task of its own."""
+    pull_loops = {"_pull_loop", "pull"}  # JobRunner._pull_loop, Subscription.pull
+    made: dict[str, list[str]] = {"jobs": [], "events": []}
+    for layer, folder in (("jobs", JOBS), ("events", EVENTS)):
+        for path in sorted(folder.glob("*.py")):
+            for node in ast.walk(_tree(path)):
+                if not isinstance(node, ast.Call):
+                    continue
+                if _called_name(node) == "ConsumePool":
+                    made[layer].append(path.name)
+                if _called_name(node) in ("start_soon", "start"):
+                    started = {getattr(n, "attr", None) for arg in node.args for n in ast.walk(arg)}
+                    assert not started & pull_loops, f"{path.name}:{node.lineno}: {ast.unparse(node)}"
+    assert made == {"jobs": ["_runner.py"], "events": ["_bus.py"]}
 
 
 # ------------------------------------------------------------------ the checks themselves

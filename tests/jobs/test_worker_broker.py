@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -541,6 +542,49 @@ async def test_stop_cancels_job_after_grace_period_and_leaves_it_unacked(
     assert msg.redelivered is True
     assert msg.properties.message_id == job.id
     assert (msg.properties.headers or {})["x-ojs-attempt"] == 1
+
+
+async def test_stop_gives_each_queue_the_grace_period_and_abandons_only_what_still_runs(
+    client: ojs.Client, raw: amqp.Connection, new_queue: Callable[..., str]
+) -> None:
+    """Two queues (a consume pool each): one stop() reaches both.  The job that finishes in
+    the grace period is acked; the one still running when it ends is cancelled, reported
+    abandoned and left unacked, and the worker returns."""
+    finishing_q, stuck_q = new_queue(), new_queue()
+    worker = ojs.Worker(queues=[finishing_q, stuck_q], concurrency=1, grace_period=0.3)
+    outcomes = Outcomes(worker)
+    release = anyio.Event()
+    both_running = anyio.Event()
+    started: list[str] = []
+
+    @worker.handler("queue.job")
+    async def handler(ctx: ojs.JobContext) -> None:
+        started.append(ctx.queue)
+        if len(started) == 2:
+            both_running.set()
+        if ctx.queue == finishing_q:
+            await release.wait()
+        else:
+            await anyio.sleep_forever()
+
+    async with running(worker, client):
+        done = await client.push("queue.job", [], queue=finishing_q)
+        stuck = await client.push("queue.job", [], queue=stuck_q)
+        with anyio.fail_after(WAIT):
+            await both_running.wait()
+        worker.stop()
+        release.set()
+        await outcomes.wait_for(lambda o: o.outcome == "abandoned")
+    # run() has returned: every pull task of both queues ended.
+    final = {o.id: o.outcome for o in outcomes.items}
+    assert final == {done.id: "completed", stuck.id: "abandoned"}
+    await wait_message_count(raw, client.names.job_queue(finishing_q), 0)
+    with anyio.fail_after(WAIT):
+        async with raw.channel(confirms=False) as ch:
+            msg = await ch.get(client.names.job_queue(stuck_q))
+            assert msg is not None
+            await msg.ack()
+    assert msg.redelivered is True and msg.properties.message_id == stuck.id
 
 
 async def test_stop_before_the_worker_is_ready_is_not_lost(client: ojs.Client, q: str) -> None:
