@@ -57,7 +57,8 @@ __all__ = ["DeadLetter", "EventContext", "Handler", "Subscription"]
 log = logging.getLogger("ojs_anyio.events")
 
 #: ``async def handler(payload[, ctx])``, or a plain ``def`` (it runs in a worker thread).
-Handler = Callable[..., Awaitable[None]] | Callable[..., None]
+#: What it returns is ignored by the bus; ``around_handler`` middleware gets it.
+Handler = Callable[..., Awaitable[object]] | Callable[..., object]
 
 
 class BusView(Protocol):
