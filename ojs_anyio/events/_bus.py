@@ -310,31 +310,19 @@ class EventBus:
         within ``timeout``, by default the bus's ``publish_timeout``).
         """
         mid = message_id or new_message_id()
-        if not self._publish_hooks:
-            await self._send(routing_key, payload, headers, mid, mandatory, timeout)
-            return mid
-
-        async def send(event: OutgoingEvent) -> OutgoingEvent:
-            await self._send(
-                event.routing_key, event.payload, event.headers, event.message_id, mandatory, timeout
-            )
-            return event
-
         event = OutgoingEvent(routing_key=routing_key, payload=payload, message_id=mid, headers=headers)
-        sent = await build_publish_chain(self._publish_hooks, send)(event)
-        return sent.message_id
+        if not self._publish_hooks:
+            await self._send(event, mandatory, timeout)
+            return mid
+        send = functools.partial(self._send, mandatory=mandatory, timeout=timeout)
+        return (await build_publish_chain(self._publish_hooks, send)(event)).message_id
 
     async def _send(
-        self,
-        routing_key: str,
-        payload: object,
-        headers: dict[str, Any] | None,
-        mid: str,
-        mandatory: bool | None,
-        timeout: float | None,
-    ) -> None:
-        """Encode and publish one event; wait for its confirm."""
-        body, content_type = encode_payload(payload)
+        self, event: OutgoingEvent, mandatory: bool | None, timeout: float | None
+    ) -> OutgoingEvent:
+        """Encode and publish one event (the innermost ``around_publish``); wait for its confirm."""
+        routing_key, mid, headers = event.routing_key, event.message_id, event.headers
+        body, content_type = encode_payload(event.payload)
         ch = await self._channel()
         with producer_span(self.exchange, routing_key, mid):
             props = event_properties(content_type, mid, self._headers(headers))
@@ -352,6 +340,7 @@ class EventBus:
                 raise queue_full(exc, mid) from exc
         if self._publish_listeners:
             self._published(routing_key, mid, body, content_type, headers)
+        return event
 
     def publish_window(self, max_in_flight: int = 1024) -> EventWindow:
         """The bulk path: many events in flight from one task, no task per event.  The
@@ -427,9 +416,8 @@ class EventBus:
         ``timeout``: seconds an attempt may take; past it the attempt fails with
         :class:`HandlerTimeoutError` (redelivery with backoff, then the dead-letter queue).
 
-        ``middleware``: :class:`~ojs_anyio.events.Middleware` instances whose
-        ``around_handler`` wraps this subscription's handler, inside the bus's own
-        middleware (their ``around_publish`` does not apply: publishing is the bus's).
+        ``middleware``: :class:`~ojs_anyio.events.Middleware` whose ``around_handler`` wraps
+        this subscription's handler, inside the bus's middleware (``around_publish``: the bus's).
 
         ``queue``: a :class:`~ojs_anyio.QueueOptions` for the queue (length and byte limits
         with an overflow policy, message TTL, ``QueueOptions.quorum()`` for a cluster; its
@@ -644,7 +632,9 @@ async def connect(url: str | None = None, **options: Any) -> AsyncIterator[Event
     ``redelivery`` (:class:`RedeliveryPolicy`), ``recovery`` (``amqp.RecoveryPolicy``, on
     by default), ``connection_name``, ``publish_timeout`` (5 s: how long a publish waits for
     the recovering publisher connection; ``None``: without bound), ``confirm_timeout`` (5 s:
-    how long a publish waits for its confirm once sent); anything else goes to ``amqp.connect``.
+    how long a publish waits for its confirm once sent), ``middleware`` (a list of
+    :class:`~ojs_anyio.events.Middleware`, around every publish and handler); anything else
+    goes to ``amqp.connect``.
     """
     bus = EventBus(url, **options)
     if bus.url == DEVELOPMENT_URL and not url:
