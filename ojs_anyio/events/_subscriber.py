@@ -277,7 +277,7 @@ class Subscription:
                     continue
                 ctx = EventContext(msg, queue, routing_key, attempt, payload) if needs_context else None
                 args: tuple[Any, ...] = (payload, ctx) if wants_context else (payload,)
-                failure = await self._call(args, ctx, headers, routing_key, props.message_id, attempt)
+                failure = await self._call(args, ctx, msg, routing_key, attempt)
                 if isinstance(failure, DeadLetter):
                     reason = _pipeline.error_text(failure)
                     await self._dead_letter(ch, msg, routing_key, attempt, "rejected", reason, failure)
@@ -329,16 +329,16 @@ class Subscription:
         self,
         args: tuple[Any, ...],
         ctx: EventContext | None,
-        headers: Any,
+        msg: amqp.IncomingMessage,
         routing_key: str,
-        message_id: str | None,
         attempt: int,
     ) -> Exception | None:
         """Run the handler once, through the middleware; what it (or they) raised, or None."""
         started = time.perf_counter()
         failure: Exception | None = None
         try:
-            with consumer_span(headers, self.queue, routing_key, message_id, attempt):
+            props = msg.properties
+            with consumer_span(props.headers, self.queue, routing_key, props.message_id, attempt):
                 if self.timeout is None:
                     await self._invoke(args, ctx)
                 else:
