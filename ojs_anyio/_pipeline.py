@@ -21,6 +21,13 @@
   attempt at WARNING with the traceback, each dead letter at ERROR with it, both with the
   caller's ``extra``.
 * **Metrics** (:func:`duration_histogram`): the duration buckets both layers record.
+* **Middleware** (:func:`check_middleware`, :func:`hooks`, :func:`around_chain`,
+  :func:`context_chain`): each layer has its own ``Middleware`` base class whose hooks pass
+  straight through; the chains are built from the hooks a middleware overrides only (the
+  first middleware is the outermost), so a hook left alone costs nothing, and with no hook
+  at all a layer calls its publish or its handler directly.
+* **Timeouts** (:func:`timeout_reason`): the one wording of "an attempt ran past its
+  timeout", whatever enforced it.
 
 No AMQP, no jobs, no events: both layers build on it.
 """
@@ -32,7 +39,7 @@ import inspect
 import logging
 import sys
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar, cast
 
 import anyio.to_thread
@@ -44,12 +51,16 @@ from ._misuse import ArgumentTypeError
 __all__ = [
     "DURATION_BUCKETS",
     "ConversionError",
+    "around_chain",
     "call",
     "check_callable",
+    "check_middleware",
+    "context_chain",
     "convert",
     "duration_histogram",
     "error_text",
     "handler_name",
+    "hooks",
     "json_decoder",
     "log_dead_letter",
     "log_failed_attempt",
@@ -57,6 +68,7 @@ __all__ = [
     "namespace",
     "result_converter",
     "target_type",
+    "timeout_reason",
     "unwrap_partial",
 ]
 
@@ -313,3 +325,93 @@ def duration_histogram(meter: metrics.Meter, name: str, description: str) -> met
         )
     except TypeError:  # opentelemetry-api before 1.23 has no bucket advice
         return meter.create_histogram(name, unit="s", description=description)
+
+
+def timeout_reason(seconds: float) -> str:
+    """Why an attempt failed when it ran past its timeout (the job layer's
+    ``HANDLER_TIMEOUT`` message and the event bus's ``HandlerTimeoutError``)."""
+    return f"handler exceeded its timeout of {seconds:g}s"
+
+
+# ---------------------------------------------------------------- middleware
+
+T = TypeVar("T")
+R = TypeVar("R")
+C = TypeVar("C")
+M = TypeVar("M")
+
+#: ``hook(value, call_next)``: an around-hook that passes ``value`` (or another) on.
+AroundHook = Callable[[T, Callable[[T], Awaitable[R]]], Awaitable[R]]
+#: ``hook(ctx, call_next)``: an around-hook whose ``call_next`` takes nothing.
+ContextHook = Callable[[C, Callable[[], Awaitable[R]]], Awaitable[R]]
+#: ``run(ctx, call_handler)``: every :data:`ContextHook` of a chain around ``call_handler``.
+ContextChain = Callable[[C, Callable[[], Awaitable[R]]], Awaitable[R]]
+
+
+def check_middleware(middleware: Sequence[M] | None, base: type[M], public_name: str) -> tuple[M, ...]:
+    """Validate a ``middleware=`` argument: a list of ``base`` instances (``public_name``,
+    as users import it, goes into the error)."""
+    if middleware is None:
+        return ()
+    if isinstance(middleware, base) or not isinstance(middleware, Sequence):
+        raise ArgumentTypeError(f"middleware must be a list of {public_name} instances")
+    for mw in middleware:
+        if not isinstance(mw, base):
+            hint = " (an instance, not the class)" if isinstance(mw, type) else ""
+            raise ArgumentTypeError(f"middleware items must be {public_name} instances{hint}, got {mw!r}")
+    return tuple(middleware)
+
+
+def overrides(mw: object, base: type, name: str) -> bool:
+    """Whether ``mw`` overrides ``base``'s hook ``name`` (hooks left alone cost nothing)."""
+    return getattr(type(mw), name) is not getattr(base, name)
+
+
+def hooks(middleware: Sequence[object], base: type, name: str) -> list[Any]:
+    """The bound hook ``name`` of each middleware that overrides ``base``'s, in order."""
+    default = getattr(base, name)
+    return [getattr(mw, name) for mw in middleware if getattr(type(mw), name) is not default]
+
+
+def around_chain(
+    chain_hooks: Sequence[AroundHook[T, R]], inner: Callable[[T], Awaitable[R]]
+) -> Callable[[T], Awaitable[R]]:
+    """``inner`` wrapped by every hook (the first is the outermost); ``inner`` itself when
+    there is no hook."""
+    chain = inner
+    for hook in reversed(chain_hooks):
+        chain = _around_link(hook, chain)
+    return chain
+
+
+def _around_link(hook: AroundHook[T, R], inner: Callable[[T], Awaitable[R]]) -> Callable[[T], Awaitable[R]]:
+    async def link(value: T) -> R:
+        return await hook(value, inner)
+
+    return link
+
+
+def context_chain(chain_hooks: Sequence[ContextHook[C, R]]) -> ContextChain[C, R] | None:
+    """A function ``(ctx, call_handler) -> result`` running every hook around
+    ``call_handler`` (the first is the outermost), or None when there is no hook: call the
+    handler directly."""
+    if not chain_hooks:
+        return None
+    ordered = tuple(reversed(chain_hooks))
+
+    async def run(ctx: C, call_handler: Callable[[], Awaitable[R]]) -> R:
+        call = call_handler
+        for hook in ordered:
+            call = _context_link(hook, ctx, call)
+        return await call()
+
+    return run
+
+
+def _context_link(
+    hook: ContextHook[C, R], ctx: C, inner: Callable[[], Awaitable[R]]
+) -> Callable[[], Awaitable[R]]:
+    def link() -> Awaitable[R]:
+        return hook(ctx, inner)
+
+    return link

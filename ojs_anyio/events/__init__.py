@@ -17,7 +17,8 @@
 Topic exchange, per-environment queue tags, competing consumers, redelivery with backoff
 through a bounded ladder of TTL wait queues, dead-letter queues with the reason, a
 publisher channel pool and a subscriber connection pool with a per-connection
-subscription limit, all recovering after a connection loss.  See ``docs/events.md``.
+subscription limit, all recovering after a connection loss; middleware around publishing
+and handling (:class:`Middleware`).  See ``docs/events.md``.
 """
 
 from .._queue_options import QueueOptions
@@ -32,9 +33,11 @@ from ._bus import (
     connect,
 )
 from ._catalog import ASYNCAPI_VERSION, Catalog
+from ._context import EventContext
 from ._dead_letters import DeadEvent, EventDeadLetters
+from ._middleware import Middleware, OutgoingEvent
 from ._redelivery import MAX_WAIT_QUEUES, WAIT_LADDER_MS, RedeliveryPolicy, ladder_ms
-from ._subscriber import DeadLetter, EventContext, Handler, HandlerTimeoutError, Subscription
+from ._subscriber import DeadLetter, Handler, HandlerTimeoutError, Subscription
 from ._wire import (
     CONTENT_BYTES,
     CONTENT_JSON,
@@ -70,6 +73,8 @@ __all__ = [
     "Handler",
     "HandlerTimeoutError",
     "MAX_WAIT_QUEUES",
+    "Middleware",
+    "OutgoingEvent",
     "QueueFullError",
     "QueueOptions",
     "RESERVED_PREFIXES",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, NoReturn
 
@@ -30,6 +30,7 @@ from .._consume_pool import ConsumePool
 from .._misuse import ArgumentTypeError, UsageError
 from .._queue_options import QueueOptions
 from ._dead_letters import EventDeadLetters
+from ._middleware import Middleware, OutgoingEvent, build_publish_chain, check_middleware, publish_hooks
 from ._pool import ConnectionPool, ConsumerStopper, Slot, stop_all
 from ._redelivery import RedeliveryPolicy
 from ._subscriber import Handler, Subscription
@@ -117,6 +118,7 @@ class EventBus:
         confirm_timeout: float | None = amqp.DEFAULT_CONFIRM_TIMEOUT,
         metrics: bool = True,
         meter_provider: otel_metrics.MeterProvider | None = None,
+        middleware: Sequence[Middleware] | None = None,
         **connect_options: Any,
     ) -> None:
         if publisher_pool_size < 1:
@@ -146,6 +148,9 @@ class EventBus:
         if meter_provider is None and metrics and amqp.sdk_meter_provider_installed():
             meter_provider = otel_metrics.get_meter_provider()
         self.meter_provider = meter_provider if metrics else None
+        #: Around every publish and every subscription's handler (first = outermost).
+        self.middleware = check_middleware(middleware)
+        self._publish_hooks = publish_hooks(self.middleware)
         #: Every connection of the bus, each held by a task of its task group (``_pool.py``).
         self._pool = ConnectionPool(
             self.url,
@@ -304,8 +309,20 @@ class EventBus:
         acceptable) or ``amqp.PublishTimeoutError`` (not sent: the connection was not usable
         within ``timeout``, by default the bus's ``publish_timeout``).
         """
-        body, content_type = encode_payload(payload)
         mid = message_id or new_message_id()
+        event = OutgoingEvent(routing_key=routing_key, payload=payload, message_id=mid, headers=headers)
+        if not self._publish_hooks:
+            await self._send(event, mandatory, timeout)
+            return mid
+        send = functools.partial(self._send, mandatory=mandatory, timeout=timeout)
+        return (await build_publish_chain(self._publish_hooks, send)(event)).message_id
+
+    async def _send(
+        self, event: OutgoingEvent, mandatory: bool | None, timeout: float | None
+    ) -> OutgoingEvent:
+        """Encode and publish one event (the innermost ``around_publish``); wait for its confirm."""
+        routing_key, mid, headers = event.routing_key, event.message_id, event.headers
+        body, content_type = encode_payload(event.payload)
         ch = await self._channel()
         with producer_span(self.exchange, routing_key, mid):
             props = event_properties(content_type, mid, self._headers(headers))
@@ -323,7 +340,7 @@ class EventBus:
                 raise queue_full(exc, mid) from exc
         if self._publish_listeners:
             self._published(routing_key, mid, body, content_type, headers)
-        return mid
+        return event
 
     def publish_window(self, max_in_flight: int = 1024) -> EventWindow:
         """The bulk path: many events in flight from one task, no task per event.  The
@@ -367,6 +384,7 @@ class EventBus:
         grace_period: float = 10.0,
         queue: QueueOptions | None = None,
         timeout: float | None = None,
+        middleware: Sequence[Middleware] | None = None,
     ) -> AsyncIterator[Subscription]:
         """Consume queue ``{queue_tag}{name}`` with ``handler`` for the duration of the block.
 
@@ -397,6 +415,9 @@ class EventBus:
 
         ``timeout``: seconds an attempt may take; past it the attempt fails with
         :class:`HandlerTimeoutError` (redelivery with backoff, then the dead-letter queue).
+
+        ``middleware``: :class:`~ojs_anyio.events.Middleware` whose ``around_handler`` wraps
+        this subscription's handler, inside the bus's middleware (``around_publish``: the bus's).
 
         ``queue``: a :class:`~ojs_anyio.QueueOptions` for the queue (length and byte limits
         with an overflow policy, message TTL, ``QueueOptions.quorum()`` for a cluster; its
@@ -433,6 +454,7 @@ class EventBus:
             redelivery=redelivery or self.redelivery,
             queue_options=queue,
             timeout=timeout,
+            middleware=self.middleware + check_middleware(middleware),
         )
         async with AsyncExitStack() as stack:
             declared: set[int] = set()
@@ -502,8 +524,35 @@ class EventWindow:
         mandatory: bool | None = None,
     ) -> EventHandle:
         bus = self._bus
-        body, content_type = encode_payload(payload)
         mid = message_id or new_message_id()
+        if not bus._publish_hooks:
+            return await self._send(routing_key, payload, headers, mid, mandatory)
+        handles: list[EventHandle] = []
+
+        async def send(event: OutgoingEvent) -> OutgoingEvent:
+            handles.append(
+                await self._send(event.routing_key, event.payload, event.headers, event.message_id, mandatory)
+            )
+            return event
+
+        event = OutgoingEvent(routing_key=routing_key, payload=payload, message_id=mid, headers=headers)
+        await build_publish_chain(bus._publish_hooks, send)(event)
+        if not handles:
+            raise UsageError(
+                "an around_publish middleware returned without calling call_next: nothing was sent"
+            )
+        return handles[-1]
+
+    async def _send(
+        self,
+        routing_key: str,
+        payload: object,
+        headers: dict[str, Any] | None,
+        mid: str,
+        mandatory: bool | None,
+    ) -> EventHandle:
+        bus = self._bus
+        body, content_type = encode_payload(payload)
         window = self._window or await self._open()
         handle = await window.publish(
             body,
@@ -583,7 +632,9 @@ async def connect(url: str | None = None, **options: Any) -> AsyncIterator[Event
     ``redelivery`` (:class:`RedeliveryPolicy`), ``recovery`` (``amqp.RecoveryPolicy``, on
     by default), ``connection_name``, ``publish_timeout`` (5 s: how long a publish waits for
     the recovering publisher connection; ``None``: without bound), ``confirm_timeout`` (5 s:
-    how long a publish waits for its confirm once sent); anything else goes to ``amqp.connect``.
+    how long a publish waits for its confirm once sent), ``middleware`` (a list of
+    :class:`~ojs_anyio.events.Middleware`, around every publish and handler); anything else
+    goes to ``amqp.connect``.
     """
     bus = EventBus(url, **options)
     if bus.url == DEVELOPMENT_URL and not url:

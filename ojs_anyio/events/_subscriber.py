@@ -36,7 +36,9 @@ from .._queue_options import (
     queue_arguments,
     quorum_queue_arguments,
 )
+from ._context import EventContext
 from ._metrics import SubscriptionMetrics
+from ._middleware import Middleware, build_handler_chain
 from ._redelivery import RedeliveryPolicy
 from ._wire import (
     CONTENT_JSON,
@@ -55,7 +57,8 @@ __all__ = ["DeadLetter", "EventContext", "Handler", "Subscription"]
 log = logging.getLogger("ojs_anyio.events")
 
 #: ``async def handler(payload[, ctx])``, or a plain ``def`` (it runs in a worker thread).
-Handler = Callable[..., Awaitable[None]] | Callable[..., None]
+#: What it returns is ignored by the bus; ``around_handler`` middleware gets it.
+Handler = Callable[..., Awaitable[object]] | Callable[..., object]
 
 
 class BusView(Protocol):
@@ -78,40 +81,6 @@ class HandlerTimeoutError(TimeoutError):
 
 class DeadLetter(Exception):
     """Raise from a handler to send the event to the dead-letter queue at once, no retry."""
-
-
-class EventContext:
-    """What a handler that takes a second argument gets besides the payload."""
-
-    __slots__ = ("attempt", "body", "message", "queue", "routing_key")
-
-    def __init__(self, message: amqp.IncomingMessage, queue: str, routing_key: str, attempt: int) -> None:
-        #: The AMQP delivery (properties, headers, ``redelivered``).
-        self.message = message
-        self.body = message.body
-        self.queue = queue
-        #: The routing key the event was published with (also after a redelivery).
-        self.routing_key = routing_key
-        #: 1 for the first delivery, n+1 after n redeliveries by the bus.
-        self.attempt = attempt
-
-    @property
-    def message_id(self) -> str | None:
-        return self.message.properties.message_id
-
-    @property
-    def timestamp(self) -> datetime | None:
-        return self.message.properties.timestamp
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        return self.message.properties.headers or {}
-
-    def __repr__(self) -> str:
-        return (
-            f"<EventContext queue={self.queue!r} routing_key={self.routing_key!r} "
-            f"message_id={self.message_id!r} attempt={self.attempt}>"
-        )
 
 
 def _wants_context(fn: Callable[..., Any]) -> bool:
@@ -173,6 +142,7 @@ class Subscription:
         redelivery: RedeliveryPolicy,
         queue_options: QueueOptions | None = None,
         timeout: float | None = None,
+        middleware: tuple[Middleware, ...] = (),
     ) -> None:
         self.bus = bus
         self.name = name
@@ -205,6 +175,10 @@ class Subscription:
         self.redelivery = redelivery
         self._decode = _decoder(payload_type)
         self._wants_context = _wants_context(handler)
+        #: The bus's middleware, then the subscription's (first = outermost).
+        self.middleware = middleware
+        #: Every ``around_handler`` around the handler, or None: the handler is called directly.
+        self._handler_chain = build_handler_chain(middleware)
         #: Wait queues declared, per channel (recovery re-declares them).
         self._wait_declared: set[tuple[int, int]] = set()
         #: Events handled (acked), redelivered by the bus, and dead-lettered.
@@ -275,6 +249,7 @@ class Subscription:
         """One of ``concurrency`` loops sharing a consumer's bounded delivery stream."""
         decode = self._decode
         wants_context = self._wants_context
+        needs_context = wants_context or self._handler_chain is not None
         queue = self.queue
         async for msg in deliveries:
             if msg.malformed is not None:
@@ -300,11 +275,9 @@ class Subscription:
                 except _pipeline.ConversionError as exc:
                     await self._dead_letter(ch, msg, routing_key, attempt, "invalid_payload", str(exc))
                     continue
-                if wants_context:
-                    args: tuple[Any, ...] = (payload, EventContext(msg, queue, routing_key, attempt))
-                else:
-                    args = (payload,)
-                failure = await self._call(args, headers, routing_key, props.message_id, attempt)
+                ctx = EventContext(msg, queue, routing_key, attempt, payload) if needs_context else None
+                args: tuple[Any, ...] = (payload, ctx) if wants_context else (payload,)
+                failure = await self._call(args, ctx, msg, routing_key, attempt)
                 if isinstance(failure, DeadLetter):
                     reason = _pipeline.error_text(failure)
                     await self._dead_letter(ch, msg, routing_key, attempt, "rejected", reason, failure)
@@ -339,24 +312,45 @@ class Subscription:
                 ):
                     await msg.reject(requeue=False)
 
+    def _invoke(self, args: tuple[Any, ...], ctx: EventContext | None) -> Awaitable[Any]:
+        """The handler's call (in a thread if it is a plain ``def``), inside the
+        ``around_handler`` chain when there is one."""
+        chain = self._handler_chain
+        if chain is None:
+            return _pipeline.call(self.handler, self._is_async, args, self._limiter)
+        assert ctx is not None  # built whenever there is a chain (pull)
+
+        def call_handler() -> Awaitable[Any]:
+            return _pipeline.call(self.handler, self._is_async, args, self._limiter)
+
+        return chain(ctx, call_handler)
+
     async def _call(
-        self, args: tuple[Any, ...], headers: Any, routing_key: str, message_id: str | None, attempt: int
+        self,
+        args: tuple[Any, ...],
+        ctx: EventContext | None,
+        msg: amqp.IncomingMessage,
+        routing_key: str,
+        attempt: int,
     ) -> Exception | None:
-        """Run the handler once (in a thread if it is a plain ``def``); what it raised, or None."""
+        """Run the handler once, through the middleware; what it (or they) raised, or None."""
         started = time.perf_counter()
         failure: Exception | None = None
         try:
-            with consumer_span(headers, self.queue, routing_key, message_id, attempt):
+            props = msg.properties
+            with consumer_span(props.headers, self.queue, routing_key, props.message_id, attempt):
                 if self.timeout is None:
-                    await _pipeline.call(self.handler, self._is_async, args, self._limiter)
+                    await self._invoke(args, ctx)
                 else:
                     with anyio.fail_after(self.timeout):
-                        await _pipeline.call(self.handler, self._is_async, args, self._limiter)
+                        await self._invoke(args, ctx)
         except TimeoutError as exc:
-            failure = HandlerTimeoutError(
-                f"the handler of {self.queue} ran past its timeout of {self.timeout:g} s"
-            ) if self.timeout is not None else exc  # fmt: skip
-            failure.__cause__ = exc
+            if self.timeout is None:
+                failure = exc
+            else:
+                reason = _pipeline.timeout_reason(self.timeout)
+                failure = HandlerTimeoutError(f"{reason} (subscription {self.queue})")
+                failure.__cause__ = exc
         except Exception as exc:
             failure = exc
         if self._metrics is not None:

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from .._pipeline import timeout_reason
 from ._errors import ErrorCode
 from ._retry import (
     EffectiveRetryPolicy,
@@ -97,7 +98,7 @@ def decide(
         code, etype, message = (
             ErrorCode.HANDLER_TIMEOUT,
             "TimeoutError",
-            f"handler exceeded its timeout of {timeout:g}s",
+            timeout_reason(timeout),
         )
         # So that non_retryable_errors can name it (TimeoutError or "TimeoutError").
         failure = TimeoutError(message)

@@ -28,7 +28,8 @@
 
 The first middleware in the list is the outermost.  Hooks a middleware does not override
 cost nothing: the chains are built once, from the overridden hooks only, and with no
-middleware at all the worker calls the handler directly.
+middleware at all the worker calls the handler directly (the mechanism is the one the
+event bus's middleware uses: ``ojs_anyio._pipeline``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ArgumentTypeError
+from .. import _pipeline
 
 if TYPE_CHECKING:
     from ._context import JobContext, JobOutcome
@@ -71,37 +72,17 @@ class Middleware:
 
 def overrides(mw: Middleware, name: str) -> bool:
     """Whether ``mw`` overrides hook ``name`` (hooks left alone cost nothing)."""
-    return getattr(type(mw), name) is not getattr(Middleware, name)
+    return _pipeline.overrides(mw, Middleware, name)
 
 
 def check_middleware(middleware: Sequence[Middleware] | None) -> tuple[Middleware, ...]:
     """Validate a ``middleware=`` argument (a list of :class:`Middleware` instances)."""
-    if middleware is None:
-        return ()
-    if isinstance(middleware, Middleware) or not isinstance(middleware, Sequence):
-        raise ArgumentTypeError("middleware must be a list of ojs_anyio.Middleware instances")
-    for mw in middleware:
-        if not isinstance(mw, Middleware):
-            hint = " (an instance, not the class)" if isinstance(mw, type) else ""
-            raise ArgumentTypeError(
-                f"middleware items must be ojs_anyio.Middleware instances{hint}, got {mw!r}"
-            )
-    return tuple(middleware)
+    return _pipeline.check_middleware(middleware, Middleware, "ojs_anyio.Middleware")
 
 
 def build_push_chain(middleware: Sequence[Middleware], publish: PushNext) -> PushNext:
     """``publish`` wrapped by every middleware's ``around_push`` (first = outermost)."""
-    chain = publish
-    for mw in reversed([m for m in middleware if overrides(m, "around_push")]):
-        chain = _push_link(mw, chain)
-    return chain
-
-
-def _push_link(mw: Middleware, inner: PushNext) -> PushNext:
-    async def link(job: Job) -> Job:
-        return await mw.around_push(job, inner)
-
-    return link
+    return _pipeline.around_chain(_pipeline.hooks(middleware, Middleware, "around_push"), publish)
 
 
 HandlerChain = Callable[["JobContext", HandlerNext], Awaitable[Any]]
@@ -110,24 +91,7 @@ HandlerChain = Callable[["JobContext", HandlerNext], Awaitable[Any]]
 def build_handler_chain(middleware: Sequence[Middleware]) -> HandlerChain | None:
     """A function ``(ctx, call_handler) -> result`` running every ``around_handler``
     (first = outermost), or None when no middleware overrides it (call the handler directly)."""
-    hooks = [m for m in middleware if overrides(m, "around_handler")]
-    if not hooks:
-        return None
-
-    async def run(ctx: JobContext, call_handler: HandlerNext) -> Any:
-        call = call_handler
-        for mw in reversed(hooks):
-            call = _handler_link(mw, ctx, call)
-        return await call()
-
-    return run
-
-
-def _handler_link(mw: Middleware, ctx: JobContext, inner: HandlerNext) -> HandlerNext:
-    def link() -> Awaitable[Any]:
-        return mw.around_handler(ctx, inner)
-
-    return link
+    return _pipeline.context_chain(_pipeline.hooks(middleware, Middleware, "around_handler"))
 
 
 def skip_hooks(middleware: Sequence[Middleware]) -> tuple[Callable[[Job], Awaitable[None]], ...]:

@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from .bus_support import take
+from .bus_support import Names, take
 
 pytestmark = pytest.mark.anyio
 
@@ -55,3 +55,16 @@ async def test_orb_recipe(vhosts: Callable[[int], list[str]]) -> None:
     assert summary["dead_lettered"] == 1
     (dead,) = await take(url, "orb.operation.dlq", 1)
     assert (dead.properties.headers or {})["x-event-dead-letter-reason"] == "max_attempts"
+
+
+async def test_middleware_example(names: Names) -> None:
+    example = load("events_middleware")
+    name = names.sub("invoice.issued")
+    result = await example.main(names.url, names.exchange, names.tag)
+    assert name == "invoice.issued"
+    assert result == {
+        "seen": [(1, "acme"), (2, "globex")],  # each handler ran under its publisher's tenant
+        "timed": 2,
+        "dead_error": "PermissionError: event without a tenant (after 1 redeliveries)",
+        "handled": 2,
+    }

@@ -98,7 +98,7 @@ def test_mypy_rejects_wrong_typed_calls() -> None:
     assert status == 1, out
     errors = [line for line in out.splitlines() if ": error:" in line]
     lines = {int(line.split(":")[1]) for line in errors}
-    assert lines == {18, 19, 20, 24, 25, 30}, out
+    assert lines == {20, 21, 22, 26, 27, 32, 37}, out
     # push() is overloaded (Client: a coroutine; SyncClient: blocking), so mypy names the
     # arguments that match no variant and prints the handler's own parameter list
     assert 'matches argument types "Client", "int"' in out

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import date
+from typing import Any
 
 import ojs_anyio as ojs
+from ojs_anyio import events
 
 worker = ojs.Worker(queues=["email"])
 
@@ -29,3 +31,8 @@ def sync(client: ojs.SyncClient) -> None:
 async def wrong_result(client: ojs.Client) -> None:
     n: int = await send_email.result(client, "id")  # error: the handler returns None
     print(n)
+
+
+class BadStamp(events.Middleware):
+    async def around_publish(self, event: events.OutgoingEvent, call_next: Any) -> str:  # error: not an event
+        return "x"

@@ -1,12 +1,18 @@
-"""Type-checked by tests/jobs/test_typed_broker.py: every call here must pass mypy --strict."""
+"""Type-checked by tests/jobs/test_typed_broker.py: every call here must pass mypy --strict
+(typed job handles, and the event bus's middleware hooks)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import date
 from decimal import Decimal
+from typing import Any
 from uuid import UUID, uuid4
 
+import msgspec
+
 import ojs_anyio as ojs
+from ojs_anyio import events
 
 worker = ojs.Worker(queues=["email"])
 
@@ -58,3 +64,27 @@ async def results_by_id(client: ojs.Client, sync_client: ojs.SyncClient, job_id:
     day: date = await report_day.result(client, job_id, timeout=10)  # any process, typed
     again: date = report_day.result(sync_client, job_id)  # blocking
     print(day, again)
+
+
+class TenantStamp(events.Middleware):  # event-bus middleware: hooks typed as the base class's
+    async def around_publish(
+        self,
+        event: events.OutgoingEvent,
+        call_next: Callable[[events.OutgoingEvent], Awaitable[events.OutgoingEvent]],
+    ) -> events.OutgoingEvent:
+        return await call_next(msgspec.structs.replace(event, headers={"x-tenant": "acme"}))
+
+    async def around_handler(self, ctx: events.EventContext, call_next: Callable[[], Awaitable[Any]]) -> Any:
+        print(ctx.payload, ctx.attempt)
+        return await call_next()
+
+
+async def with_bus(url: str) -> None:
+    async def on_read(payload: dict[str, int]) -> int:  # a result: around_handler gets it
+        return len(payload)
+
+    async with (
+        events.connect(url, middleware=[TenantStamp()]) as bus,
+        bus.subscribe("rec.read", on_read, middleware=[TenantStamp()]),
+    ):
+        await bus.publish("rec.read", {"n": 1})
