@@ -117,9 +117,11 @@ Usage::
                                [--backends asyncio,trio] [--concurrency 1,10,100]
                                [--repeat 1] [--retries 1] [--peer-python PATH] [--no-parity]
     python3 benchmarks/jobs.py --profile asyncio|trio [--n 20000] [--profile-concurrency 10]
+                               [--profile-phases push_batch,push_concurrent,worker]
 
 ``--smoke``: N=200, ours only (unless ``--peers`` is given), a few seconds.  ``--profile``
-runs cProfile over our ``push_batch`` and our worker draining N, prints the top functions
+runs cProfile over our ``push_batch``, our ``push`` x100 and our worker draining N, prints
+Python calls per job (per push for the enqueues), the top functions
 by own time and own time per file, and exits.  Exit status is 1 only when one of our own
 scenarios failed to run (after its retries).
 """
@@ -504,6 +506,18 @@ async def _profile_ours(url: str, n: int, c: int, prof: Any, phase: str) -> None
         ch = await client.channel()
         try:
             await client.declare_queue(q)
+            if phase == "push_concurrent":
+
+                async def pusher(count: int) -> None:
+                    for _ in range(count):
+                        await client.push("bench.noop", ARGS, queue=q)
+
+                prof.enable()
+                async with anyio.create_task_group() as tg:
+                    for count in _split(n):
+                        tg.start_soon(pusher, count)
+                prof.disable()
+                return
             if phase == "push_batch":
                 prof.enable()
             results = await client.push_batch([client.build("bench.noop", ARGS, queue=q) for _ in range(n)])
@@ -593,20 +607,29 @@ def run_rss(url: str, backends: Sequence[str], c: int) -> bool:
     return ok
 
 
-def profile_ours(url: str, n: int, c: int, backend: str, top: int = 35) -> None:
-    """cProfile our push_batch and our worker draining N at concurrency c: top functions by
-    own time, then own time summed per file."""
+def profile_ours(
+    url: str,
+    n: int,
+    c: int,
+    backend: str,
+    top: int = 35,
+    phases: Sequence[str] = ("push_batch", "push_concurrent", "worker"),
+) -> None:
+    """cProfile our push_batch, our push x100 tasks and our worker draining N at concurrency
+    c: Python calls per job (or push), the top functions by own time, own time per file."""
     import cProfile
     import pstats
 
-    for phase in ("push_batch", "worker"):
+    for phase in phases:
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         anyio.run(_profile_ours, url, n, c, prof, phase, backend=backend)
         wall = time.perf_counter() - t0
         entries = pstats.Stats(prof).stats  # type: ignore[attr-defined]
         total = sum(v[2] for v in entries.values()) or 1e-9
-        label = phase if phase == "push_batch" else f"worker c={c}"
+        label = {"push_batch": "push_batch", "push_concurrent": f"push x{PUSH_TASKS} tasks"}.get(
+            phase, f"worker c={c}"
+        )
         calls = sum(v[1] for v in entries.values())  # steadier than the times
         print(f"\n== cProfile ojs-anyio/{backend}, {label}, N={n}: profiled {total:.2f}s "
               f"(this phase's run took {wall:.1f}s with setup); {calls / n:.1f} calls/job ==")  # fmt: skip
@@ -1432,6 +1455,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--profile", choices=["asyncio", "trio"], help="cProfile our push_batch and worker; exit")
     ap.add_argument("--profile-concurrency", type=int, default=10, help="worker concurrency for --profile")
+    ap.add_argument(
+        "--profile-phases",
+        default="push_batch,push_concurrent,worker",
+        help="what --profile runs (push_batch, push_concurrent, worker)",
+    )
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a round that failed (default 1)")
     ap.add_argument("--peer-python", default=sys.executable, help="interpreter for the peer subprocesses")
     ap.add_argument("--cli-processes", default="1,2", help="`ojs-anyio worker --processes P` runs ('' skips)")
@@ -1475,7 +1503,9 @@ def main(argv: list[str] | None = None) -> int:
     if n < 2:
         ap.error("--n must be at least 2")
     if args.profile:
-        profile_ours(args.url, n, args.profile_concurrency, args.profile)
+        profile_ours(
+            args.url, n, args.profile_concurrency, args.profile, phases=args.profile_phases.split(",")
+        )
         return 0
     concurrencies = tuple(int(c) for c in args.concurrency.split(",") if c)
     backends = [b for b in args.backends.split(",") if b]

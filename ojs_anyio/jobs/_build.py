@@ -215,7 +215,7 @@ def _plain(type: object, queue: object, id: object, created: datetime, options: 
         and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)
         and _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128)
         and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
-        and created.utcoffset() is not None
+        and (created.tzinfo is UTC or created.utcoffset() is not None)
     )
 
 
@@ -242,7 +242,9 @@ def new_job(
     ``now`` defaults to the current UTC time (the only clock read of this module) and must
     be timezone-aware.  Options left as ``None`` are absent from the envelope.
     """
-    if isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence):
+    if args.__class__ is not list and args.__class__ is not tuple and (
+        isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence)
+    ):
         raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
     created = datetime.now(UTC) if now is None else now
     options: dict[str, Any] = {
