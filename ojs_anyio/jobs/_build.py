@@ -72,10 +72,10 @@ def check_pushable(job: Job) -> None:
         raise ArgumentTypeError(
             f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}"
         )
-    if not isinstance(job.unique, msgspec.UnsetType):
+    if job.unique is not UNSET:
         unique_lock(job)  # refuses, with the reason, a policy a broker cannot enforce
     check_json_args(job.args, job.type)
-    if isinstance(job.retry, RetryPolicy):
+    if job.retry is not UNSET and isinstance(job.retry, RetryPolicy):
         check_job_policy(job.retry)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 import msgspec
+from msgspec import UNSET
 
 from ojs_anyio.amqp import UsageError
 
@@ -136,7 +137,7 @@ class Pusher:
         duplicate raises); without one (the scheduler's label for a tick) it is only written
         to ``x-ojs-idempotency-key``."""
         ignore = False
-        if not isinstance(job.unique, msgspec.UnsetType):
+        if job.unique is not UNSET:
             if idempotency_key is not None and window is not None:
                 raise UsageError(f"job {job.id}: give a unique policy or an idempotency_key, not both")
             idempotency_key, window, ignore = unique_lock(job)  # the fingerprint, for the period
@@ -185,21 +186,24 @@ class Pusher:
     ) -> Job:
         if deadline is None:
             deadline = SendDeadline(self._client.conn)
-        try:
-            with before_sending(deadline):
-                now = datetime.now(UTC)
-                route = await self.resolve_route(job, now)
-        except UNAVAILABLE as exc:
-            raise push_error(exc, job) from exc
+        now = datetime.now(UTC)
+        route = self.ready_route(job, now)
+        if route is None:
+            try:
+                with before_sending(deadline):
+                    route = await self.resolve_route(job, now)
+            except UNAVAILABLE as exc:
+                raise push_error(exc, job) from exc
+        direct = self._client.names.direct_exchange
         # The message's trace headers are written inside the PRODUCER span, so the worker's
         # CONSUMER span becomes its child (001 §12.2).
-        with _tracing.producer_span(job, self._client.names.direct_exchange) as span:
+        with _tracing.producer_span(job, direct) as span:
             try:
                 pushed = as_enqueued(job, route, now)  # what the body carries, and push returns
                 props, body = self.message(pushed, route, idempotency_key, reply_to, now)
                 with before_sending(deadline):
                     ch = await self._client.channel()
-                if route.exchange != self._client.names.direct_exchange:
+                if route.exchange != direct:
                     span.set_attribute("messaging.destination.name", route.exchange)
                 await ch.publish(
                     body,
@@ -240,16 +244,19 @@ class Pusher:
         window = ch.publish_window(max_in_flight=max_in_flight)
         handles: list[amqp.PublishHandle | PushError] = []
         sent: list[Job] = []  # each job as its result reports it: as enqueued once sent
+        direct = self._client.names.direct_exchange
         for job in jobs:
             pushed = job
-            with _tracing.producer_span(job, self._client.names.direct_exchange) as span:
+            with _tracing.producer_span(job, direct) as span:
                 try:
-                    with before_sending(deadline):
-                        now = datetime.now(UTC)
-                        route = await self.resolve_route(job, now)
+                    now = datetime.now(UTC)
+                    route = self.ready_route(job, now)
+                    if route is None:
+                        with before_sending(deadline):
+                            route = await self.resolve_route(job, now)
                     pushed = as_enqueued(job, route, now)
                     props, body = self.message(pushed, route, None, None, now)
-                    if route.exchange != self._client.names.direct_exchange:
+                    if route.exchange != direct:
                         span.set_attribute("messaging.destination.name", route.exchange)
                     handles.append(
                         await window.publish(
@@ -310,6 +317,14 @@ class Pusher:
         if declarer.missing(found.needs) and await declarer.ensure(found.needs) and found.delay_ms:
             found = route(job, datetime.now(UTC), resolved, self._client.names)
         return found
+
+    def ready_route(self, job: Job, now: datetime) -> Route | None:
+        """:meth:`resolve_route` when it has nothing to wait for (the hot path: a job due
+        now, or on the delay levels, whose entities are declared), else None."""
+        if job.scheduled_at is not UNSET and self._client.scheduler != "levels":
+            return None  # the scheduler may have to be asked of the broker first
+        found = route(job, now, "levels", self._client.names)
+        return None if self._client.declarer.missing(found.needs) else found
 
     # ------------------------------------------------- control plane (001 §5.6-5.8)
 
