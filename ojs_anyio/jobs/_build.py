@@ -242,8 +242,10 @@ def new_job(
     ``now`` defaults to the current UTC time (the only clock read of this module) and must
     be timezone-aware.  Options left as ``None`` are absent from the envelope.
     """
-    if args.__class__ is not list and args.__class__ is not tuple and (
-        isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence)
+    if (
+        args.__class__ is not list
+        and args.__class__ is not tuple
+        and (isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence))
     ):
         raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
     created = datetime.now(UTC) if now is None else now

@@ -196,19 +196,27 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
     extensions: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
-        # Runs for every Job made, so spelled out: an unset attribute costs no call.
-        if self.scheduled_at is not UNSET:
-            _check_timestamp("scheduled_at", self.scheduled_at)
-        if self.expires_at is not UNSET:
-            _check_timestamp("expires_at", self.expires_at)
-        if self.created_at is not UNSET:
-            _check_timestamp("created_at", self.created_at)
-        if self.enqueued_at is not UNSET:
-            _check_timestamp("enqueued_at", self.enqueued_at)
-        if self.started_at is not UNSET:
-            _check_timestamp("started_at", self.started_at)
-        if self.completed_at is not UNSET:
-            _check_timestamp("completed_at", self.completed_at)
+        # Runs for every Job made, so spelled out: an unset attribute, or a str that passed
+        # lately, costs no call (anything else goes to the check, which skips non-str).
+        valid = _valid_timestamps
+        value = self.scheduled_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("scheduled_at", value)
+        value = self.expires_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("expires_at", value)
+        value = self.created_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("created_at", value)
+        value = self.enqueued_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("enqueued_at", value)
+        value = self.started_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("started_at", value)
+        value = self.completed_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("completed_at", value)
         if self.retry is not UNSET and isinstance(self.retry, RetryPolicy):
             try:
                 resolve_retry(self.retry)

@@ -85,6 +85,8 @@ class Pusher:
     ) -> Job:
         """One push, wrapped by the middleware's ``around_push`` hooks (if any)."""
         if not self.hooks:
+            if _claims_nothing(job, idempotency_key, window):  # the hot path: one coroutine less
+                return await self.publish(job, idempotency_key, reply_to)
             return await self.claim_and_publish(
                 job, idempotency_key=idempotency_key, window=window, reply_to=reply_to
             )
@@ -136,6 +138,8 @@ class Pusher:
         """The push itself.  With a ``window``, the ``idempotency_key`` is claimed first (a
         duplicate raises); without one (the scheduler's label for a tick) it is only written
         to ``x-ojs-idempotency-key``."""
+        if _claims_nothing(job, idempotency_key, window):
+            return await self.publish(job, idempotency_key, reply_to)
         ignore = False
         if job.unique is not UNSET:
             if idempotency_key is not None and window is not None:
@@ -327,6 +331,13 @@ class Pusher:
         return None if self._client.declarer.missing(found.needs) else found
 
     # ------------------------------------------------- control plane (001 §5.6-5.8)
+
+
+def _claims_nothing(job: Job, idempotency_key: str | None, window: DurationLike | None) -> bool:
+    """Whether :meth:`Pusher.claim_and_publish` goes straight to the publish: no unique
+    policy, and no idempotency key with a window (a key alone is only written to the
+    message's header)."""
+    return job.unique is UNSET and (idempotency_key is None or window is None)
 
 
 def as_enqueued(job: Job, route: Route, enqueued_at: datetime) -> Job:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from ojs_anyio.amqp import BasicProperties, Int32
 
