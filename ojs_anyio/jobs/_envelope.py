@@ -391,9 +391,7 @@ def decode_job(data: bytes | bytearray | memoryview | str) -> Job:
 
 def encode_job(job: Job) -> bytes:
     """Serialize a job envelope as compact UTF-8 JSON (the AMQP message body, 001 §6.3)."""
-    if not job.extensions and (
-        isinstance(job.errors, UnsetType) or not any(record.extensions for record in job.errors)
-    ):
+    if not job.extensions and (job.errors is UNSET or not any(record.extensions for record in job.errors)):
         return _encoder.encode(job)
     return _encoder.encode(job_to_dict(job))
 

@@ -345,9 +345,12 @@ def as_enqueued(job: Job, route: Route, enqueued_at: datetime) -> Job:
     carries it) and its ``state`` (``scheduled`` when it waits for its time, else
     ``available``), as the OJS conformance suite expects of a PUSH's answer."""
     stamp = format_timestamp(enqueued_at)
+    created = job.created_at
+    if created.__class__ is not str and not isinstance(created, str):
+        created = stamp
     return msgspec.structs.replace(
         job,
         enqueued_at=stamp,
-        created_at=job.created_at if isinstance(job.created_at, str) else stamp,
+        created_at=created,
         state="scheduled" if route.delay_ms else "available",
     )
