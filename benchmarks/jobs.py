@@ -76,6 +76,17 @@ publisher confirms and Celery acks before running the task; and our job queues a
 priority queues (``x-max-priority`` 10, the OJS default), which cost the broker more per
 message than the peers' plain queues.
 
+**Parity** (``--parity``, on by default except with ``--smoke``; ``--no-parity`` skips it):
+every peer whose defaults differ from our footing also runs as an ``@parity`` row with its
+own documented options closing the gap, where it has them: Celery with
+``worker_prefetch_multiplier=1``, ``task_acks_late=True`` and the ``confirm_publish``
+transport option; Dramatiq with ``RabbitmqBroker(confirm_delivery=True)`` and its
+``dramatiq_queue_prefetch`` set to c; taskiq-aio-pika with ``qos=c``.  FastStream's
+defaults are at parity already (confirms through aio-pika, ``prefetch_count=c``).  The
+report prints ours ÷ the best peer at the defaults and at parity side by side; the PASS
+line asks for ours ahead at parity, and at the defaults too unless the best default peer
+was also measured at parity (its lead is then one the parity row takes away).
+
 **Ceiling** (``raw-socket`` column), measured in every round before the systems: our own
 topology and exactly the message our push sends (properties, headers, JSON body), moved
 by a blocking socket with hand-rolled framing and no client at all.  Enqueue: N copies
@@ -104,11 +115,13 @@ Usage::
     python3 benchmarks/jobs.py [--n 20000] [--smoke] [--json] [--url amqp://...]
                                [--peers all|none|celery,dramatiq,taskiq,faststream]
                                [--backends asyncio,trio] [--concurrency 1,10,100]
-                               [--repeat 1] [--retries 1] [--peer-python PATH]
+                               [--repeat 1] [--retries 1] [--peer-python PATH] [--no-parity]
     python3 benchmarks/jobs.py --profile asyncio|trio [--n 20000] [--profile-concurrency 10]
+                               [--profile-phases push_batch,push_concurrent,worker]
 
 ``--smoke``: N=200, ours only (unless ``--peers`` is given), a few seconds.  ``--profile``
-runs cProfile over our ``push_batch`` and our worker draining N, prints the top functions
+runs cProfile over our ``push_batch``, our ``push`` x100 and our worker draining N, prints
+Python calls per job (per push for the enqueues), the top functions
 by own time and own time per file, and exits.  Exit status is 1 only when one of our own
 scenarios failed to run (after its retries).
 """
@@ -132,7 +145,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -161,14 +174,40 @@ PEER_MODULES = {
     "taskiq": ("taskiq_aio_pika", "taskiq-aio-pika"),
     "faststream": ("faststream.rabbit", "faststream[rabbit]"),
 }
-#: report rows: (row name, peer, worker variant)
-PEER_ROWS = (
-    ("celery/prefork", "celery", "prefork"),
-    ("celery/threads", "celery", "threads"),
-    ("dramatiq", "dramatiq", ""),
-    ("taskiq-aio-pika", "taskiq", ""),
-    ("faststream", "faststream", ""),
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """How one peer child runs: its peer, worker pool (Celery), and whether at parity."""
+
+    peer: str
+    pool: str = ""
+    parity: bool = False
+
+
+#: report rows: (row name, how its child runs).  The ``@parity`` rows run the same peer
+#: with its own options set to our footing (PARITY_OPTIONS); FastStream is there already.
+PEER_ROWS: tuple[tuple[str, PeerSpec], ...] = (
+    ("celery/prefork", PeerSpec("celery", "prefork")),
+    ("celery/threads", PeerSpec("celery", "threads")),
+    ("dramatiq", PeerSpec("dramatiq")),
+    ("taskiq-aio-pika", PeerSpec("taskiq")),
+    ("faststream", PeerSpec("faststream")),
+    ("celery/prefork@parity", PeerSpec("celery", "prefork", parity=True)),
+    ("celery/threads@parity", PeerSpec("celery", "threads", parity=True)),
+    ("dramatiq@parity", PeerSpec("dramatiq", parity=True)),
+    ("taskiq-aio-pika@parity", PeerSpec("taskiq", parity=True)),
 )
+#: What ``--parity`` changes per peer: only options the peer documents, each closing a gap
+#: in the peer's favour (ours always waits for publisher confirms, AMQP-014, prefetches
+#: exactly its concurrency and acks after the handler).
+PARITY_OPTIONS = {
+    "celery": "worker_prefetch_multiplier=1, task_acks_late=True, confirm_publish=True",
+    "dramatiq": "RabbitmqBroker(confirm_delivery=True), dramatiq_queue_prefetch=c",
+    "taskiq": "AioPikaBroker(qos=c)",
+}
+#: Peers whose defaults are already at parity (confirms on, prefetch = concurrency).
+PARITY_BY_DEFAULT = frozenset({"faststream"})
 
 
 def log(msg: str) -> None:
@@ -180,21 +219,46 @@ def log(msg: str) -> None:
 
 
 _stamp_fd: tuple[int, int] | None = None  # (pid, fd): re-opened after a fork
+#: Set in a peer worker's environment by ``benchmarks/latency.py``: its task then records
+#: (the push's wall-clock time, carried as its first argument; its own start) instead of
+#: its completion.
+LATENCY_ENV = "OJS_BENCH_LATENCY"
+_LATENCY_REC = struct.Struct("<dd")
+#: The first argument of the probe job a paced enqueue sends (and waits for) before its schedule.
+PROBE = "probe"
 
 
-def stamp() -> None:
-    """Append this job's completion time (8 bytes, one atomic O_APPEND write)."""
+def _append(record: bytes) -> None:
+    """Append one record to the stamp file (one atomic O_APPEND write)."""
     global _stamp_fd
     pid = os.getpid()
     st = _stamp_fd
     if st is None or st[0] != pid:
         st = _stamp_fd = (pid, os.open(os.environ[STAMP_ENV], os.O_WRONLY | os.O_APPEND))
-    os.write(st[1], _STAMP.pack(time.time()))
+    os.write(st[1], record)
+
+
+def stamp() -> None:
+    """Append this job's completion time (8 bytes)."""
+    _append(_STAMP.pack(time.time()))
+
+
+def on_job(a: str) -> None:
+    """What every peer's no-op task does: stamp its completion, or, under ``LATENCY_ENV``,
+    (when it was pushed, when it started); the probe's push time is recorded as -1."""
+    if os.environ.get(LATENCY_ENV):
+        now = time.time()
+        _append(_LATENCY_REC.pack(-1.0 if a == PROBE else float(a), now))
+    else:
+        stamp()
 
 
 def read_stamps(path: str) -> list[float]:
     with open(path, "rb") as f:
-        data = f.read()
+        return _stamps_of(f.read())
+
+
+def _stamps_of(data: bytes) -> list[float]:
     return [v for (v,) in _STAMP.iter_unpack(data[: len(data) // 8 * 8])]
 
 
@@ -442,6 +506,18 @@ async def _profile_ours(url: str, n: int, c: int, prof: Any, phase: str) -> None
         ch = await client.channel()
         try:
             await client.declare_queue(q)
+            if phase == "push_concurrent":
+
+                async def pusher(count: int) -> None:
+                    for _ in range(count):
+                        await client.push("bench.noop", ARGS, queue=q)
+
+                prof.enable()
+                async with anyio.create_task_group() as tg:
+                    for count in _split(n):
+                        tg.start_soon(pusher, count)
+                prof.disable()
+                return
             if phase == "push_batch":
                 prof.enable()
             results = await client.push_batch([client.build("bench.noop", ARGS, queue=q) for _ in range(n)])
@@ -531,20 +607,29 @@ def run_rss(url: str, backends: Sequence[str], c: int) -> bool:
     return ok
 
 
-def profile_ours(url: str, n: int, c: int, backend: str, top: int = 35) -> None:
-    """cProfile our push_batch and our worker draining N at concurrency c: top functions by
-    own time, then own time summed per file."""
+def profile_ours(
+    url: str,
+    n: int,
+    c: int,
+    backend: str,
+    top: int = 35,
+    phases: Sequence[str] = ("push_batch", "push_concurrent", "worker"),
+) -> None:
+    """cProfile our push_batch, our push x100 tasks and our worker draining N at concurrency
+    c: Python calls per job (or push), the top functions by own time, own time per file."""
     import cProfile
     import pstats
 
-    for phase in ("push_batch", "worker"):
+    for phase in phases:
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         anyio.run(_profile_ours, url, n, c, prof, phase, backend=backend)
         wall = time.perf_counter() - t0
         entries = pstats.Stats(prof).stats  # type: ignore[attr-defined]
         total = sum(v[2] for v in entries.values()) or 1e-9
-        label = phase if phase == "push_batch" else f"worker c={c}"
+        label = {"push_batch": "push_batch", "push_concurrent": f"push x{PUSH_TASKS} tasks"}.get(
+            phase, f"worker c={c}"
+        )
         calls = sum(v[1] for v in entries.values())  # steadier than the times
         print(f"\n== cProfile ojs-anyio/{backend}, {label}, N={n}: profiled {total:.2f}s "
               f"(this phase's run took {wall:.1f}s with setup); {calls / n:.1f} calls/job ==")  # fmt: skip
@@ -602,11 +687,13 @@ def peer_available(peer: str, python: str) -> bool:
     return probe.returncode == 0
 
 
-def _child_cmd(python: str, url: str, peer: str, role: str, q: str, n: int, c: int, pool: str) -> list[str]:
-    return [
-        python, os.path.abspath(__file__), "--child", peer, "--role", role, "--queue", q,
-        "--n", str(n), "--c", str(c), "--pool", pool or "-", "--url", url,
+def _child_cmd(python: str, url: str, spec: PeerSpec, role: str, q: str, n: int, c: int,
+               rate: float = 0.0) -> list[str]:  # fmt: skip
+    cmd = [
+        python, os.path.abspath(__file__), "--child", spec.peer, "--role", role, "--queue", q,
+        "--n", str(n), "--c", str(c), "--pool", spec.pool or "-", "--url", url, "--rate", str(rate),
     ]  # fmt: skip
+    return cmd + (["--parity"] if spec.parity else [])
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -624,10 +711,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # pool children that outlived their parent
 
 
-def peer_enqueue(python: str, url: str, peer: str, q: str, n: int) -> float:
+def peer_enqueue(python: str, url: str, spec: PeerSpec, q: str, n: int) -> float:
     timeout = max(60.0, n / 50)
     proc = subprocess.run(
-        _child_cmd(python, url, peer, "enqueue", q, n, 0, ""),
+        _child_cmd(python, url, spec, "enqueue", q, n, 1),
         capture_output=True,
         timeout=timeout,
         check=False,
@@ -640,40 +727,94 @@ def peer_enqueue(python: str, url: str, peer: str, q: str, n: int) -> float:
     return float(result["rate"])
 
 
-def peer_worker(python: str, url: str, peer: str, pool: str, q: str, n: int, c: int) -> float:
-    fd, path = tempfile.mkstemp(prefix="ojs-bench-stamps-")
-    os.close(fd)
-    env = dict(os.environ, **{STAMP_ENV: path})
+def _watch_worker(
+    python: str, url: str, spec: PeerSpec, q: str, c: int, path: str, records: int, size: int,
+    timeout: float, env: dict[str, str], feed: list[str] | None = None,
+) -> bytes:  # fmt: skip
+    """Start the peer's worker child at concurrency c and wait until the stamp file at
+    ``path`` holds ``records`` records of ``size`` bytes; ``feed``, if given, is a command
+    run (to its end) meanwhile, e.g. the paced enqueue.  Returns the file's bytes."""
     err = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen(
-        _child_cmd(python, url, peer, "worker", q, n, c, pool),
+        _child_cmd(python, url, spec, "worker", q, 0, c),
         stdout=subprocess.DEVNULL,
         stderr=err,
         env=env,
         start_new_session=True,
     )
-    timeout = max(60.0, n / 50)
+    feeder: subprocess.Popen[bytes] | None = None
     deadline = time.monotonic() + timeout
     try:
+        if feed is not None:
+            feeder = subprocess.Popen(
+                feed, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True
+            )
         while True:
-            have = os.stat(path).st_size // 8
-            if have >= n:
+            have = os.stat(path).st_size // size
+            if have >= records:
                 break
-            if proc.poll() is not None:
-                err.seek(0)
-                why = _tail(err.read())
-                raise RuntimeError(f"worker child exited ({proc.returncode}) after {have} jobs: {why}")
+            for p, what in ((proc, "worker"), (feeder, "enqueue")):
+                if p is not None and p.poll() not in (None, 0):
+                    if p is proc:
+                        err.seek(0)
+                        why = _tail(err.read())
+                    else:
+                        why = _tail(p.stderr.read()) if p.stderr is not None else ""
+                    raise RuntimeError(f"{what} child exited ({p.returncode}) after {have} jobs: {why}")
+            if proc.poll() == 0:
+                raise RuntimeError(f"worker child exited after {have} jobs")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"timeout: {have} of {n} jobs done after {timeout:.0f}s")
+                raise RuntimeError(f"timeout: {have} of {records} jobs done after {timeout:.0f}s")
             time.sleep(0.02)
-        stamps = sorted(read_stamps(path))[:n]
+        with open(path, "rb") as f:
+            return f.read()
     finally:
         _kill_group(proc)
+        if feeder is not None:
+            _kill_group(feeder)
+            if feeder.stderr is not None:
+                feeder.stderr.close()
         err.close()
+
+
+def peer_worker(python: str, url: str, spec: PeerSpec, q: str, n: int, c: int) -> float:
+    fd, path = tempfile.mkstemp(prefix="ojs-bench-stamps-")
+    os.close(fd)
+    env = dict(os.environ, **{STAMP_ENV: path})
+    env.pop(LATENCY_ENV, None)
+    try:
+        data = _watch_worker(python, url, spec, q, c, path, n, _STAMP.size, max(60.0, n / 50), env)
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+    stamps = sorted(_stamps_of(data))[:n]
     span = stamps[-1] - stamps[0]
     return (n - 1) / span if n > 1 and span > 0 else math.nan
+
+
+def peer_latency(
+    python: str, url: str, spec: PeerSpec, total: int, rate: float, c: int
+) -> list[tuple[float, float]]:
+    """For ``benchmarks/latency.py``: the peer's worker at concurrency c on a fresh queue,
+    and its enqueue sending ``total`` jobs at ``rate`` per second (after one probe job it
+    waits for, so the worker's start-up is not measured), each carrying its push's
+    wall-clock time.  Returns (pushed at, handler started at) per job, in push order."""
+    q = f"bench.{spec.peer}.{uuid.uuid4().hex[:10]}"
+    ent = peer_entities(spec.peer, q)
+    fd, path = tempfile.mkstemp(prefix="ojs-bench-latency-")
+    os.close(fd)
+    env = dict(os.environ, **{STAMP_ENV: path, LATENCY_ENV: "1"})
+    feed = _child_cmd(python, url, spec, "pace", q, total, c, rate)
+    try:
+        data = _watch_worker(
+            python, url, spec, q, c, path, total + 1, _LATENCY_REC.size, 120.0 + 3 * total / rate, env, feed
+        )
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        delete_entities(url, ent.queues, ent.exchanges)
+    records = [r for r in _LATENCY_REC.iter_unpack(data[: len(data) // 16 * 16]) if r[0] >= 0]
+    return sorted(records)
 
 
 def _tail(data: bytes, limit: int = 300) -> str:
@@ -700,15 +841,15 @@ def wait_for_broker(url: str, timeout: float = 120.0) -> bool:
             time.sleep(1.0)
 
 
-def run_peer(python: str, url: str, row: str, peer: str, pool: str, n: int, c: int, out: Rates) -> str | None:
+def run_peer(python: str, url: str, row: str, spec: PeerSpec, n: int, c: int, out: Rates) -> str | None:
     """One round: the peer's enqueue of N into a fresh queue, then its worker at concurrency c.
 
     Returns None, or what went wrong (the round's rates are then not recorded)."""
-    q = f"bench.{peer}.{uuid.uuid4().hex[:10]}"
-    ent = peer_entities(peer, q)
+    q = f"bench.{spec.peer}.{uuid.uuid4().hex[:10]}"
+    ent = peer_entities(spec.peer, q)
     try:
         try:
-            enqueue_rate = peer_enqueue(python, url, peer, q, n)
+            enqueue_rate = peer_enqueue(python, url, spec, q, n)
             log(f"  {row}: enqueue {enqueue_rate:,.0f} jobs/s")
         except Exception as exc:
             return f"enqueue failed: {exc}"
@@ -716,7 +857,7 @@ def run_peer(python: str, url: str, row: str, peer: str, pool: str, n: int, c: i
         if count != n:
             return f"after the enqueue the queue holds {count} messages, expected {n}"
         try:
-            rate = peer_worker(python, url, peer, pool, q, n, c)
+            rate = peer_worker(python, url, spec, q, n, c)
         except Exception as exc:
             return f"worker c={c} failed: {exc}"
         log(f"  {row}: worker c={c}: {rate:,.0f} jobs/s")
@@ -728,7 +869,13 @@ def run_peer(python: str, url: str, row: str, peer: str, pool: str, n: int, c: i
 
 
 # =====================================================================================
-# peers: child side (runs in a subprocess: ``--child PEER --role enqueue|worker``)
+# peers: child side (runs in a subprocess: ``--child PEER --role enqueue|worker|pace``)
+#
+# Each peer's child sets up its client the way its own documentation does (``parity``: with
+# the options that bring it to our footing, where it has them, see PARITY_OPTIONS) and hands
+# its enqueue call to one of the shared drivers below: ``enqueue`` times N calls
+# (throughput), ``pace`` sends them on a steady schedule (``benchmarks/latency.py``).  The
+# workers' no-op tasks all call ``on_job``.
 
 
 def _split(n: int) -> list[int]:
@@ -745,61 +892,116 @@ def _wait_forever() -> None:
     stop.wait()
 
 
-def child_celery(url: str, role: str, q: str, n: int, c: int, pool: str) -> None:
+def _wait_for_probe() -> None:
+    """``pace``: block until the worker has run the probe job (its first record is in the file)."""
+    path = os.environ[STAMP_ENV]
+    deadline = time.monotonic() + 120.0
+    while os.stat(path).st_size < _LATENCY_REC.size:
+        if time.monotonic() > deadline:
+            raise SystemExit("the worker did not run the probe job within 120 s")
+        time.sleep(0.01)
+
+
+def _drive_sync(send: Callable[[str, str], object], opts: argparse.Namespace) -> None:
+    """A synchronous enqueue API (Celery, Dramatiq), on this one thread."""
+    if opts.role == "enqueue":
+        send(*ARGS)  # connects and declares the queue: not timed
+        t0 = time.perf_counter()
+        for _ in range(opts.n - 1):
+            send(*ARGS)
+        _emit((opts.n - 1) / (time.perf_counter() - t0))
+        return
+    send(PROBE, ARGS[1])
+    _wait_for_probe()
+    t0 = time.monotonic()
+    for i in range(opts.n):
+        delay = t0 + i / opts.rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)  # a steady load's schedule
+        send(repr(time.time()), ARGS[1])
+
+
+async def _drive_async(send: Callable[[str, str], Awaitable[object]], opts: argparse.Namespace) -> None:
+    """An asyncio enqueue API (taskiq, FastStream): the shape of ours, 100 tasks each
+    enqueueing N/100 in a row; ``pace``: each send in its own task, on a steady schedule."""
+    import asyncio
+
+    if opts.role == "enqueue":
+
+        async def pusher(count: int) -> None:
+            for _ in range(count):
+                await send(*ARGS)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(pusher(k) for k in _split(opts.n)))
+        _emit(opts.n / (time.perf_counter() - t0))
+        return
+    await send(PROBE, ARGS[1])
+    await asyncio.to_thread(_wait_for_probe)
+    loop = asyncio.get_running_loop()
+    tasks = []
+    t0 = loop.time()
+    for i in range(opts.n):
+        delay = t0 + i / opts.rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)  # a steady load's schedule
+        tasks.append(asyncio.ensure_future(send(repr(time.time()), ARGS[1])))
+    await asyncio.gather(*tasks)
+
+
+def child_celery(opts: argparse.Namespace) -> None:
     import logging
 
     from celery import Celery
 
     logging.basicConfig(level=logging.WARNING)
-    app = Celery("bench", broker=url)
+    app = Celery("bench", broker=opts.url)
     app.conf.update(
-        task_default_queue=q,
+        task_default_queue=opts.queue,
         task_ignore_result=True,
         worker_enable_remote_control=False,
         worker_send_task_events=False,
         broker_connection_retry_on_startup=True,
     )
+    if opts.parity:
+        app.conf.update(
+            worker_prefetch_multiplier=1,
+            task_acks_late=True,
+            broker_transport_options={"confirm_publish": True},
+        )
 
     @app.task(name="bench.noop")
     def noop(a: str, b: str) -> None:
-        stamp()
+        on_job(a)
 
-    if role == "enqueue":
-        noop.delay(*ARGS)  # connects and declares the queue: not timed
-        t0 = time.perf_counter()
-        for _ in range(n - 1):
-            noop.delay(*ARGS)
-        dt = time.perf_counter() - t0
+    if opts.role != "worker":
+        _drive_sync(noop.delay, opts)
         app.close()  # release the producer's connection cleanly (not timed)
-        _emit((n - 1) / dt)
         return
     app.worker_main(
-        ["worker", "-P", pool, "-c", str(c), "-Q", q, "-l", "WARNING",
+        ["worker", "-P", opts.pool, "-c", str(opts.c), "-Q", opts.queue, "-l", "WARNING",
          "--without-gossip", "--without-mingle", "--without-heartbeat"]
     )  # fmt: skip
 
 
-def child_dramatiq(url: str, role: str, q: str, n: int, c: int) -> None:
+def child_dramatiq(opts: argparse.Namespace) -> None:
+    if opts.parity and opts.role == "worker":
+        os.environ["dramatiq_queue_prefetch"] = str(opts.c)  # noqa: SIM112 (dramatiq's spelling; read at import)
     import dramatiq
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-    broker = RabbitmqBroker(url=url)
+    broker = RabbitmqBroker(url=opts.url, confirm_delivery=bool(opts.parity))
     dramatiq.set_broker(broker)
 
-    @dramatiq.actor(queue_name=q, actor_name="bench_noop", broker=broker)
+    @dramatiq.actor(queue_name=opts.queue, actor_name="bench_noop", broker=broker)
     def noop(a: str, b: str) -> None:
-        stamp()
+        on_job(a)
 
-    if role == "enqueue":
-        noop.send(*ARGS)
-        t0 = time.perf_counter()
-        for _ in range(n - 1):
-            noop.send(*ARGS)
-        dt = time.perf_counter() - t0
+    if opts.role != "worker":
+        _drive_sync(noop.send, opts)
         broker.close()
-        _emit((n - 1) / dt)
         return
-    worker = dramatiq.Worker(broker, worker_threads=c)
+    worker = dramatiq.Worker(broker, worker_threads=opts.c)
     worker.start()
     try:
         _wait_forever()
@@ -807,15 +1009,16 @@ def child_dramatiq(url: str, role: str, q: str, n: int, c: int) -> None:
         worker.stop()
 
 
-def child_taskiq(url: str, role: str, q: str, n: int, c: int) -> None:
+def child_taskiq(opts: argparse.Namespace) -> None:
     import asyncio
 
     from taskiq.api import run_receiver_task
     from taskiq_aio_pika import AioPikaBroker, Exchange, Queue, QueueType
 
+    q = opts.queue
     broker = AioPikaBroker(
-        url,
-        qos=max(10, c),
+        opts.url,
+        qos=opts.c if opts.parity else max(10, opts.c),
         exchange=Exchange(name=f"{q}.x"),
         task_queues=[Queue(name=q, type=QueueType.CLASSIC)],
         dead_letter_queue=Queue(name=f"{q}.dlq", type=QueueType.CLASSIC),
@@ -823,78 +1026,60 @@ def child_taskiq(url: str, role: str, q: str, n: int, c: int) -> None:
 
     @broker.task(task_name="bench.noop")
     async def noop(a: str, b: str) -> None:
-        stamp()
+        on_job(a)
 
     async def enqueue() -> None:
         await broker.startup()
-
-        async def pusher(count: int) -> None:
-            for _ in range(count):
-                await noop.kiq(*ARGS)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(pusher(k) for k in _split(n)))
-        dt = time.perf_counter() - t0
+        await _drive_async(noop.kiq, opts)
         await broker.shutdown()
-        _emit(n / dt)
 
     async def work() -> None:
-        await run_receiver_task(broker, max_async_tasks=c, run_startup=True)
+        await run_receiver_task(broker, max_async_tasks=opts.c, run_startup=True)
 
-    asyncio.run(enqueue() if role == "enqueue" else work())
+    asyncio.run(work() if opts.role == "worker" else enqueue())
 
 
-def child_faststream(url: str, role: str, q: str, n: int, c: int) -> None:
+def child_faststream(opts: argparse.Namespace) -> None:
     import asyncio
 
     from faststream.rabbit import RabbitBroker, RabbitQueue
     from faststream.rabbit.schemas import Channel
 
-    queue = RabbitQueue(q, durable=True)
+    queue = RabbitQueue(opts.queue, durable=True)
 
     async def enqueue() -> None:
-        broker = RabbitBroker(url, logger=None)
+        broker = RabbitBroker(opts.url, logger=None)
         async with broker:
             await broker.connect()
             await broker.declare_queue(queue)
 
-            async def pusher(count: int) -> None:
-                for _ in range(count):
-                    await broker.publish({"a": ARGS[0], "b": ARGS[1]}, queue=queue, persist=True)
+            async def send(a: str, b: str) -> None:
+                await broker.publish({"a": a, "b": b}, queue=queue, persist=True)
 
-            t0 = time.perf_counter()
-            await asyncio.gather(*(pusher(k) for k in _split(n)))
-            dt = time.perf_counter() - t0
-        _emit(n / dt)
+            await _drive_async(send, opts)
 
     async def work() -> None:
-        broker = RabbitBroker(url, logger=None, default_channel=Channel(prefetch_count=c))
+        broker = RabbitBroker(opts.url, logger=None, default_channel=Channel(prefetch_count=opts.c))
 
         @broker.subscriber(queue)
         async def noop(a: str, b: str) -> None:
-            stamp()
+            on_job(a)
 
         async with broker:
             await broker.start()
             await asyncio.Event().wait()
 
-    asyncio.run(enqueue() if role == "enqueue" else work())
+    asyncio.run(work() if opts.role == "worker" else enqueue())
 
 
 def child_main(args: argparse.Namespace) -> int:
-    peer, role, q, n, c = args.child, args.role, args.queue, args.n, args.c
-    if role == "worker":
+    if args.role == "worker":
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    if peer == "celery":
-        child_celery(args.url, role, q, n, c, args.pool)
-    elif peer == "dramatiq":
-        child_dramatiq(args.url, role, q, n, c)
-    elif peer == "taskiq":
-        child_taskiq(args.url, role, q, n, c)
-    elif peer == "faststream":
-        child_faststream(args.url, role, q, n, c)
-    else:
-        raise SystemExit(f"unknown peer {peer!r}")
+    run = {"celery": child_celery, "dramatiq": child_dramatiq, "taskiq": child_taskiq,
+           "faststream": child_faststream}  # fmt: skip
+    if args.child not in run:
+        raise SystemExit(f"unknown peer {args.child!r}")
+    run[args.child](args)
     return 0
 
 
@@ -920,9 +1105,21 @@ def compare(
         cands = [(r.values[key], b) for b, r in ours.items() if key in r.values]
         return max(cands) if cands else (None, None)
 
-    def best_peer(key: str) -> tuple[float | None, str | None]:
+    specs = dict(PEER_ROWS)
+
+    def best_peer(key: str, at_parity: bool = False) -> tuple[float | None, str | None]:
+        """The best peer at its defaults, or at parity (its ``@parity`` row, or its default
+        where that is parity already)."""
         cands = [
-            (r.values[key], name) for name, r in peers.items() if isinstance(r, Rates) and key in r.values
+            (r.values[key], name)
+            for name, r in peers.items()
+            if isinstance(r, Rates)
+            and key in r.values
+            and (
+                not specs[name].parity
+                if not at_parity
+                else specs[name].parity or specs[name].peer in PARITY_BY_DEFAULT
+            )
         ]
         return max(cands) if cands else (None, None)
 
@@ -933,6 +1130,14 @@ def compare(
         o, ob = best_ours(ours_key)
         p, pb = best_peer(peer_key)
         ratio = o / p if o is not None and p else None
+        pp, ppb = best_peer(peer_key, at_parity=True)
+        ratio_parity = o / pp if o is not None and pp else None
+        # Issue 29: ahead of every peer at parity, and at the defaults too unless the best
+        # default peer's lead is one its parity row takes away (it was measured at parity).
+        excused = pb is not None and f"{pb}@parity" in peers and isinstance(peers[f"{pb}@parity"], Rates)
+        ahead = None
+        if ratio_parity is not None:
+            ahead = ratio_parity >= 1.0 and (ratio is None or ratio >= 1.0 or excused)
         top = ceiling.values.get(peer_key)
         rows.append(
             {
@@ -944,6 +1149,10 @@ def compare(
                 "ratio": ratio,
                 "target": TARGET,
                 "verdict": None if ratio is None else ("PASS" if ratio >= TARGET else "MISS"),
+                "best_peer_parity": ppb,
+                "peer_parity": pp,
+                "ratio_parity": ratio_parity,
+                "ahead": None if ahead is None else ("PASS" if ahead else "MISS"),
                 "ceiling": top,
                 "ours_of_ceiling": o / top if o is not None and top else None,
                 # Whether TARGET x the best peer is at most the raw-socket ceiling at all.
@@ -1103,6 +1312,25 @@ def print_report(
                 f" = {row['ratio']:.2f}x  {row['verdict']}"
             )
         print(f"  {row['scenario']:<18} {line}")
+    if any(row["peer_parity"] is not None for row in comparison):
+        print()
+        print(
+            "ours (best backend) ÷ best peer at its defaults | at parity (confirms on, prefetch = c, acks "
+            "after the task, where the peer's own options allow; target: ahead at parity, and at the "
+            "defaults unless the lead is one parity takes away):"
+        )
+        for row in comparison:
+            if row["ours"] is None:
+                continue
+            default = (
+                "-" if row["ratio"] is None else f"{row['ratio']:.2f}x {row['best_peer']} {_fmt(row['peer'])}"
+            )
+            at_parity = (
+                "-"
+                if row["ratio_parity"] is None
+                else f"{row['ratio_parity']:.2f}x {row['best_peer_parity']} {_fmt(row['peer_parity'])}"
+            )
+            print(f"  {row['scenario']:<18} {default:<40} | {at_parity:<44} {row['ahead'] or ''}")
 
 
 def _host(url: str) -> str:
@@ -1227,16 +1455,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--profile", choices=["asyncio", "trio"], help="cProfile our push_batch and worker; exit")
     ap.add_argument("--profile-concurrency", type=int, default=10, help="worker concurrency for --profile")
+    ap.add_argument(
+        "--profile-phases",
+        default="push_batch,push_concurrent,worker",
+        help="what --profile runs (push_batch, push_concurrent, worker)",
+    )
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a round that failed (default 1)")
     ap.add_argument("--peer-python", default=sys.executable, help="interpreter for the peer subprocesses")
     ap.add_argument("--cli-processes", default="1,2", help="`ojs-anyio worker --processes P` runs ('' skips)")
     ap.add_argument("--cli-concurrency", type=int, default=10, help="--concurrency of those runs")
     # child mode (internal)
     ap.add_argument("--child", choices=list(PEER_MODULES), help=argparse.SUPPRESS)
-    ap.add_argument("--role", choices=["enqueue", "worker"], help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["enqueue", "worker", "pace"], help=argparse.SUPPRESS)
+    ap.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--queue", help=argparse.SUPPRESS)
     ap.add_argument("--c", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--pool", default="-", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--parity",
+        action="store_true",
+        default=None,
+        help="also run each peer at parity (its own options set to our footing: "
+        + "; ".join(f"{k}: {v}" for k, v in PARITY_OPTIONS.items())
+        + "; default on unless --smoke)",
+    )
+    ap.add_argument("--no-parity", dest="parity", action="store_false", help="peers at their defaults only")
     ap.add_argument(
         "--rss",
         action="store_true",
@@ -1260,7 +1503,9 @@ def main(argv: list[str] | None = None) -> int:
     if n < 2:
         ap.error("--n must be at least 2")
     if args.profile:
-        profile_ours(args.url, n, args.profile_concurrency, args.profile)
+        profile_ours(
+            args.url, n, args.profile_concurrency, args.profile, phases=args.profile_phases.split(",")
+        )
         return 0
     concurrencies = tuple(int(c) for c in args.concurrency.split(",") if c)
     backends = [b for b in args.backends.split(",") if b]
@@ -1278,7 +1523,11 @@ def main(argv: list[str] | None = None) -> int:
     memory: dict[str, Rates] = {b: Rates() for b in args.memory.split(",") if b and b != "none"}
     ceiling = Rates()
     peers: dict[str, Rates | str] = {}
-    for row, peer, _pool in PEER_ROWS:
+    parity = args.parity if args.parity is not None else not args.smoke
+    for row, spec in PEER_ROWS:
+        peer = spec.peer
+        if spec.parity and not parity:
+            continue
         if peer not in wanted:
             if args.peers is None and args.smoke:
                 peers[row] = "skipped (--smoke; pass --peers to include)"
@@ -1324,13 +1573,13 @@ def main(argv: list[str] | None = None) -> int:
                     traceback.print_exc(file=sys.stderr)
                     failed = True
                     rates.notes[f"round {rnd + 1}.{i + 1}"] = "error: " + repr(exc)
-            for row, peer, pool in PEER_ROWS:
+            for row, spec in PEER_ROWS:
                 rates = peers.get(row)
                 if not isinstance(rates, Rates):
                     continue
                 for attempt in range(1 + args.retries):
                     log(f"round {rnd + 1}.{i + 1}: {row}: enqueue N={n}, worker c={c}")
-                    why = run_peer(args.peer_python, args.url, row, peer, pool, n, c, rates)
+                    why = run_peer(args.peer_python, args.url, row, spec, n, c, rates)
                     if why is None:
                         break
                     log(f"  {row}: {why}")

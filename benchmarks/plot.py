@@ -11,6 +11,7 @@ ours are also labelled with their share of the ceiling measured in the same run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -55,7 +56,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     width = 0.8 / n_bars
     fig, ax = plt.subplots(figsize=(12, 5.5), dpi=110)
     colors = {"raw-socket ceiling": "#bbbbbb", "ojs-anyio/asyncio": "#1f77b4", "ojs-anyio/trio": "#2ca02c"}
-    others = iter(["#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"])
+    # (cycled: with the @parity rows there are more peers than colours)
+    others = itertools.cycle(
+        ["#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+    )
     for i, (label, values) in enumerate(rows):
         xs = [g - 0.4 + width * (i + 0.5) for g in range(n_groups)]
         heights = [v or 0.0 for v in values]

@@ -72,10 +72,10 @@ def check_pushable(job: Job) -> None:
         raise ArgumentTypeError(
             f"push_job takes an ojs_anyio.Job (from client.build), not {type(job).__name__}"
         )
-    if not isinstance(job.unique, msgspec.UnsetType):
+    if job.unique is not UNSET:
         unique_lock(job)  # refuses, with the reason, a policy a broker cannot enforce
     check_json_args(job.args, job.type)
-    if isinstance(job.retry, RetryPolicy):
+    if job.retry is not UNSET and isinstance(job.retry, RetryPolicy):
         check_job_policy(job.retry)
 
 
@@ -212,10 +212,10 @@ def _plain(type: object, queue: object, id: object, created: datetime, options: 
         and (priority is None or priority.__class__ is int)
         and (timeout is None or (timeout.__class__ is int and timeout >= 0))
         and (meta is None or all(key.__class__ is str for key in meta))
-        and _known_good(type, _GOOD_TYPES, _TYPE_RE, 255)
-        and _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128)
+        and (type in _GOOD_TYPES or _known_good(type, _GOOD_TYPES, _TYPE_RE, 255))
+        and (queue in _GOOD_QUEUES or _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128))
         and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
-        and created.utcoffset() is not None
+        and (created.tzinfo is UTC or created.utcoffset() is not None)
     )
 
 
@@ -242,7 +242,11 @@ def new_job(
     ``now`` defaults to the current UTC time (the only clock read of this module) and must
     be timezone-aware.  Options left as ``None`` are absent from the envelope.
     """
-    if isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence):
+    if (
+        args.__class__ is not list
+        and args.__class__ is not tuple
+        and (isinstance(args, str | bytes | bytearray | Mapping) or not isinstance(args, Sequence))
+    ):
         raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
     created = datetime.now(UTC) if now is None else now
     options: dict[str, Any] = {

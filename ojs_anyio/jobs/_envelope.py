@@ -87,19 +87,25 @@ JobType = Annotated[str, Meta(min_length=1, max_length=255, pattern=TYPE_PATTERN
 QueueName = Annotated[str, Meta(max_length=128, pattern=QUEUE_PATTERN)]
 Uri = Annotated[str, Meta(pattern=URI_PATTERN)]
 
-# The last timestamp text that passed the check: jobs built in the same millisecond carry
-# equal ``created_at`` strings, so the regex runs about once per millisecond under load.
-_last_valid_timestamp = ""
+# Timestamp texts that passed the check lately: jobs built in the same millisecond carry
+# equal ``created_at`` strings, and a pushed job's ``enqueued_at`` follows close behind
+# (a batch alternates the two), so the regex runs about once per millisecond under load.
+_valid_timestamps: dict[str, None] = {}
 
 
 def _check_timestamp(field: str, value: str | UnsetType) -> None:
-    global _last_valid_timestamp
-    if isinstance(value, str) and value != _last_valid_timestamp:
-        try:
-            match_timestamp(value)
-        except ValueError as exc:
-            raise InvalidJobError(field, str(exc)) from None
-        _last_valid_timestamp = value
+    if value.__class__ is not str:
+        if not isinstance(value, str):
+            return
+    elif value in _valid_timestamps:
+        return
+    try:
+        match_timestamp(value)
+    except ValueError as exc:
+        raise InvalidJobError(field, str(exc)) from None
+    if len(_valid_timestamps) >= 8:
+        _valid_timestamps.clear()
+    _valid_timestamps[value] = None
 
 
 def _check_unique_items(field: str, items: tuple[Any, ...] | UnsetType) -> None:
@@ -190,16 +196,34 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
     extensions: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
-        for name in _TIMESTAMP_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, str):  # most are unset: no call for those
-                _check_timestamp(name, value)
-        if isinstance(self.retry, RetryPolicy):
+        # Runs for every Job made, so spelled out: an unset attribute, or a str that passed
+        # lately, costs no call (anything else goes to the check, which skips non-str).
+        valid = _valid_timestamps
+        value = self.scheduled_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("scheduled_at", value)
+        value = self.expires_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("expires_at", value)
+        value = self.created_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("created_at", value)
+        value = self.enqueued_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("enqueued_at", value)
+        value = self.started_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("started_at", value)
+        value = self.completed_at
+        if value is not UNSET and (value.__class__ is not str or value not in valid):
+            _check_timestamp("completed_at", value)
+        if self.retry is not UNSET and isinstance(self.retry, RetryPolicy):
             try:
                 resolve_retry(self.retry)
             except InvalidJobError as exc:
                 raise InvalidJobError(f"retry.{exc.field}", exc.message) from None
-        _check_extensions(self.extensions, _JOB_FIELDS)
+        if self.extensions:
+            _check_extensions(self.extensions, _JOB_FIELDS)
 
     def effective_meta(self) -> dict[str, Any]:
         """``meta``, or ``{}`` when absent."""
@@ -218,14 +242,6 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
         return resolve_retry(self.retry)
 
 
-_TIMESTAMP_FIELDS: Final = (
-    "scheduled_at",
-    "expires_at",
-    "created_at",
-    "enqueued_at",
-    "started_at",
-    "completed_at",
-)
 _JOB_FIELDS: Final = frozenset(Job.__struct_fields__) - {"extensions"}
 #: The envelope's defined attributes (what an extension may not be called).
 JOB_FIELDS: Final = _JOB_FIELDS
@@ -375,9 +391,7 @@ def decode_job(data: bytes | bytearray | memoryview | str) -> Job:
 
 def encode_job(job: Job) -> bytes:
     """Serialize a job envelope as compact UTF-8 JSON (the AMQP message body, 001 §6.3)."""
-    if not job.extensions and (
-        isinstance(job.errors, UnsetType) or not any(record.extensions for record in job.errors)
-    ):
+    if not job.extensions and (job.errors is UNSET or not any(record.extensions for record in job.errors)):
         return _encoder.encode(job)
     return _encoder.encode(job_to_dict(job))
 

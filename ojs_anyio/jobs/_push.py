@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 import msgspec
+from msgspec import UNSET
 
 from ojs_anyio.amqp import UsageError
 
@@ -84,6 +85,8 @@ class Pusher:
     ) -> Job:
         """One push, wrapped by the middleware's ``around_push`` hooks (if any)."""
         if not self.hooks:
+            if _claims_nothing(job, idempotency_key, window):  # the hot path: one coroutine less
+                return await self.publish(job, idempotency_key, reply_to)
             return await self.claim_and_publish(
                 job, idempotency_key=idempotency_key, window=window, reply_to=reply_to
             )
@@ -135,8 +138,10 @@ class Pusher:
         """The push itself.  With a ``window``, the ``idempotency_key`` is claimed first (a
         duplicate raises); without one (the scheduler's label for a tick) it is only written
         to ``x-ojs-idempotency-key``."""
+        if _claims_nothing(job, idempotency_key, window):
+            return await self.publish(job, idempotency_key, reply_to)
         ignore = False
-        if not isinstance(job.unique, msgspec.UnsetType):
+        if job.unique is not UNSET:
             if idempotency_key is not None and window is not None:
                 raise UsageError(f"job {job.id}: give a unique policy or an idempotency_key, not both")
             idempotency_key, window, ignore = unique_lock(job)  # the fingerprint, for the period
@@ -185,21 +190,24 @@ class Pusher:
     ) -> Job:
         if deadline is None:
             deadline = SendDeadline(self._client.conn)
-        try:
-            with before_sending(deadline):
-                now = datetime.now(UTC)
-                route = await self.resolve_route(job, now)
-        except UNAVAILABLE as exc:
-            raise push_error(exc, job) from exc
+        now = datetime.now(UTC)
+        route = self.ready_route(job, now)
+        if route is None:
+            try:
+                with before_sending(deadline):
+                    route = await self.resolve_route(job, now)
+            except UNAVAILABLE as exc:
+                raise push_error(exc, job) from exc
+        direct = self._client.names.direct_exchange
         # The message's trace headers are written inside the PRODUCER span, so the worker's
         # CONSUMER span becomes its child (001 §12.2).
-        with _tracing.producer_span(job, self._client.names.direct_exchange) as span:
+        with _tracing.producer_span(job, direct) as span:
             try:
                 pushed = as_enqueued(job, route, now)  # what the body carries, and push returns
                 props, body = self.message(pushed, route, idempotency_key, reply_to, now)
                 with before_sending(deadline):
                     ch = await self._client.channel()
-                if route.exchange != self._client.names.direct_exchange:
+                if route.exchange != direct:
                     span.set_attribute("messaging.destination.name", route.exchange)
                 await ch.publish(
                     body,
@@ -240,16 +248,19 @@ class Pusher:
         window = ch.publish_window(max_in_flight=max_in_flight)
         handles: list[amqp.PublishHandle | PushError] = []
         sent: list[Job] = []  # each job as its result reports it: as enqueued once sent
+        direct = self._client.names.direct_exchange
         for job in jobs:
             pushed = job
-            with _tracing.producer_span(job, self._client.names.direct_exchange) as span:
+            with _tracing.producer_span(job, direct) as span:
                 try:
-                    with before_sending(deadline):
-                        now = datetime.now(UTC)
-                        route = await self.resolve_route(job, now)
+                    now = datetime.now(UTC)
+                    route = self.ready_route(job, now)
+                    if route is None:
+                        with before_sending(deadline):
+                            route = await self.resolve_route(job, now)
                     pushed = as_enqueued(job, route, now)
                     props, body = self.message(pushed, route, None, None, now)
-                    if route.exchange != self._client.names.direct_exchange:
+                    if route.exchange != direct:
                         span.set_attribute("messaging.destination.name", route.exchange)
                     handles.append(
                         await window.publish(
@@ -311,7 +322,22 @@ class Pusher:
             found = route(job, datetime.now(UTC), resolved, self._client.names)
         return found
 
+    def ready_route(self, job: Job, now: datetime) -> Route | None:
+        """:meth:`resolve_route` when it has nothing to wait for (the hot path: a job due
+        now, or on the delay levels, whose entities are declared), else None."""
+        if job.scheduled_at is not UNSET and self._client.scheduler != "levels":
+            return None  # the scheduler may have to be asked of the broker first
+        found = route(job, now, "levels", self._client.names)
+        return None if self._client.declarer.missing(found.needs) else found
+
     # ------------------------------------------------- control plane (001 §5.6-5.8)
+
+
+def _claims_nothing(job: Job, idempotency_key: str | None, window: DurationLike | None) -> bool:
+    """Whether :meth:`Pusher.claim_and_publish` goes straight to the publish: no unique
+    policy, and no idempotency key with a window (a key alone is only written to the
+    message's header)."""
+    return job.unique is UNSET and (idempotency_key is None or window is None)
 
 
 def as_enqueued(job: Job, route: Route, enqueued_at: datetime) -> Job:
@@ -319,9 +345,12 @@ def as_enqueued(job: Job, route: Route, enqueued_at: datetime) -> Job:
     carries it) and its ``state`` (``scheduled`` when it waits for its time, else
     ``available``), as the OJS conformance suite expects of a PUSH's answer."""
     stamp = format_timestamp(enqueued_at)
+    created = job.created_at
+    if created.__class__ is not str and not isinstance(created, str):
+        created = stamp
     return msgspec.structs.replace(
         job,
         enqueued_at=stamp,
-        created_at=job.created_at if isinstance(job.created_at, str) else stamp,
+        created_at=created,
         state="scheduled" if route.delay_ms else "available",
     )

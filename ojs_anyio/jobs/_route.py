@@ -106,4 +106,14 @@ def route(job: Job, now: datetime, scheduler: Scheduler, names: Names) -> Route:
             key = delay_routing_key(wait, queue)
             needs = (JobQueue(queue), Landing(queue))
             return Route(names.delay_entry_exchange, key, _NO_HEADERS, needs, delay_ms=wait)
-    return Route(names.direct_exchange, queue, _NO_HEADERS, (JobQueue(queue),))
+    found = _due_now.get((names, queue))
+    if found is None:
+        if len(_due_now) >= 1024:
+            _due_now.clear()
+        found = _due_now[names, queue] = Route(names.direct_exchange, queue, _NO_HEADERS, (JobQueue(queue),))
+    return found
+
+
+# The route of a job due now depends on its queue and the names alone (a few per
+# application): made once each, and the same (immutable) object every push.
+_due_now: dict[tuple[Names, str], Route] = {}

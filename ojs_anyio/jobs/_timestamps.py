@@ -70,11 +70,25 @@ def _to_datetime(match: re.Match[str]) -> datetime:
     return result + timedelta(seconds=1) if leap else result
 
 
+# The last moment formatted and its text: a push formats its ``now`` for the job it returns
+# and for the message's header (datetimes are immutable, so the same object, the same text).
+_last_formatted: tuple[datetime | None, str] = (None, "")
+
+
 def format_timestamp(moment: datetime) -> str:
     """Format an aware datetime as RFC 3339 UTC with milliseconds: ``2026-02-15T10:30:00.000Z``."""
-    if moment.tzinfo is None or moment.utcoffset() is None:
+    global _last_formatted
+    last = _last_formatted
+    if moment is last[0]:
+        return last[1]
+    if moment.tzinfo is UTC:
+        utc = moment
+    elif moment.tzinfo is None or moment.utcoffset() is None:
         raise UsageError("timestamps must be timezone-aware (OJS JSON format §5.3)")
-    utc = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
+    else:
+        utc = moment.astimezone(UTC)
     # "2026-02-15T10:30:00.000+00:00" from C, with "Z" for the offset: a third faster than
     # formatting the seven fields in Python.
-    return utc.isoformat(timespec="milliseconds")[:-6] + "Z"
+    text = utc.isoformat(timespec="milliseconds")[:-6] + "Z"
+    _last_formatted = (moment, text)
+    return text

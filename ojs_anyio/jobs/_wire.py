@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
-from msgspec import UnsetType
+from msgspec import UNSET
 
 from ojs_anyio.amqp import BasicProperties, Int32
 
@@ -96,8 +96,7 @@ H_DELIVERY_COUNT: Final = "x-delivery-count"
 H_UNKNOWN_TYPE_SINCE: Final = "x-ojs-unknown-type-since"
 
 
-def _tags(job: Job) -> str | None:
-    meta = job.effective_meta()
+def _tags(meta: dict[str, Any]) -> str | None:
     tags = meta.get("tags")
     if isinstance(tags, list | tuple) and tags:
         return ",".join(str(t) for t in tags)
@@ -119,10 +118,10 @@ def job_message(
 
     ``x-ojs-max-attempts`` only when the job itself set it: a job without its own
     ``max_attempts`` carries none, and the worker's policy decides (docs/jobs.md)."""
-    own = job.retry.max_attempts if isinstance(job.retry, RetryPolicy) else None
+    own = job.retry.max_attempts if job.retry is not UNSET and isinstance(job.retry, RetryPolicy) else None
     props = job_properties(
         job,
-        max_attempts=own if isinstance(own, int) else None,
+        max_attempts=own if own is not None and isinstance(own, int) else None,
         enqueued_at=enqueued_at,
         idempotency_key=idempotency_key,
         trace_headers=trace_headers,
@@ -144,7 +143,10 @@ def job_properties(
     attempt: int = 1,
 ) -> BasicProperties:
     """The AMQP properties of a job's message (001 §6.1, §6.2)."""
-    created = job.created_at if isinstance(job.created_at, str) else format_timestamp(enqueued_at)
+    # (Hot: every push.  An unset attribute is told by ``is UNSET``, without a call.)
+    created = job.created_at
+    if created is UNSET or not isinstance(created, str):
+        created = format_timestamp(enqueued_at)
     headers: dict[str, Any] = {
         H_QUEUE: job.queue,
         H_ATTEMPT: _int32(attempt),
@@ -153,17 +155,19 @@ def job_properties(
     }
     if max_attempts is not None:  # only when the job set it: else the worker's policy decides
         headers[H_MAX_ATTEMPTS] = _int32(max_attempts)
-    if isinstance(job.scheduled_at, str):
+    if job.scheduled_at is not UNSET and isinstance(job.scheduled_at, str):
         headers[H_SCHEDULED_AT] = job.scheduled_at
-    tags = _tags(job)
-    if tags is not None:
-        headers[H_TAGS] = tags
+    meta = job.meta
+    correlation_id = None
+    if meta is not UNSET and isinstance(meta, dict):
+        tags = _tags(meta)
+        if tags is not None:
+            headers[H_TAGS] = tags
+        correlation_id = meta.get("correlation_id")
     if idempotency_key is not None:
         headers[H_IDEMPOTENCY_KEY] = idempotency_key
     if trace_headers:
         headers.update(trace_headers)
-    meta = job.meta
-    correlation_id = meta.get("correlation_id") if isinstance(meta, dict) else None
     return BasicProperties(
         message_id=job.id,
         type=job.type,
@@ -174,7 +178,7 @@ def job_properties(
         app_id="ojs",
         # Only when the job has one (001 §6.1 "if specified"): unprioritised jobs stay FIFO
         # with each other, whoever published them.
-        priority=None if isinstance(job.priority, UnsetType) else priority_to_amqp(job.priority),
+        priority=None if job.priority is UNSET else priority_to_amqp(job.priority),
         correlation_id=correlation_id if isinstance(correlation_id, str) and correlation_id else None,
         headers=headers,
     )

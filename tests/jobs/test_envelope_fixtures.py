@@ -227,6 +227,36 @@ def test_effective_values() -> None:
     )
 
 
+def test_formatting_the_same_moments_again_gives_each_its_own_text() -> None:
+    # format_timestamp remembers its last moment: alternating moments, and a moment in
+    # another zone, still come out right; a naive one is refused every time.
+    a = datetime(2026, 2, 15, 10, 30, 0, 1000, tzinfo=UTC)
+    b = datetime(2026, 2, 15, 10, 30, 0, 2000, tzinfo=UTC)
+    plus1 = datetime(2026, 2, 15, 11, 30, 0, 1000, tzinfo=timezone(timedelta(hours=1)))
+    for _ in range(2):
+        assert format_timestamp(a) == "2026-02-15T10:30:00.001Z"
+        assert format_timestamp(a) == "2026-02-15T10:30:00.001Z"
+        assert format_timestamp(b) == "2026-02-15T10:30:00.002Z"
+        assert format_timestamp(plus1) == "2026-02-15T10:30:00.001Z"
+    naive = datetime(2026, 2, 15)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="timezone-aware"):
+            format_timestamp(naive)
+
+
+def test_a_bad_timestamp_is_refused_however_many_good_ones_passed_before() -> None:
+    # The envelope remembers the last few timestamp texts that passed its check (a pushed
+    # job's created_at and enqueued_at alternate): a bad one is still checked, in any field.
+    good = [f"2026-02-15T10:30:00.{ms:03d}Z" for ms in range(20)]
+    base = new_job("email.send", [], queue="email")
+    for text in good:
+        msgspec.structs.replace(base, created_at=text, enqueued_at=good[0])
+    for field in ("created_at", "enqueued_at", "scheduled_at", "expires_at", "started_at", "completed_at"):
+        with pytest.raises(InvalidJobError) as info:
+            msgspec.structs.replace(base, **{field: "2026-02-30T10:30:00.000Z"})
+        assert info.value.field == field
+
+
 def test_timestamps() -> None:
     assert parse_timestamp("2026-02-17T08:00:00+01:00") == datetime(2026, 2, 17, 7, 0, tzinfo=UTC)
     assert parse_timestamp("2026-02-17T08:00:00.123456789Z").microsecond == 123456

@@ -69,3 +69,15 @@ def test_the_route_depends_on_the_clock_passed_in_only() -> None:
     later = route(scheduled, NOW + timedelta(seconds=4), "levels", NAMES)
     assert later.delay_ms == 6_000 and later.routing_key == delay_routing_key(6_000, "email")
     assert route(scheduled, NOW + timedelta(seconds=11), "levels", NAMES).exchange == NAMES.direct_exchange
+
+
+def test_a_job_due_now_is_routed_by_its_own_names_and_queue() -> None:
+    # The route of a job due now is made once per (names, queue) and reused: another
+    # prefix or another queue must never get a route made for the first.
+    plain, tenant = ojs.Names(), ojs.Names("tenant2.")
+    for _ in range(2):
+        assert route(job(), NOW, "levels", plain).exchange == "ojs.exchange.direct"
+        assert route(job(), NOW, "levels", tenant).exchange == "tenant2.ojs.exchange.direct"
+        assert route(job(queue="sms"), NOW, "levels", tenant).routing_key == "sms"
+        assert route(job(queue="sms"), NOW, "levels", tenant).needs == (JobQueue("sms"),)
+        assert route(job(), NOW, "levels", tenant).needs == (JobQueue("email"),)
