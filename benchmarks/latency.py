@@ -125,6 +125,32 @@ def measure_split(
     }
 
 
+async def _paced_pushes(client: ojs.Client, q: str, total: int, rate: float) -> None:
+    """Push ``total`` no-op jobs at ``rate`` per second, each stamped with its push time."""
+
+    async def push_one() -> None:
+        await client.push("latency.noop", [time.time()], queue=q)
+
+    t0 = anyio.current_time()
+    async with anyio.create_task_group() as pushers:
+        for i in range(total):
+            delay = t0 + i / rate - anyio.current_time()
+            if delay > 0:
+                await anyio.sleep(delay)  # a steady load's schedule (not a synchronisation)
+            pushers.start_soon(push_one)
+
+
+async def _delete_queues(client: ojs.Client, q: str) -> None:
+    """Delete what the run declared for queue ``q``."""
+    ch = await client.channel()
+    names = client.names
+    for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q), names.redelivered_queue(q)):
+        try:
+            await ch.queue_delete(name)
+        except amqp.AMQPError:
+            pass
+
+
 async def _push_to_child(
     url: str, q: str, rate: float, seconds: float, total: int, proc: subprocess.Popen[bytes], path: str
 ) -> None:
@@ -142,26 +168,10 @@ async def _push_to_child(
             await client.push("latency.noop", [-1.0], queue=q)  # the probe: the worker is up
             await records(1, 60.0)
 
-            async def push_one() -> None:
-                await client.push("latency.noop", [time.time()], queue=q)
-
-            t0 = anyio.current_time()
-            async with anyio.create_task_group() as pushers:
-                for i in range(total):
-                    delay = t0 + i / rate - anyio.current_time()
-                    if delay > 0:
-                        await anyio.sleep(delay)  # a steady load's schedule (not a synchronisation)
-                    pushers.start_soon(push_one)
+            await _paced_pushes(client, q, total, rate)
             await records(total + 1, max(30.0, 2 * seconds))
         finally:
-            ch = await client.channel()
-            names = client.names
-            for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
-                         names.redelivered_queue(q)):  # fmt: skip
-                try:
-                    await ch.queue_delete(name)
-                except amqp.AMQPError:
-                    pass
+            await _delete_queues(client, q)
 
 
 async def measure(
@@ -196,28 +206,12 @@ async def measure(
                 tg.start_soon(worker.run, consumer)
                 await worker.wait_ready()
 
-                async def push_one() -> None:
-                    await client.push("latency.noop", [time.time()], queue=q)
-
-                t0 = anyio.current_time()
-                async with anyio.create_task_group() as pushers:
-                    for i in range(total):
-                        delay = t0 + i / rate - anyio.current_time()
-                        if delay > 0:
-                            await anyio.sleep(delay)  # a steady load's schedule (not a synchronisation)
-                        pushers.start_soon(push_one)
+                await _paced_pushes(client, q, total, rate)
                 with anyio.fail_after(max(30.0, 2 * seconds)):
                     await done.wait()
                 worker.stop()
         finally:
-            ch = await client.channel()
-            names = client.names
-            for name in (names.job_queue(q), names.dlx_queue(q), names.control_queue(q),
-                         names.redelivered_queue(q)):  # fmt: skip
-                try:
-                    await ch.queue_delete(name)
-                except amqp.AMQPError:
-                    pass
+            await _delete_queues(client, q)
     order = sorted(pushed_at, key=pushed_at.__getitem__)[warmup:]
     return {
         "start": [1000 * (started[j] - pushed_at[j]) for j in order],
