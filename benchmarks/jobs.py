@@ -150,7 +150,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# This tree's library before an installed copy, but after PYTHONPATH's entries (which follow
+# sys.path[0], the script's folder): compare_trees.py --script points PYTHONPATH at the tree
+# under test, and that tree must win.
+sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fmt: skip
 
 import anyio
 
