@@ -14,8 +14,13 @@ exactly four transitions, all here:
 :meth:`~ChannelState.failed_to_open` only stop it being ``usable``: the flag every publish
 reads, kept by the transitions.
 
-The one synchronous call in flight waits on a :class:`Waiter`; :meth:`ChannelState.take_waiter`
-hands it over (once) to whoever completes or fails it.  No I/O, no awaiting.
+The one synchronous call in flight waits on a :class:`Waiter`: :meth:`ChannelState.begin_call`
+makes it, :meth:`ChannelState.take_waiter` hands it over (once) to whoever completes or
+fails it.  The settings recovery restores on a new channel (confirms, QoS prefetch,
+transaction mode) are kept here too, changed by the methods that select them.  Every
+attribute is written in this file only (``tests/amqp/test_amqp_structure.py`` checks it);
+the parts of a channel (``_calls.py``, ``_publish.py``, ``_consume.py``, ``_recovery.py``)
+share this one object.  No I/O, no awaiting.
 """
 
 from __future__ import annotations
@@ -63,18 +68,22 @@ class ChannelState:
         "close_waiter",
         "closed",
         "closed_error",
+        "confirms",
         "generation",
         "get_unacked",
         "internal",
         "opened_once",
         "openings",
+        "prefetch",
         "recovering",
         "settled_upto",
+        "transactional",
+        "tx_opening",
         "usable",
         "waiter",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, *, confirms: bool = True, prefetch: int | None = None, internal: bool = False) -> None:
         #: The current wire id; 0 while the channel is not open on a transport.
         self.cid = 0
         #: Moves on every transition below: deliveries of an earlier one are stale.
@@ -94,10 +103,17 @@ class ChannelState:
         #: Open on the current transport and not closing (kept by the transitions; read
         #: on every publish).
         self.usable = False
-        #: A private channel of recovery's (never recovered itself).
-        self.internal = False
+        #: A private channel of recovery's (never recovered itself; a broker close only
+        #: resets it, as ``recovering`` does for the others).
+        self.internal = internal
         #: While recovery re-opens it, a broker close only resets it.
-        self.recovering = False
+        self.recovering = internal
+        #: What recovery selects again on a new channel: confirms, the channel's QoS
+        #: prefetch, the transaction mode (and the opening the transaction belongs to).
+        self.confirms = confirms
+        self.prefetch = prefetch
+        self.transactional = False
+        self.tx_opening = 0
 
     # ---------------------------------------------------------- transitions
 
@@ -148,6 +164,57 @@ class ChannelState:
         self.usable = False
         return waiter
 
+    def open_once(self) -> bool:
+        """The first open of this channel object (``False``: it was opened before)."""
+        first, self.opened_once = not self.opened_once, True
+        return first
+
+    def broker_closed(self, error: BaseException) -> None:
+        """The broker closed the channel with ``error`` (the error reported from now on)."""
+        self.closed_error = error
+
+    def begin_recovery(self) -> None:
+        self.recovering = True
+
+    def end_recovery(self) -> None:
+        self.recovering = self.internal
+
+    # ------------------------------------------------------------- settings
+
+    def set_confirms(self, confirms: bool) -> None:
+        """Confirm.Select went out (``True``), or the channel is made with(out) confirms."""
+        self.confirms = confirms
+
+    def set_transactional(self, transactional: bool) -> None:
+        self.transactional = transactional
+
+    def set_prefetch(self, prefetch: int | None) -> None:
+        self.prefetch = prefetch
+
+    def select_tx(self) -> None:
+        """Tx.Select: the transaction belongs to the current opening."""
+        self.transactional = True
+        self.tx_opening = self.openings
+
+    def transaction_lost(self) -> bool:
+        """Whether a reconnect rolled the current transaction back; the next one starts
+        on the channel as it is now."""
+        lost = self.transactional and self.tx_opening != self.openings
+        self.tx_opening = self.openings
+        return lost
+
+    # ------------------------------------------------------------- the call
+
+    def begin_call(self) -> Waiter:
+        """The synchronous call about to be sent waits on this (none may be in flight)."""
+        waiter = self.waiter = Waiter()
+        return waiter
+
+    def drop_waiter(self, waiter: Waiter) -> None:
+        """The call did not go out (or expects no reply): stop waiting on ``waiter``."""
+        if self.waiter is waiter:
+            self.waiter = None
+
     def take_waiter(self) -> Waiter | None:
         """The waiting call, now owned by the caller (who completes or fails it)."""
         waiter, self.waiter = self.waiter, None
@@ -160,6 +227,15 @@ class ChannelState:
             waiter.fail(error)
 
     # -------------------------------------------------------------- queries
+
+    def got(self, label: str) -> None:
+        """An unsettled Basic.Get delivery from the queue labelled ``label``."""
+        self.get_unacked[label] = self.get_unacked.get(label, 0) + 1
+
+    def settled_got(self, label: str) -> None:
+        """One of those was settled (in the generation it came in)."""
+        if self.get_unacked:
+            self.get_unacked[label] = self.get_unacked.get(label, 1) - 1
 
     def metrics_unacked(self) -> list[tuple[str, int, int]]:
         """Unsettled Basic.Get deliveries by queue, for the unacked gauge (no prefetch)."""

@@ -581,7 +581,7 @@ class Connection:
         """Re-declare topology, re-open channels and consumers, then mark connected.
 
         What the broker refuses is confined to its entity, channel or consumer (see
-        TopologyRecorder.replay and Channel._recover).  Any other error means this
+        TopologyRecorder.replay and Lifecycle.recover).  Any other error means this
         transport is unusable: close it, and the supervisor tries again.
         """
         t = self._transport

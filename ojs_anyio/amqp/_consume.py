@@ -1,5 +1,9 @@
-"""Consuming and settling: :meth:`consume`, :meth:`get`, the bounded :class:`Consumer`
-stream, :class:`IncomingMessage` with its batched acks, and the reader's delivery handler."""
+"""Consuming and settling: :class:`Consuming`, the part of a channel that consumes
+(``consume``, ``get``, QoS, Basic.Recover, and the reader's delivery handler), the bounded
+:class:`Consumer` stream, and :class:`IncomingMessage` with its batched acks.
+
+The part owns the channel's :class:`~._consumers.ConsumerRegistry`; a message settles
+through the shared :class:`~._channel_state.ChannelState` and the link, not its channel."""
 
 from __future__ import annotations
 
@@ -19,15 +23,15 @@ from ojs_codec import AMQPError, Delivery, GetOk, UsageError
 
 from . import _metrics, _park
 from ._channel_state import ChannelState, Settle
-from ._consumers import ConsumerFeed, ConsumerRegistry
+from ._consumers import ChannelView, ConsumerFeed, ConsumerRegistry
 from ._errors import ConsumerCancelledError, DeliveryAlreadySettledError, StaleDeliveryError
-from ._publish import PublishingChannel
 
 if TYPE_CHECKING:
+    from ._calls import Calls
     from ._channel import Channel
     from ._link import ChannelLink
 
-__all__ = ["Consumer", "ConsumingChannel", "IncomingMessage", "property_text"]
+__all__ = ["Consumer", "Consuming", "IncomingMessage", "property_text"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
@@ -94,7 +98,7 @@ class IncomingMessage:
 
     def __init__(
         self,
-        channel: ConsumingChannel,
+        channel: ChannelView,
         consumer: ConsumerFeed | None,
         ev: Delivery | GetOk,
         settled: bool,
@@ -165,7 +169,7 @@ class IncomingMessage:
         if self._consumer is not None:
             self._consumer.unacked -= 1
         elif state.get_unacked:
-            state.get_unacked[self._label] = state.get_unacked.get(self._label, 1) - 1
+            state.settled_got(self._label)
         return state.cid
 
     async def ack(self, multiple: bool = False) -> None:
@@ -219,7 +223,7 @@ class Consumer:
     or :class:`ChannelClosedError` / :class:`ConnectionLostError` when its channel died.
     """
 
-    def __init__(self, channel: ConsumingChannel, feed: ConsumerFeed) -> None:
+    def __init__(self, channel: ChannelView, feed: ConsumerFeed) -> None:
         self.channel = cast("Channel", channel)
         #: The channel's side of this consumer: its parameters and delivery buffer.
         self._feed = feed
@@ -312,21 +316,27 @@ class Consumer:
         self._feed.end(error)
 
 
-class ConsumingChannel(PublishingChannel):
-    """The consuming half of a channel."""
+class Consuming:
+    """The consuming part of a channel: its consumers, ``consume``, ``get``, QoS and
+    Basic.Recover, and the reader's deliveries."""
 
-    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        super().__init__(link, confirms=confirms, prefetch=prefetch)
-        self._consumers = ConsumerRegistry()
+    def __init__(self, channel: ChannelView, state: ChannelState, link: ChannelLink, calls: Calls) -> None:
+        #: The facade, handed to each Consumer and IncomingMessage (their ``channel``).
+        self._channel = channel
+        self._state = state
+        self._link = link
+        self._call = calls.call
+        #: The channel's consumers by tag (recovery and closing go through it too).
+        self.consumers = ConsumerRegistry()
 
-    def _consumes(self, queue: str) -> bool:
+    def consumes(self, queue: str) -> bool:
         """Whether a consumer of ``queue`` is registered on this channel."""
-        return self._consumers.consumes(queue)
+        return self.consumers.consumes(queue)
 
     # -------------------------------------------------- events from the reader
 
-    def _on_delivery(self, ev: Delivery) -> None:
-        consumer = self._consumers.by_tag.get(ev.consumer_tag)
+    def on_delivery(self, ev: Delivery) -> None:
+        consumer = self.consumers.by_tag.get(ev.consumer_tag)
         if consumer is None or not consumer.active:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
@@ -334,7 +344,7 @@ class ConsumingChannel(PublishingChannel):
             return
         q = consumer.label
         msg = IncomingMessage(
-            self, consumer, ev, consumer.no_ack, consumer.queue, q, self._state, self._link
+            self._channel, consumer, ev, consumer.no_ack, consumer.queue, q, self._state, self._link
         )
         if consumer.push(msg, consumer.no_ack):
             _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
@@ -365,7 +375,7 @@ class ConsumingChannel(PublishingChannel):
             commands.Basic.Qos(prefetch_count=prefetch_count, prefetch_size=prefetch_size, global_=global_)
         )
         if not global_:
-            self.prefetch = prefetch_count
+            self._state.set_prefetch(prefetch_count)
 
     async def get(self, queue: str, *, no_ack: bool = False) -> IncomingMessage | None:
         """Basic.Get: one message, or ``None`` when the queue is empty (for polling uses)."""
@@ -374,11 +384,9 @@ class ConsumingChannel(PublishingChannel):
             label = _metrics.label(queue)
             _metrics.bump(_metrics.stats.consumed, label)
             if not no_ack:
-                self._state.get_unacked[label] = self._state.get_unacked.get(label, 0) + 1
+                self._state.got(label)
                 _metrics.consumers.add(self._state)
-            return IncomingMessage(
-                self, None, reply, no_ack, queue, label, self._state, self._link
-            )
+            return IncomingMessage(self._channel, None, reply, no_ack, queue, label, self._state, self._link)
         return None
 
     async def recover(self, requeue: bool = True) -> None:
@@ -417,7 +425,7 @@ class ConsumingChannel(PublishingChannel):
         size = max_buffer if (no_ack or prefetch is None) else prefetch
         _metrics.track_queue(queue)
         consumer = ConsumerFeed(
-            self,
+            self._channel,
             self._link,
             queue,
             consumer_tag=consumer_tag or f"{_TAG_PREFIX}{next(_tag_counter)}",
@@ -428,26 +436,26 @@ class ConsumingChannel(PublishingChannel):
             max_buffer=max(size, 1),
         )
         try:
-            await self._basic_consume(consumer)
+            await self.basic_consume(consumer)
         except BaseException:
             consumer.end(None)
             consumer.close()
             raise
         try:
-            yield Consumer(self, consumer)
+            yield Consumer(self._channel, consumer)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(self._link.close_timeout):
-                await self._cancel_consumer(consumer)
+                await self.cancel_consumer(consumer)
 
-    async def _basic_consume(self, consumer: ConsumerFeed, *, internal: bool = False) -> bool:
+    async def basic_consume(self, consumer: ConsumerFeed, *, internal: bool = False) -> bool:
         """Basic.Consume for ``consumer``; False when it was not sent (see below)."""
         if internal:
             # Re-registering (recovery, resubscribe): only a consumer whose consume()
             # block is still open; one that ended meanwhile stays gone.
-            if not self._consumers.holds(consumer):
+            if not self.consumers.holds(consumer):
                 return False
         else:
-            self._consumers.add(consumer)
+            self.consumers.add(consumer)
         consumer.active = True
         try:
             await self._call(
@@ -463,11 +471,11 @@ class ConsumingChannel(PublishingChannel):
         except BaseException:
             consumer.active = False
             if not internal:
-                self._consumers.remove(consumer.consumer_tag)
+                self.consumers.remove(consumer.consumer_tag)
             raise
         return True
 
-    async def _cancel_consumer(self, consumer: ConsumerFeed) -> None:
+    async def cancel_consumer(self, consumer: ConsumerFeed) -> None:
         consumer.stop_resubscribe()
         was_active = consumer.active
         consumer.active = False
@@ -477,7 +485,7 @@ class ConsumingChannel(PublishingChannel):
         except AMQPError:
             pass  # channel or connection already gone: the broker requeues by itself
         finally:
-            self._consumers.remove(consumer.consumer_tag)
+            self.consumers.remove(consumer.consumer_tag)
             # auto-delete queues
             self._link.topology.consumer_gone(consumer.queue, self._link.queue_consumed)
             consumer.end(None)

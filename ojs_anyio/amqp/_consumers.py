@@ -30,7 +30,8 @@ class ChannelView(Protocol):
     @property
     def is_closed(self) -> bool: ...
 
-    prefetch: int | None
+    @property
+    def prefetch(self) -> int | None: ...
 
 
 class ConsumerFeed:

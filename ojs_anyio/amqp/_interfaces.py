@@ -9,7 +9,7 @@ side sees the whole of the other:
   its channel id.  The connection owns it and reads back only :class:`ConnectionOwner`.
 * :class:`ChannelEndpoint` is everything the connection calls on a channel: the reader's
   synchronous event handlers, the transport-lost notice, recovery and close, as a record
-  of the channel's own bound methods (made by :class:`~._recovery.RecoveringChannel`).
+  of the bound methods of the channel's parts (made by :class:`~._recovery.Lifecycle`).
 
 So ``_channel.py`` never imports ``_connection.py`` and the other way round only to make
 channels: the import graph has no cycle.

@@ -1,5 +1,10 @@
-"""Publishing and publisher confirms: :meth:`publish`, the bulk :class:`PublishWindow`,
-and the reader's Basic.Ack / Basic.Nack / Basic.Return handling."""
+"""Publishing and publisher confirms: :class:`Publisher`, the part of a channel that
+publishes (``Channel.publish`` is its bound :meth:`Publisher.publish`), the bulk
+:class:`PublishWindow`, and the reader's Basic.Ack / Basic.Nack / Basic.Return handling.
+
+The publisher owns the channel's :class:`~._confirms.ConfirmTracker` and resolves what it
+returns; it reads the shared :class:`~._channel_state.ChannelState` and sends through the
+:class:`~._link.ChannelLink`."""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from pamqp import commands
@@ -15,7 +20,6 @@ from pamqp import commands
 from ojs_codec import BasicProperties, Confirmed, Returned, UsageError
 
 from . import _metrics, _park
-from ._channel_core import ChannelCore
 from ._confirms import ConfirmTracker, Outcome
 from ._errors import (
     ConnectionLostError,
@@ -27,10 +31,12 @@ from ._errors import (
 from ._link import FLUSH_THRESHOLD
 
 if TYPE_CHECKING:
+    from ._calls import Calls
     from ._channel import Channel
+    from ._channel_state import ChannelState
     from ._link import ChannelLink
 
-__all__ = ["PublishHandle", "PublishWindow", "PublishingChannel"]
+__all__ = ["PublishHandle", "PublishWindow", "Publisher", "WindowOps"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
@@ -148,10 +154,10 @@ class PublishWindow:
     every publish of the window is resolved, and returns the handles that failed.
     """
 
-    def __init__(self, channel: PublishingChannel, max_in_flight: int = 1024) -> None:
+    def __init__(self, channel: Channel, max_in_flight: int = 1024) -> None:
         if max_in_flight < 1:
             raise UsageError("max_in_flight must be >= 1")
-        self.channel = cast("Channel", channel)
+        self.channel = channel
         #: The channel's verbs for a window (publish without waiting, flush, give up).
         self._ops = channel._window_ops
         self.max_in_flight = max_in_flight
@@ -220,25 +226,45 @@ class PublishWindow:
             self._wakeup = None
 
 
-class PublishingChannel(ChannelCore):
-    """The publishing half of a channel."""
+class Publisher:
+    """The publishing part of a channel: publish, windows, confirms and returns."""
 
-    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        super().__init__(link, confirms=confirms, prefetch=prefetch)
+    __slots__ = (
+        "_call",
+        "_confirms",
+        "_link",
+        "_next_sample",
+        "_ready",
+        "_returns_without_confirm",
+        "_state",
+        "_timing",
+        "window_ops",
+    )
+
+    def __init__(self, state: ChannelState, link: ChannelLink, calls: Calls) -> None:
+        self._state = state
+        self._link = link
+        self._ready = calls.ready
+        self._call = calls.call
         #: The publishes waiting for their confirm (pure: it returns what to resolve).
         self._confirms = ConfirmTracker()
         self._returns_without_confirm: list[Returned] = []
-        self._window_ops = WindowOps(
-            publish_nowait=self._publish_nowait,
-            flush=self._flush_publish,
-            give_up=self._give_up_window,
+        #: What a PublishWindow of this channel may do (read by PublishWindow).
+        self.window_ops = WindowOps(
+            publish_nowait=self.publish_nowait,
+            flush=self.flush,
+            give_up=self.give_up_window,
             link=link,
         )
         #: Time publishes for the confirm-latency histogram (an SDK is installed).
         self._timing = False
         self._next_sample = 0.0
 
-    def _fail_pending(self, error: BaseException, *, outcome_unknown: bool) -> None:
+    def opened(self) -> None:
+        """The channel was opened on a transport: time confirms if an SDK is installed now."""
+        self._timing = _metrics.timing_enabled()
+
+    def fail_pending(self, error: BaseException) -> None:
         """The channel or its transport died: fail the call in flight, and every publish
         waiting for its confirm fails "outcome unknown"."""
         self._state.fail_waiter(error)
@@ -249,12 +275,12 @@ class PublishingChannel(ChannelCore):
         """Stop waiting for these handles' confirms (see ConfirmTracker.give_up)."""
         _resolve(self._confirms.give_up(handles, timeout))
 
-    def _give_up_window(self, window: PublishWindow, timeout: float) -> None:
+    def give_up_window(self, window: PublishWindow, timeout: float) -> None:
         self._give_up_confirms([h for h in self._confirms.pending.values() if h._window is window], timeout)
 
     # -------------------------------------------------- events from the reader
 
-    def _on_confirmed(self, ev: Confirmed) -> None:
+    def on_confirmed(self, ev: Confirmed) -> None:
         if self._timing and ev.ack:
             # Sampled: the oldest publish a Basic.Ack frame confirms, at most once per
             # _CONFIRM_SAMPLE_INTERVAL (under load a frame covers many publishes).
@@ -273,7 +299,7 @@ class PublishingChannel(ChannelCore):
                     _metrics.bump(_metrics.stats.returned, _metrics.label(outcome.routing_key))
             _resolve(failed)
 
-    def _on_returned(self, ev: Returned) -> None:
+    def on_returned(self, ev: Returned) -> None:
         # Only on channels without confirms: nothing to tie it to.  Keep a bounded log.
         _metrics.bump(_metrics.stats.returned, _metrics.label(ev.routing_key))
         log.warning("unroutable message returned on channel %d: %r", ev.channel_id, ev)
@@ -282,14 +308,14 @@ class PublishingChannel(ChannelCore):
 
     # ----------------------------------------------------------- publishing
 
-    async def _flush_publish(self) -> None:
+    async def flush(self) -> None:
         link = self._link
         try:
             await link.flush()
         except ConnectionLostError:
             pass  # pending handles are failed with "outcome unknown" by the supervisor
 
-    async def _publish_nowait(
+    async def publish_nowait(
         self,
         body: bytes,
         exchange: str,
@@ -349,7 +375,7 @@ class PublishingChannel(ChannelCore):
         ``confirm_timeout`` the confirm is awaited until it comes or the connection is
         declared dead (missed heartbeats).  ``properties`` are never modified.
         """
-        handle = await self._publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, None)
+        handle = await self.publish_nowait(body, exchange, routing_key, properties, mandatory, timeout, None)
         try:
             await self._link.flush()
         except ConnectionLostError as exc:
@@ -363,14 +389,10 @@ class PublishingChannel(ChannelCore):
                     self._give_up_confirms([handle], confirm_timeout)
             await handle.wait()
 
-    def publish_window(self, max_in_flight: int = 1024) -> PublishWindow:
-        """The bulk path: many publishes in flight from one task (see :class:`PublishWindow`)."""
-        return PublishWindow(self, max_in_flight)
-
     @property
     def unconfirmed(self) -> int:
         return len(self._confirms)
 
     async def confirm_select(self) -> None:
         await self._call(commands.Confirm.Select())
-        self.confirms = True
+        self._state.set_confirms(True)

@@ -1,9 +1,17 @@
 """A channel's life: opening, closing, the transport going away, and recovery.
 
+:class:`Lifecycle` is the part of a channel that opens and closes it and carries it
+across a lost transport.  It drives the other parts through their public verbs (the
+:class:`~._calls.Calls`, the :class:`~._publish.Publisher` whose pending confirms fail
+when the channel dies, the :class:`~._consume.Consuming` whose consumers it ends or
+re-registers) and moves the shared :class:`~._channel_state.ChannelState` only through its
+transitions.  It makes the channel's :class:`~._interfaces.ChannelEndpoint`: the parts'
+bound handlers, for the connection to call.
+
 On a new transport the connection re-declares the recorded topology
-(:func:`replay_topology`, on a private scratch channel), then asks each channel to
-:meth:`~RecoveringChannel._recover`: re-open with its confirms, QoS, transaction mode and
-consumers.  A consumer the broker cancelled is re-registered by :meth:`_resubscribe`
+(:func:`replay_topology`, on a private :class:`ScratchChannel`), then asks each channel to
+:meth:`~Lifecycle.recover`: re-open with its confirms, QoS, transaction mode and
+consumers.  A consumer the broker cancelled is re-registered by :meth:`~Lifecycle.resubscribe`
 once its queue exists again.
 """
 
@@ -12,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from pamqp import commands
@@ -20,58 +28,62 @@ from pamqp import commands
 from ojs_codec import AMQPError, ChannelClosed, ChannelLevelError, NotFound, UsageError
 
 from . import _metrics
-from ._consume import ConsumingChannel
+from ._calls import Calls
+from ._channel_state import ChannelState
+from ._consume import Consuming
 from ._consumers import ConsumerFeed
 from ._errors import ChannelClosedError, ConnectionLostError, ConsumerCancelledError
 from ._events import ConsumerRecovered, TopologyRecoveryFailed
 from ._interfaces import ChannelEndpoint
+from ._publish import Publisher
 
 if TYPE_CHECKING:
     from ._link import ChannelLink
 
-__all__ = ["RecoveringChannel", "queue_exists", "replay_topology", "scratch_channel"]
+__all__ = ["Lifecycle", "ScratchChannel", "queue_exists", "replay_topology", "scratch_channel"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
 
-class RecoveringChannel(ConsumingChannel):
-    """Opening, closing and recovering a channel."""
+class Lifecycle:
+    """Opening, closing and recovering a channel (see the module docstring)."""
 
-    def __init__(self, link: ChannelLink, *, confirms: bool = True, prefetch: int | None = None) -> None:
-        super().__init__(link, confirms=confirms, prefetch=prefetch)
-        #: What the connection may call on this channel.
-        self._endpoint = ChannelEndpoint(
-            on_delivery=self._on_delivery,
-            on_confirmed=self._on_confirmed,
-            on_reply=self._on_reply,
-            on_closed=self._on_closed,
-            on_consumer_cancelled=self._on_consumer_cancelled,
-            on_returned=self._on_returned,
-            on_connection_gone=self._on_connection_gone,
-            consumes=self._consumes,
-            recover=self._recover,
+    def __init__(
+        self, state: ChannelState, link: ChannelLink, calls: Calls, publisher: Publisher, consuming: Consuming
+    ) -> None:
+        self._state = state
+        self._link = link
+        self._calls = calls
+        self._call = calls.call
+        self._publisher = publisher
+        self._consuming = consuming
+        #: The same registry as ``consuming.consumers`` (recovery re-registers them).
+        self._consumers = consuming.consumers
+        #: What the connection may call on this channel: the parts' own handlers.
+        self.endpoint = ChannelEndpoint(
+            on_delivery=consuming.on_delivery,
+            on_confirmed=publisher.on_confirmed,
+            on_reply=calls.on_reply,
+            on_closed=self.on_closed,
+            on_consumer_cancelled=self.on_consumer_cancelled,
+            on_returned=publisher.on_returned,
+            on_connection_gone=self.on_connection_gone,
+            consumes=consuming.consumes,
+            recover=self.recover,
             aclose=self.aclose,
         )
 
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     async def open(self) -> None:
-        if self._state.opened_once:
+        if not self._state.open_once():
             raise UsageError("a Channel object is opened once; ask the connection for a new one")
-        self._state.opened_once = True
         await self._link.wait_ready(self._link.publish_timeout)
-        self._link.register(self._endpoint)
+        self._link.register(self.endpoint)
         _metrics.stats.channels_active += 1
         try:
-            await self._open_on_wire(internal=False)
+            await self.open_on_wire(internal=False)
         except BaseException:
             self._state.failed_to_open()
-            self._link.unregister(self._endpoint)
+            self._link.unregister(self.endpoint)
             _metrics.stats.channels_active -= 1
             if self._state.cid:
                 # Cancelled (or failed) after Channel.Open went out: close it at the broker
@@ -81,19 +93,20 @@ class RecoveringChannel(ConsumingChannel):
                     await self._link.flush_quietly()
             raise
 
-    async def _open_on_wire(self, *, internal: bool) -> None:
+    async def open_on_wire(self, *, internal: bool) -> None:
         link = self._link
+        state = self._state
         cid = link.open_channel()
-        self._state.opened(cid)
-        self._timing = _metrics.timing_enabled()
-        link.attach(cid, self._endpoint)
+        state.opened(cid)
+        self._publisher.opened()
+        link.attach(cid, self.endpoint)
         await self._call(None, internal=True)
-        if self.confirms:
+        if state.confirms:
             await self._call(commands.Confirm.Select(), internal=True)
-        if self.transactional:
+        if state.transactional:
             await self._call(commands.Tx.Select(), internal=True)
-        if self.prefetch is not None:
-            await self._call(commands.Basic.Qos(prefetch_count=self.prefetch), internal=True)
+        if state.prefetch is not None:
+            await self._call(commands.Basic.Qos(prefetch_count=state.prefetch), internal=True)
 
     async def aclose(self) -> None:
         """Close the channel (idempotent).  Pending confirms fail with "outcome unknown"."""
@@ -104,7 +117,7 @@ class RecoveringChannel(ConsumingChannel):
             try:
                 with anyio.move_on_after(link.close_timeout):
                     for consumer in list(self._consumers):
-                        await self._cancel_consumer(consumer)
+                        await self._consuming.cancel_consumer(consumer)
                     if self._state.close_waiter is not None:
                         await self._state.close_waiter.event.wait()  # another task is closing it
                     elif self._state.cid and link.is_connected and not self._state.closed:
@@ -119,18 +132,18 @@ class RecoveringChannel(ConsumingChannel):
             except AMQPError:
                 pass  # the connection failed meanwhile; the channel is gone with it
             finally:
-                self._mark_closed(ChannelClosedError("channel closed"))
+                self.mark_closed(ChannelClosedError("channel closed"))
 
-    def _mark_closed(self, error: BaseException) -> None:
+    def mark_closed(self, error: BaseException) -> None:
         cid = self._state.closed_for_good(error)
         if cid < 0:
             return  # closed already
         link = self._link
         if cid:
-            link.detach(cid, self._endpoint)
-        link.unregister(self._endpoint)
+            link.detach(cid, self.endpoint)
+        link.unregister(self.endpoint)
         _metrics.stats.channels_active -= 1
-        self._fail_pending(error, outcome_unknown=True)
+        self._publisher.fail_pending(error)
         for consumer in list(self._consumers):
             consumer.stop_resubscribe()
             consumer.end(error if not isinstance(error, ChannelClosedError) or error.__cause__ else None)
@@ -138,10 +151,10 @@ class RecoveringChannel(ConsumingChannel):
 
     # -------------------------------------------------- events from the reader
 
-    def _on_closed(self, ev: object) -> None:
+    def on_closed(self, ev: object) -> None:
         if self._state.recovering and isinstance(ev, ChannelClosed):
-            # Recovery re-opens the channel without what the broker refused (see _recover).
-            self._on_connection_gone(ev.error, final=False)
+            # Recovery re-opens the channel without what the broker refused (see recover).
+            self.on_connection_gone(ev.error, final=False)
             return
         if isinstance(ev, ChannelClosed):
             err: BaseException = ev.error
@@ -149,14 +162,14 @@ class RecoveringChannel(ConsumingChannel):
             self._state.fail_waiter(err)  # the RPC that caused it gets the typed error itself
             closed = ChannelClosedError(f"channel closed by broker: {err}")
             closed.__cause__ = err
-            self._state.closed_error = err
-            self._mark_closed(closed)
+            self._state.broker_closed(err)
+            self.mark_closed(closed)
         else:  # our Close-Ok
             waiter = self._state.take_waiter()
             if waiter is not None:
                 waiter.complete(None)
 
-    def _on_consumer_cancelled(self, consumer_tag: str) -> None:
+    def on_consumer_cancelled(self, consumer_tag: str) -> None:
         consumer = self._consumers.get(consumer_tag)
         if consumer is None:
             return
@@ -164,7 +177,7 @@ class RecoveringChannel(ConsumingChannel):
         link = self._link
         if link.recovery.enabled:
             scope = anyio.CancelScope()
-            if link.spawn(self._resubscribe, consumer, scope):
+            if link.spawn(self.resubscribe, consumer, scope):
                 consumer.active = False
                 consumer.resubscribe_scope = scope
                 return
@@ -179,13 +192,13 @@ class RecoveringChannel(ConsumingChannel):
 
     # ------------------------------------------------------------- recovery
 
-    async def _resubscribe(self, consumer: ConsumerFeed, scope: anyio.CancelScope) -> None:
+    async def resubscribe(self, consumer: ConsumerFeed, scope: anyio.CancelScope) -> None:
         """Re-register a consumer the broker cancelled, once its queue exists again.
 
         Every ``consumer_resubscribe_delay`` seconds: wait for the connection, check the
         queue with a passive declare on a scratch channel (a 404 there leaves this channel
         alone), then Basic.Consume with the consumer's own prefetch, tag and arguments.
-        A reconnect meanwhile leaves this consumer to this task (see _recover).
+        A reconnect meanwhile leaves this consumer to this task (see recover).
         """
         link = self._link
         delay = link.recovery.consumer_resubscribe_delay
@@ -193,7 +206,7 @@ class RecoveringChannel(ConsumingChannel):
             while not self._state.closed and consumer.consumer_tag in self._consumers:
                 await anyio.sleep(delay)
                 try:
-                    await self._ready()
+                    await self._calls.ready()
                     consumer.queue = link.topology.current_name(consumer.queue)
                     if not await queue_exists(link, consumer.queue):
                         continue
@@ -201,7 +214,7 @@ class RecoveringChannel(ConsumingChannel):
                         await self._call(commands.Basic.Qos(prefetch_count=consumer.prefetch))
                     if self._state.cid == 0 or not link.is_connected:
                         continue  # lost again meanwhile
-                    await self._basic_consume(consumer, internal=True)
+                    await self._consuming.basic_consume(consumer, internal=True)
                 except ChannelClosedError:
                     return  # the channel is gone for good; its closing ended the consumer
                 except AMQPError as exc:
@@ -215,7 +228,7 @@ class RecoveringChannel(ConsumingChannel):
                 )
                 return
 
-    def _on_connection_gone(self, err: BaseException, *, final: bool) -> None:
+    def on_connection_gone(self, err: BaseException, *, final: bool) -> None:
         """The transport died.  Fail what can't survive; keep what recovery restores."""
         if self._state.closed:
             return
@@ -227,17 +240,17 @@ class RecoveringChannel(ConsumingChannel):
                 consumer.end(lost)
             closed = ChannelClosedError(f"connection lost: {err}")
             closed.__cause__ = err
-            self._mark_closed(closed)
+            self.mark_closed(closed)
             return
         self._state.lost()  # deliveries handed out so far are stale (StaleDeliveryError)
-        self._fail_pending(lost, outcome_unknown=True)
+        self._publisher.fail_pending(lost)
         for consumer in self._consumers:
             # The broker requeues every unacked delivery of the dead channel; those still
             # buffered will come again (redelivered=True), those handed out are stale.
             consumer.drop_buffered()
             consumer.unacked = 0
 
-    async def _recover(self) -> None:
+    async def recover(self) -> None:
         """Re-open this channel on a new transport with its confirms, QoS and consumers
         (same tag, prefetch, arguments; server-named queues under their new names).
 
@@ -253,16 +266,16 @@ class RecoveringChannel(ConsumingChannel):
         self._state.fail_waiter(ConnectionLostError("the connection was lost before the reply"))
         link = self._link
         topo = link.topology
-        self._state.recovering = True
+        self._state.begin_recovery()
         try:
             while True:
                 current: ConsumerFeed | None = None
                 recovered: list[ConsumerFeed] = []
                 try:
-                    await self._open_on_wire(internal=True)
+                    await self.open_on_wire(internal=True)
                     for consumer in list(self._consumers):
                         if consumer.resubscribe_scope is not None:
-                            continue  # cancelled by the broker earlier: _resubscribe owns it
+                            continue  # cancelled by the broker earlier: resubscribe owns it
                         if not self._consumers.holds(consumer):
                             continue  # its consume() block ended while we were recovering
                         current = consumer
@@ -274,16 +287,16 @@ class RecoveringChannel(ConsumingChannel):
                         if consumer.prefetch is not None and not consumer.no_ack:
                             qos = commands.Basic.Qos(prefetch_count=consumer.prefetch)
                             await self._call(qos, internal=True)
-                        if await self._basic_consume(consumer, internal=True):
+                        if await self._consuming.basic_consume(consumer, internal=True):
                             recovered.append(consumer)
                 except ChannelLevelError as exc:
-                    # The broker closed the channel (_on_closed reset it): go again without
+                    # The broker closed the channel (on_closed reset it): go again without
                     # the consumer it refused.
                     if current is None:
                         link.emit(TopologyRecoveryFailed(what="re-opening a channel", error=exc))
                         closed = ChannelClosedError(f"channel could not be recovered: {exc}")
                         closed.__cause__ = exc
-                        self._mark_closed(closed)
+                        self.mark_closed(closed)
                         return
                     self._drop_consumer(current, exc, "re-registering it failed")
                     continue
@@ -298,7 +311,7 @@ class RecoveringChannel(ConsumingChannel):
                 recovered = [c for c in recovered if self._consumers.holds(c)]
                 break
         finally:
-            self._state.recovering = False
+            self._state.end_recovery()
         for consumer in recovered:
             link.emit(
                 ConsumerRecovered(
@@ -316,22 +329,35 @@ class RecoveringChannel(ConsumingChannel):
         self._link.emit(TopologyRecoveryFailed(what=what, error=error))
 
 
-class ScratchChannel(RecoveringChannel):
+class ScratchChannel:
     """A private channel for recovery's own declarations and checks.
 
     If the broker closes it (404, 406…) its id drops to 0 instead of it being closed for
-    good, and the next :meth:`call` re-opens it.  Never recovered itself.
+    good, and the next :meth:`call` re-opens it.  Never recovered itself.  The same parts
+    as a :class:`~._channel.Channel`, without the facade: it publishes and consumes nothing.
     """
 
     def __init__(self, link: ChannelLink) -> None:
-        super().__init__(link, confirms=False)
-        self._state.internal = True
-        self._state.recovering = True
+        state = self._state = ChannelState(confirms=False, internal=True)
+        self._link = link
+        calls = Calls(state, link)
+        self._call = calls.call
+        publisher = Publisher(state, link, calls)
+        consuming = Consuming(self, state, link, calls)  # it never consumes
+        self._lifecycle = Lifecycle(state, link, calls, publisher, consuming)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state.closed
+
+    @property
+    def prefetch(self) -> int | None:
+        return None
 
     async def ensure_open(self) -> None:
         """Open it, or re-open it if the broker closed it after an earlier failure."""
         if self._state.cid == 0:
-            await self._open_on_wire(internal=True)
+            await self._lifecycle.open_on_wire(internal=True)
 
     async def call(self, method: Any) -> Any:
         """Send ``method`` and wait for its reply (re-opening the channel first if needed)."""

@@ -568,7 +568,8 @@ async def test_consume_block_ended_during_recovery_leaves_no_broker_consumer(
                     # Hold recovery at one consumer's re-registration, to end the drop
                     # consumer's block right there (a deterministic stand-in for the race).
                     reached, release = anyio.Event(), anyio.Event()
-                    original = ch._basic_consume
+                    consuming = ch._consuming  # the channel's consumer part
+                    original = consuming.basic_consume
 
                     async def gated(consumer: amqp.Consumer, *, internal: bool = False) -> None:
                         gate = keep_q if gate_on == "other" else drop_q
@@ -577,7 +578,7 @@ async def test_consume_block_ended_during_recovery_leaves_no_broker_consumer(
                             await release.wait()
                         await original(consumer, internal=internal)
 
-                    ch._basic_consume = gated  # type: ignore[method-assign]
+                    consuming.basic_consume = gated  # type: ignore[method-assign]
                     async with ch.consume(keep_q, prefetch=5) as kept:
                         async with ch.consume(drop_q, prefetch=5):
                             proxy.cut_all()
