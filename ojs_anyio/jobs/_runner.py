@@ -11,8 +11,9 @@ Per delivery (:meth:`JobRunner._handle_one`): admit it (decode, unsettled delive
 CANCEL that came first, its handler, its policy, expiry), convert its arguments, run the
 handler under the job's timeout (default 1800 s), ask :func:`decide` what that means, and
 hand the verdict to the :class:`Settler`.  Each pull task has one cancel scope for many
-jobs: while a handler runs, the scope's deadline is the job's, and CANCEL and the grace
-period cancel it (:attr:`JobRunner.running`); a spent scope is replaced.
+jobs: while a handler runs, the scope is in :attr:`JobRunner.running` with the job's
+context, and the timeout watch (:meth:`JobRunner.watch_timeouts`, at ``ctx.deadline``),
+CANCEL and the grace period cancel it; a spent scope is replaced.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import math
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import anyio
 import anyio.abc
@@ -107,6 +108,10 @@ class JobRunner:
         self._pools: set[ConsumePool] = set()
         self._queues_running = 0
         self._queues_done: anyio.Event | None = None
+        #: The earliest deadline of a running handler when :meth:`watch_timeouts` last
+        #: looked (inf: none), and how a job with an earlier one wakes it.
+        self._watch_until = math.inf
+        self._watch_wake: anyio.Event | None = None
 
     def start(self, queues: int) -> None:
         """Per run, in its event loop: the backend's primitives, the thread bound, the
@@ -188,10 +193,10 @@ class JobRunner:
         self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer, *, lone: bool = False
     ) -> None:
         # One cancel scope for many jobs, not one per job (anyio spends about thirty calls
-        # making, entering and leaving one; setting a deadline costs a few).  It is in
+        # making, entering and leaving one, and a deadline arms a timer).  It is in
         # _fetch_scopes (where stop() cancels it) only while the task waits for a delivery;
-        # while a job's handler runs, its deadline is the job's and it is the handle CANCEL
-        # and the grace period cancel (_running).  A cancelled scope is spent: the loop
+        # while a job's handler runs, it is the handle the timeout watch (watch_timeouts),
+        # CANCEL and the grace period cancel (running).  A cancelled scope is spent: the loop
         # leaves it, settles the job it cut short, and makes a new one.
         backend = self._backend or Backend()
         idle = self._fetch_scopes
@@ -221,6 +226,36 @@ class JobRunner:
                 # grace period) or as it returned; the worker itself was not (that would
                 # have gone on up from here, leaving the job unacked).
                 await self._guarded(cut, self._settle_cut)
+
+    async def watch_timeouts(self, scope: anyio.CancelScope) -> None:
+        """The handlers' timeouts, for the whole run: cancel the pull task's scope of each
+        handler still running past its deadline (``ctx.deadline``), as a deadline on that
+        scope would, but with one sleeping task instead of a timer armed and disarmed per
+        job (about fifteen calls per job on asyncio).  It sleeps until the earliest deadline
+        of the handlers running; a job with an earlier one wakes it."""
+        clock = (self._backend or Backend()).clock
+        with scope:
+            await self._watch(clock)
+        self._watch_wake = None
+        self._watch_until = math.inf
+
+    async def _watch(self, clock: Callable[[], float]) -> NoReturn:
+        while True:
+            wake = self._watch_wake = anyio.Event()
+            now = clock()
+            until = math.inf
+            for entries in list(self.running.values()):
+                for scope, ctx in entries:
+                    deadline = ctx.deadline
+                    if deadline is None:
+                        continue
+                    if deadline <= now:
+                        scope.cancel()  # timed out (a sync handler is waited for: _run_sync)
+                    elif deadline < until:
+                        until = deadline
+            self._watch_until = until
+            with anyio.CancelScope(deadline=until):
+                await wake.wait()
 
     async def _guarded(self, a: Attempt, step: Callable[[Attempt], Awaitable[None]]) -> None:
         """Run ``step`` (admit, run and settle, or settle) for one delivery; a fault of
@@ -269,7 +304,10 @@ class JobRunner:
         timeout = a.timeout = self._timeout(job)
         backend = self._backend or Backend()
         scope = a.scope
-        ctx.deadline = scope.deadline = backend.clock() + timeout
+        deadline = ctx.deadline = backend.clock() + timeout
+        if deadline < self._watch_until and self._watch_wake is not None:
+            self._watch_until = deadline
+            self._watch_wake.set()  # watch_timeouts sleeps until a later one: look again
         a.ctx = ctx
         entry = (scope, ctx)
         same_id = self.running.get(job.id)
@@ -297,8 +335,7 @@ class JobRunner:
             # stops the worker gracefully through stop(), never through SystemExit.
             raised = exc
         finally:
-            scope.deadline = math.inf  # settling is not the handler's time
-            entries = self.running[job.id]
+            entries = self.running[job.id]  # out of watch_timeouts' sight: settling is not the handler's time
             if len(entries) == 1:
                 del self.running[job.id]
             else:
@@ -438,7 +475,7 @@ class JobRunner:
         the grace period waits for it to return (no thread outlives the worker), and what
         it returned or raised decides the job, as for a handler that finished in time."""
         result = await _pipeline.call(spec.fn, False, (ctx, *args), self._thread_limiter)
-        late = anyio.current_time() >= scope.deadline
+        late = ctx.deadline is not None and anyio.current_time() >= ctx.deadline
         if late or ctx.cancel_requested or ctx.abandoned:
             why = "its timeout" if late else "a CANCEL" if ctx.cancel_requested else "the grace period"
             log.warning(
