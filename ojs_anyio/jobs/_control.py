@@ -380,10 +380,12 @@ def _epoch_text(seconds: float) -> str:
 
 def remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) -> None:
     """``table[key] = value``, the oldest entries dropped past ``limit``."""
+    if key in table:
+        table.move_to_end(key)
     table[key] = value
-    table.move_to_end(key)
-    while len(table) > limit:
-        table.popitem(last=False)
+    if len(table) > limit:
+        while len(table) > limit:
+            table.popitem(last=False)
 
 
 def _small_json(value: Any) -> bool:

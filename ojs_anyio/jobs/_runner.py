@@ -404,7 +404,10 @@ class JobRunner:
         except InvalidJobError as exc:
             await self._settler.settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
             return None
-        if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
+        expires_at = job.expires_at
+        if expires_at is UNSET:  # most jobs: no call
+            return spec, policy, max_attempts
+        if isinstance(expires_at, str) and parse_timestamp(expires_at) <= datetime.now(UTC):
             await self._settler.settle(a, dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}"))
             return None
         return spec, policy, max_attempts
@@ -425,7 +428,7 @@ class JobRunner:
 
     def _timeout(self, job: Job) -> float:
         """The job's timeout in seconds, below the broker's consumer timeout."""
-        own_timeout = isinstance(job.timeout, int) and job.timeout > 0
+        own_timeout = job.timeout is not UNSET and isinstance(job.timeout, int) and job.timeout > 0
         timeout = float(job.timeout) if own_timeout else self._worker.default_timeout  # type: ignore[arg-type]
         # The broker's clock starts at delivery, and a job may wait prefetched before its
         # handler starts: keep a 10% margin below the consumer timeout.  The worker's own
@@ -437,7 +440,7 @@ class JobRunner:
                 "the broker would close the channel and redeliver it; it is capped at %.0fs",
                 job.id, timeout, self._worker.broker_consumer_timeout, cap,
             )  # fmt: skip
-        return min(timeout, cap)
+        return timeout if timeout <= cap else cap
 
     async def _call_handler(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
