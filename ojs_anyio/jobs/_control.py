@@ -383,9 +383,8 @@ def remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) 
     if key in table:
         table.move_to_end(key)
     table[key] = value
-    if len(table) > limit:
-        while len(table) > limit:
-            table.popitem(last=False)
+    for _ in range(len(table) - limit):
+        table.popitem(last=False)
 
 
 def _small_json(value: Any) -> bool:
