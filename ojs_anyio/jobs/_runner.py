@@ -21,11 +21,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -47,6 +46,7 @@ from ._job_metrics import JobMetrics
 from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks, skip_hooks
 from ._retry import DEFAULT_RETRY_POLICY, EffectiveRetryPolicy, RetryPolicy, merge, resolve_retry
 from ._settle import Settler
+from ._timeouts import TimeoutWatch, handler_timeout
 from ._wire import header_attempt, header_max_attempts, unsettled_deliveries
 
 __all__ = ["JobRunner"]
@@ -108,10 +108,8 @@ class JobRunner:
         self._pools: set[ConsumePool] = set()
         self._queues_running = 0
         self._queues_done: anyio.Event | None = None
-        #: The earliest deadline of a running handler when :meth:`watch_timeouts` last
-        #: looked (inf: none), and how a job with an earlier one wakes it.
-        self._watch_until = math.inf
-        self._watch_wake: anyio.Event | None = None
+        #: The handlers' timeouts (_timeouts.py): Worker.run runs its task (watch_timeouts).
+        self._timeouts = TimeoutWatch(self.running)
 
     def start(self, queues: int) -> None:
         """Per run, in its event loop: the backend's primitives, the thread bound, the
@@ -131,6 +129,10 @@ class JobRunner:
         """The graceful stop of each queue's pool (the worker's ``stopping`` is set)."""
         for pool in list(self._pools):
             pool.stop()
+
+    async def watch_timeouts(self, scope: anyio.CancelScope) -> None:
+        """The handlers' timeouts, for the whole run (see ``_timeouts.py``)."""
+        await self._timeouts.run(scope, (self._backend or Backend()).clock)
 
     def _stop_fetching(self) -> None:
         """Cancel the pull tasks that wait for a delivery (a pool's ``stop_fetching``)."""
@@ -227,36 +229,6 @@ class JobRunner:
                 # have gone on up from here, leaving the job unacked).
                 await self._guarded(cut, self._settle_cut)
 
-    async def watch_timeouts(self, scope: anyio.CancelScope) -> None:
-        """The handlers' timeouts, for the whole run: cancel the pull task's scope of each
-        handler still running past its deadline (``ctx.deadline``), as a deadline on that
-        scope would, but with one sleeping task instead of a timer armed and disarmed per
-        job (about fifteen calls per job on asyncio).  It sleeps until the earliest deadline
-        of the handlers running; a job with an earlier one wakes it."""
-        clock = (self._backend or Backend()).clock
-        with scope:
-            await self._watch(clock)
-        self._watch_wake = None
-        self._watch_until = math.inf
-
-    async def _watch(self, clock: Callable[[], float]) -> NoReturn:
-        while True:
-            wake = self._watch_wake = anyio.Event()
-            now = clock()
-            until = math.inf
-            for entries in list(self.running.values()):
-                for scope, ctx in entries:
-                    deadline = ctx.deadline
-                    if deadline is None:
-                        continue
-                    if deadline <= now:
-                        scope.cancel()  # timed out (a sync handler is waited for: _run_sync)
-                    elif deadline < until:
-                        until = deadline
-            self._watch_until = until
-            with anyio.CancelScope(deadline=until):
-                await wake.wait()
-
     async def _guarded(self, a: Attempt, step: Callable[[Attempt], Awaitable[None]]) -> None:
         """Run ``step`` (admit, run and settle, or settle) for one delivery; a fault of
         ours with it must not stop this worker."""
@@ -301,13 +273,15 @@ class JobRunner:
         if isinstance(args, Verdict):
             await self._settler.settle(a, args)
             return
-        timeout = a.timeout = self._timeout(job)
+        worker = self._worker
+        timeout = a.timeout = handler_timeout(job, worker.default_timeout, worker.broker_consumer_timeout)
         backend = self._backend or Backend()
         scope = a.scope
         deadline = ctx.deadline = backend.clock() + timeout
-        if deadline < self._watch_until and self._watch_wake is not None:
-            self._watch_until = deadline
-            self._watch_wake.set()  # watch_timeouts sleeps until a later one: look again
+        watch = self._timeouts
+        if deadline < watch.until and watch.wake is not None:
+            watch.until = deadline
+            watch.wake.set()  # the watch sleeps until a later deadline: it looks again
         a.ctx = ctx
         entry = (scope, ctx)
         same_id = self.running.get(job.id)
@@ -425,22 +399,6 @@ class JobRunner:
             await self._settler.settle(a, verdict)
             return True
         return await self._settler.move_redelivered(a, lost)  # the copy carries the count
-
-    def _timeout(self, job: Job) -> float:
-        """The job's timeout in seconds, below the broker's consumer timeout."""
-        own_timeout = job.timeout is not UNSET and isinstance(job.timeout, int) and job.timeout > 0
-        timeout = float(job.timeout) if own_timeout else self._worker.default_timeout  # type: ignore[arg-type]
-        # The broker's clock starts at delivery, and a job may wait prefetched before its
-        # handler starts: keep a 10% margin below the consumer timeout.  The worker's own
-        # default is capped silently; a job that asks for more is warned about.
-        cap = self._worker.broker_consumer_timeout * 0.9
-        if timeout > cap and own_timeout:
-            log.warning(
-                "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): "
-                "the broker would close the channel and redeliver it; it is capped at %.0fs",
-                job.id, timeout, self._worker.broker_consumer_timeout, cap,
-            )  # fmt: skip
-        return timeout if timeout <= cap else cap
 
     async def _call_handler(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
