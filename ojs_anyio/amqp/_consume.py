@@ -266,7 +266,7 @@ class Consumer:
             # (still a cancellation point); a full checkpoint every _YIELD_EVERY messages
             # keeps other tasks running.
             self._since_yield += 1
-            await _park.checkpoint_if_cancelled()
+            await anyio.lowlevel.checkpoint_if_cancelled()
         else:
             self._since_yield = 0
             if not buffer:

@@ -10,9 +10,7 @@ cleared.
 
 Used where one task waits for one thing to happen, often: a publish waiting for its
 broker confirm.  :func:`wait_in` / :func:`wake_first` do the same for several tasks parked
-in a FIFO (a consumer's idle readers).  :func:`checkpoint_if_cancelled` is anyio's, in a
-few calls instead of about twenty on asyncio (a consumer's reader taking a buffered
-delivery).
+in a FIFO (a consumer's idle readers).
 """
 
 from __future__ import annotations
@@ -22,9 +20,7 @@ import sys
 from collections import deque
 from typing import Any, Protocol
 
-import anyio.lowlevel
-
-__all__ = ["checkpoint_if_cancelled", "wait", "wait_in", "wake", "wake_all", "wake_first"]
+__all__ = ["wait", "wait_in", "wake", "wake_all", "wake_first"]
 
 
 class Slot(Protocol):
@@ -160,46 +156,3 @@ def wake_all(waiters: deque[Any]) -> None:
     """Resume every task parked in ``waiters``."""
     while waiters:
         wake_first(waiters)
-
-
-# ----------------------------------------------------------- a cancellation point
-
-
-def _asyncio_task_states() -> Any:
-    """anyio's asyncio backend's table of task states (each with its innermost cancel
-    scope), if this anyio has the one :func:`checkpoint_if_cancelled` walks; else None,
-    and anyio's own function is used."""
-    try:
-        from anyio._backends import _asyncio as backend
-
-        states = backend._task_states
-        probe = backend.CancelScope()
-    except (ImportError, AttributeError):  # pragma: no cover - another anyio layout
-        return None
-    if all(hasattr(probe, name) for name in ("_cancel_called", "_shield", "_parent_scope")):
-        return states
-    return None  # pragma: no cover
-
-
-_TASK_STATES = _asyncio_task_states()
-
-
-async def checkpoint_if_cancelled() -> None:
-    """``anyio.lowlevel.checkpoint_if_cancelled()``: a cancellation point that does not
-    yield unless the calling task is inside a cancelled scope.
-
-    anyio's finds the backend and reads two properties of each enclosing scope (about
-    twenty calls for a worker's reader); on asyncio this reads the same attributes of
-    the same scopes, up to the first shielded one, as anyio's walk does."""
-    if _TASK_STATES is None or _on_trio():
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        return
-    state = _TASK_STATES.get(asyncio.current_task())
-    scope = state.cancel_scope if state is not None else None
-    while scope is not None:
-        if scope._cancel_called:
-            await asyncio.sleep(0)  # anyio's delivery cancels the task here (as anyio's, again if not)
-        elif scope._shield:
-            return
-        else:
-            scope = scope._parent_scope

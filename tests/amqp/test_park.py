@@ -226,28 +226,3 @@ async def test_wait_in_cancel_landing_after_the_wake_up() -> None:
             if not on_asyncio:
                 cancel["b"]()
     assert woken == (["a cancelled", "b"] if on_asyncio else ["a"])
-
-
-async def test_checkpoint_if_cancelled_as_anyio_does() -> None:
-    """A cancellation point inside any cancelled enclosing scope, none under a shield or
-    outside a cancelled scope, and no trip through the event loop when not cancelled."""
-    ran: list[str] = []
-
-    async def other() -> None:
-        ran.append("other")
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(other)
-        await _park.checkpoint_if_cancelled()  # not cancelled: does not yield
-        assert ran == []
-        with anyio.CancelScope() as outer:
-            outer.cancel()
-            with anyio.CancelScope(shield=True):
-                with anyio.CancelScope():
-                    await _park.checkpoint_if_cancelled()  # the shield hides the outer cancel
-                ran.append("shielded")
-            with anyio.CancelScope():
-                await _park.checkpoint_if_cancelled()  # two scopes out: cancelled here
-            ran.append("not reached")
-        assert outer.cancelled_caught
-    assert ran == ["shielded", "other"]
