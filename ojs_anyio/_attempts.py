@@ -30,6 +30,8 @@ def header_number(value: object) -> int | None:
     or a string (or bytes) of at most ten decimal digits; else :class:`HeaderValueError`."""
     if value is None:
         return None
+    if value.__class__ is int:  # the usual case, told without a call
+        return value
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, bytes):

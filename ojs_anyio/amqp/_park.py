@@ -27,10 +27,19 @@ class Slot(Protocol):
     _waiter: Any
 
 
+def _sniffio_local() -> Any:
+    sniffio = sys.modules.get("sniffio")
+    return None if sniffio is None else sniffio.thread_local
+
+
+#: sniffio's thread-local, when it was imported before this module (anyio imports it).
+_SNIFFIO_LOCAL = _sniffio_local()
+
+
 def _on_trio() -> bool:
     # Trio marks its thread for sniffio (Trio depends on sniffio), also in guest mode.
-    sniffio = sys.modules.get("sniffio")
-    return sniffio is not None and sniffio.thread_local.name == "trio"
+    local = _SNIFFIO_LOCAL or _sniffio_local()
+    return local is not None and local.name == "trio"
 
 
 async def wait(slot: Slot, timeout: float | None = None) -> None:

@@ -380,9 +380,10 @@ def _epoch_text(seconds: float) -> str:
 
 def remember(table: OrderedDict[str, Any], key: str, value: Any, *, limit: int) -> None:
     """``table[key] = value``, the oldest entries dropped past ``limit``."""
+    if key in table:
+        table.move_to_end(key)
     table[key] = value
-    table.move_to_end(key)
-    while len(table) > limit:
+    for _ in range(len(table) - limit):
         table.popitem(last=False)
 
 

@@ -11,8 +11,9 @@ Per delivery (:meth:`JobRunner._handle_one`): admit it (decode, unsettled delive
 CANCEL that came first, its handler, its policy, expiry), convert its arguments, run the
 handler under the job's timeout (default 1800 s), ask :func:`decide` what that means, and
 hand the verdict to the :class:`Settler`.  Each pull task has one cancel scope for many
-jobs: while a handler runs, the scope's deadline is the job's, and CANCEL and the grace
-period cancel it (:attr:`JobRunner.running`); a spent scope is replaced.
+jobs: while a handler runs, the scope is in :attr:`JobRunner.running` with the job's
+context, and the timeout watch (:meth:`JobRunner.watch_timeouts`, at ``ctx.deadline``),
+CANCEL and the grace period cancel it; a spent scope is replaced.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -46,6 +46,7 @@ from ._job_metrics import JobMetrics
 from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks, skip_hooks
 from ._retry import DEFAULT_RETRY_POLICY, EffectiveRetryPolicy, RetryPolicy, merge, resolve_retry
 from ._settle import Settler
+from ._timeouts import TimeoutWatch, handler_timeout
 from ._wire import header_attempt, header_max_attempts, unsettled_deliveries
 
 __all__ = ["JobRunner"]
@@ -107,6 +108,8 @@ class JobRunner:
         self._pools: set[ConsumePool] = set()
         self._queues_running = 0
         self._queues_done: anyio.Event | None = None
+        #: The handlers' timeouts (_timeouts.py): Worker.run runs its task (watch_timeouts).
+        self._timeouts = TimeoutWatch(self.running)
 
     def start(self, queues: int) -> None:
         """Per run, in its event loop: the backend's primitives, the thread bound, the
@@ -126,6 +129,10 @@ class JobRunner:
         """The graceful stop of each queue's pool (the worker's ``stopping`` is set)."""
         for pool in list(self._pools):
             pool.stop()
+
+    async def watch_timeouts(self, scope: anyio.CancelScope) -> None:
+        """The handlers' timeouts, for the whole run (see ``_timeouts.py``)."""
+        await self._timeouts.run(scope, (self._backend or Backend()).clock)
 
     def _stop_fetching(self) -> None:
         """Cancel the pull tasks that wait for a delivery (a pool's ``stop_fetching``)."""
@@ -188,10 +195,10 @@ class JobRunner:
         self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer, *, lone: bool = False
     ) -> None:
         # One cancel scope for many jobs, not one per job (anyio spends about thirty calls
-        # making, entering and leaving one; setting a deadline costs a few).  It is in
+        # making, entering and leaving one, and a deadline arms a timer).  It is in
         # _fetch_scopes (where stop() cancels it) only while the task waits for a delivery;
-        # while a job's handler runs, its deadline is the job's and it is the handle CANCEL
-        # and the grace period cancel (_running).  A cancelled scope is spent: the loop
+        # while a job's handler runs, it is the handle the timeout watch (watch_timeouts),
+        # CANCEL and the grace period cancel (running).  A cancelled scope is spent: the loop
         # leaves it, settles the job it cut short, and makes a new one.
         backend = self._backend or Backend()
         idle = self._fetch_scopes
@@ -266,10 +273,15 @@ class JobRunner:
         if isinstance(args, Verdict):
             await self._settler.settle(a, args)
             return
-        timeout = a.timeout = self._timeout(job)
+        worker = self._worker
+        timeout = a.timeout = handler_timeout(job, worker.default_timeout, worker.broker_consumer_timeout)
         backend = self._backend or Backend()
         scope = a.scope
-        ctx.deadline = scope.deadline = backend.clock() + timeout
+        deadline = ctx.deadline = backend.clock() + timeout
+        watch = self._timeouts
+        if deadline < watch.until and watch.wake is not None:
+            watch.until = deadline
+            watch.wake.set()  # the watch sleeps until a later deadline: it looks again
         a.ctx = ctx
         entry = (scope, ctx)
         same_id = self.running.get(job.id)
@@ -297,8 +309,7 @@ class JobRunner:
             # stops the worker gracefully through stop(), never through SystemExit.
             raised = exc
         finally:
-            scope.deadline = math.inf  # settling is not the handler's time
-            entries = self.running[job.id]
+            entries = self.running[job.id]  # out of watch_timeouts' sight: settling is not the handler's time
             if len(entries) == 1:
                 del self.running[job.id]
             else:
@@ -367,7 +378,10 @@ class JobRunner:
         except InvalidJobError as exc:
             await self._settler.settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))
             return None
-        if isinstance(job.expires_at, str) and parse_timestamp(job.expires_at) <= datetime.now(UTC):
+        expires_at = job.expires_at
+        if expires_at is UNSET:  # most jobs: no call
+            return spec, policy, max_attempts
+        if isinstance(expires_at, str) and parse_timestamp(expires_at) <= datetime.now(UTC):
             await self._settler.settle(a, dead_letter(ErrorCode.EXPIRED, f"job expired at {job.expires_at}"))
             return None
         return spec, policy, max_attempts
@@ -385,22 +399,6 @@ class JobRunner:
             await self._settler.settle(a, verdict)
             return True
         return await self._settler.move_redelivered(a, lost)  # the copy carries the count
-
-    def _timeout(self, job: Job) -> float:
-        """The job's timeout in seconds, below the broker's consumer timeout."""
-        own_timeout = isinstance(job.timeout, int) and job.timeout > 0
-        timeout = float(job.timeout) if own_timeout else self._worker.default_timeout  # type: ignore[arg-type]
-        # The broker's clock starts at delivery, and a job may wait prefetched before its
-        # handler starts: keep a 10% margin below the consumer timeout.  The worker's own
-        # default is capped silently; a job that asks for more is warned about.
-        cap = self._worker.broker_consumer_timeout * 0.9
-        if timeout > cap and own_timeout:
-            log.warning(
-                "job %s has timeout %.0fs, longer than the broker's consumer timeout (%.0fs): "
-                "the broker would close the channel and redeliver it; it is capped at %.0fs",
-                job.id, timeout, self._worker.broker_consumer_timeout, cap,
-            )  # fmt: skip
-        return min(timeout, cap)
 
     async def _call_handler(
         self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
@@ -438,7 +436,7 @@ class JobRunner:
         the grace period waits for it to return (no thread outlives the worker), and what
         it returned or raised decides the job, as for a handler that finished in time."""
         result = await _pipeline.call(spec.fn, False, (ctx, *args), self._thread_limiter)
-        late = anyio.current_time() >= scope.deadline
+        late = ctx.deadline is not None and anyio.current_time() >= ctx.deadline
         if late or ctx.cancel_requested or ctx.abandoned:
             why = "its timeout" if late else "a CANCEL" if ctx.cancel_requested else "the grace period"
             log.warning(

@@ -412,7 +412,10 @@ class Settler:
         return None
 
     def report(self, outcome: JobOutcome) -> None:
-        self.counts[outcome.outcome] = self.counts.get(outcome.outcome, 0) + 1
+        try:
+            self.counts[outcome.outcome] += 1  # no call once an outcome was counted
+        except KeyError:
+            self.counts[outcome.outcome] = 1
         self._worker.control.finished(outcome)
         if outcome.outcome in ("completed", "cancelled", "abandoned") and log.isEnabledFor(logging.INFO):
             fields = {

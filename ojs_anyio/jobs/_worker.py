@@ -312,6 +312,8 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 control_started = anyio.Event()
                 control_scope = self.control.scope = anyio.CancelScope()
+                watch_scope = anyio.CancelScope()
+                tg.start_soon(self._runner.watch_timeouts, watch_scope)
                 tg.start_soon(self.control.serve, client, control_started)
                 await control_started.wait()
                 started = [anyio.Event() for _ in self.queues]
@@ -329,6 +331,7 @@ class Worker:
                 beat_scope.cancel()
                 presence_scope.cancel()
                 control_scope.cancel()
+                watch_scope.cancel()
         finally:
             # Reset also when run() fails, so the worker can run again.
             self._stopping = False

@@ -131,8 +131,9 @@ async def test_1_a_sync_handler_past_its_timeout_is_waited_for_and_its_outcome_c
         job = await client.push("slow.sync", [], queue=q, timeout=1)
         with anyio.fail_after(WAIT):
             await started.wait()
-            [(scope, _)] = worker._running[job.id]
-            await anyio.sleep_until(scope.deadline + 0.05)  # the job's own deadline passes
+            [(_, ctx)] = worker._running[job.id]
+            assert ctx.deadline is not None
+            await anyio.sleep_until(ctx.deadline + 0.05)  # the job's own deadline passes
         past_deadline.set()
         final = await outcomes.wait_final(job.id)
     assert (final.outcome, runs) == ("completed", [1])

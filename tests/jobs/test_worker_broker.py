@@ -688,6 +688,44 @@ async def test_one_pull_task_runs_jobs_after_a_timeout_and_a_cancel(
     assert ran == [first.id, second.id]
 
 
+async def test_a_shorter_timeout_started_later_still_cuts_its_handler_on_time(
+    client: ojs.Client, q: str
+) -> None:
+    """The timeouts of running handlers are watched together: a job with a 1 s timeout
+    that starts while a job with a long one runs is cut at its own deadline, and the
+    long one runs on to its end."""
+    worker = ojs.Worker(queues=[q], concurrency=2)
+    outcomes = Outcomes(worker)
+    long_started = anyio.Event()
+    release = anyio.Event()
+
+    @worker.handler("long.job")
+    async def long(ctx: ojs.JobContext) -> str:
+        long_started.set()
+        await release.wait()
+        return "done"
+
+    @worker.handler("hang.job")
+    async def hang(ctx: ojs.JobContext) -> None:
+        await anyio.sleep_forever()
+
+    once = ojs.RetryPolicy(max_attempts=1)
+    async with running(worker, client):
+        first = await client.push("long.job", [], queue=q, timeout=600, retry=once)
+        with anyio.fail_after(WAIT):
+            await long_started.wait()
+        pushed = anyio.current_time()
+        slow = await client.push("hang.job", [], queue=q, timeout=1, retry=once)
+        timed_out = await outcomes.wait_final(slow.id)
+        took = anyio.current_time() - pushed
+        assert first.id in worker._running  # the long job is still running
+        release.set()
+        done = await outcomes.wait_final(first.id)
+    assert timed_out.outcome == "dead_lettered" and timed_out.error_code == "HANDLER_TIMEOUT"
+    assert 1.0 <= took < 1.0 + WAIT / 2
+    assert done.outcome == "completed" and done.result == "done"
+
+
 @pytest.mark.parametrize("prefetch", [None, 8])
 async def test_prefetch_is_what_the_worker_asked_for(
     client: ojs.Client, q: str, prefetch: int | None
