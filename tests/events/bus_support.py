@@ -65,3 +65,13 @@ async def take(url: str, queue: str, count: int, timeout: float = WAIT) -> list[
                 if len(got) >= count:
                     break
     return got
+
+
+async def dead_letter(names: Names, sub: events.Subscription) -> amqp.IncomingMessage:
+    """The one dead letter of ``sub``, taken and acked (the listener saw it settled: it is in
+    the DLQ)."""
+    async with amqp.connect(names.url) as conn, conn.channel() as ch:
+        msg = await ch.get(sub.dead_letter_queue)
+        assert msg is not None
+        await msg.ack()
+        return msg

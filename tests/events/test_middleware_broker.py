@@ -24,9 +24,9 @@ import pytest
 from support.waits import Seen
 
 import ojs_anyio as ojs
-from ojs_anyio import amqp, events
+from ojs_anyio import events
 
-from .bus_support import Names
+from .bus_support import Names, dead_letter
 
 pytestmark = pytest.mark.anyio
 
@@ -73,13 +73,6 @@ class Trace(events.Middleware):
         self.log.append(f"handler<{self.name}")
         return result
 
-
-async def _dead_letter(names: Names, sub: events.Subscription) -> amqp.IncomingMessage:
-    async with amqp.connect(names.url) as conn, conn.channel() as ch:
-        msg = await ch.get(sub.dead_letter_queue)
-        assert msg is not None
-        await msg.ack()
-        return msg
 
 
 async def test_around_publish_adds_a_header_and_a_field_the_handler_sees(names: Names) -> None:
@@ -189,7 +182,7 @@ async def test_a_raise_in_around_handler_is_redelivered_then_dead_lettered_with_
         sub.add_listener(lambda outcome, _msg: outcomes.add(outcome))
         mid = await bus.publish("gated", {"n": 1})
         await outcomes.wait(3)
-        dead = await _dead_letter(names, sub)
+        dead = await dead_letter(names, sub)
     assert calls == []
     assert outcomes.items == ["redelivered", "redelivered", "dead_lettered"]
     headers = dead.properties.headers or {}
@@ -214,7 +207,7 @@ async def test_dead_letter_raised_in_around_handler_dead_letters_at_once(names: 
         sub.add_listener(lambda outcome, _msg: outcomes.add(outcome))
         await bus.publish("rejected", {"n": 1})
         await outcomes.wait(1)
-        dead = await _dead_letter(names, sub)
+        dead = await dead_letter(names, sub)
     assert outcomes.items == ["dead_lettered"]
     headers = dead.properties.headers or {}
     assert headers[events.H_REASON] == "rejected"

@@ -28,7 +28,7 @@ from support.waits import Seen
 
 from ojs_anyio import amqp, events
 
-from .bus_support import WAIT, Names
+from .bus_support import WAIT, Names, dead_letter
 
 try:
     import pydantic
@@ -63,14 +63,6 @@ def caplog_events(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptur
     with caplog.at_level(logging.INFO, logger="ojs_anyio.events"):
         yield caplog
 
-
-async def _dead_letter(names: Names, sub: events.Subscription) -> amqp.IncomingMessage:
-    """The one dead letter of ``sub`` (the listener saw it settled: it is in the DLQ)."""
-    async with amqp.connect(names.url) as conn, conn.channel() as ch:
-        msg = await ch.get(sub.dead_letter_queue)
-        assert msg is not None
-        await msg.ack()
-        return msg
 
 
 async def test_a_sync_handler_runs_in_a_thread_once_per_attempt(names: Names) -> None:
@@ -115,7 +107,7 @@ async def test_a_sync_handler_that_always_fails_is_dead_lettered_after_its_attem
         sub.add_listener(lambda outcome, _msg: outcomes.add(outcome))
         await bus.publish("broken", {"n": 1})
         await outcomes.wait(3)
-        dead = await _dead_letter(names, sub)
+        dead = await dead_letter(names, sub)
     assert calls == [1, 2, 3]  # the first attempt and max_attempts=2 redeliveries
     assert outcomes.items == ["redelivered", "redelivered", "dead_lettered"]
     headers = dead.properties.headers or {}
@@ -150,7 +142,7 @@ async def test_typed_payloads_are_converted_or_dead_lettered_naming_the_field(
         await bus.publish("orders", {"id": "not a number", "sku": "A-1"})
         await bus.publish("orders", {"id": 7, "sku": "A-1"})
         await outcomes.wait(2)
-        dead = await _dead_letter(names, sub)
+        dead = await dead_letter(names, sub)
     [order] = seen.items
     if kind == "dataclass":
         assert order == OrderDC(id=7, sku="A-1")
