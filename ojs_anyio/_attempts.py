@@ -9,13 +9,18 @@ else is refused with :class:`HeaderValueError` (a ``ValueError``: remote input, 
 local misuse), and the consumer dead-letters the delivery as
 invalid without running it.  :data:`MAX_ATTEMPT` leaves room for the next attempt's
 number in an int32 header.
+
+Also the one wording of an attempt that ran past its timeout (:func:`timeout_reason`), the
+job layer's ``HANDLER_TIMEOUT`` message and the event bus's ``HandlerTimeoutError``: here
+rather than in ``_pipeline`` (which runs handlers, so imports anyio) because the job
+layer's pure ``decide()`` words it too.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MAX_ATTEMPT", "HeaderValueError", "header_number", "parse_attempt"]
+__all__ = ["MAX_ATTEMPT", "HeaderValueError", "header_number", "parse_attempt", "timeout_reason"]
 
 #: The highest attempt a delivery may carry: a retry writes attempt + 1 as int32.
 MAX_ATTEMPT: Final = 2**31 - 2
@@ -50,3 +55,8 @@ def parse_attempt(value: object) -> int:
     if not 1 <= number <= MAX_ATTEMPT:
         raise HeaderValueError(f"{number} is not an attempt number (0 or 1 to {MAX_ATTEMPT})")
     return number
+
+
+def timeout_reason(seconds: float) -> str:
+    """Why an attempt failed when it ran past its timeout of ``seconds``."""
+    return f"handler exceeded its timeout of {seconds:g}s"

@@ -15,8 +15,15 @@ A leaf: no project module.
 * :func:`tracing_recording`: whether a tracer records spans (an SDK tracer provider is
   installed, or the tracer is one): the probe the job and event layers ask before every
   span.  (Whether an SDK *meter* provider is installed is ``amqp.sdk_meter_provider_installed``.)
+* :func:`utc_second`: the one datetime of a whole second (UTC), the AMQP ``timestamp``
+  property of what jobs and events publish.  Messages published in the same second share
+  one object, so ``datetime.fromtimestamp`` runs once a second.
 * :func:`single_error`: the one real error of a task group's exception group
   (cancellations aside), so callers raise that error, not a group.
+
+State that outlives a call (the id clock, the tracing probe, the last second) lives in
+small named objects, never in ``global`` rebinding: ``tests/jobs/test_jobs_structure.py``
+forbids the ``global`` statement in the library.
 """
 
 from __future__ import annotations
@@ -24,38 +31,85 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from datetime import UTC, datetime
 from typing import Final
 
 import anyio
 from opentelemetry import trace
 
-__all__ = ["new_id", "single_error", "tracing_recording"]
+__all__ = ["new_id", "single_error", "tracing_recording", "utc_second"]
 
 # ----------------------------------------------------------------------------- ids
 
 _RANDOM_A: Final = f"{int.from_bytes(os.urandom(2), 'big') & 0xFFF:03x}"
 _RANDOM_B: Final = (int.from_bytes(os.urandom(4), "big") & 0x3FFFFFFF) | 0x80000000  # variant 10
 _MIDDLE: Final = f"-7{_RANDOM_A}-{_RANDOM_B >> 16:04x}-{_RANDOM_B & 0xFFFF:04x}"
-_counter = itertools.count()
-_id_ms = -1
-_id_prefix = ""
+
+
+class _IdClock:
+    """The millisecond of the last id and its formatted time prefix."""
+
+    __slots__ = ("counter", "ms", "prefix")
+
+    def __init__(self) -> None:
+        self.counter = itertools.count()
+        self.ms = -1
+        self.prefix = ""
+
+
+_ids: Final = _IdClock()
 
 
 def new_id() -> str:
     """A new UUIDv7, as text (see the module docstring)."""
-    global _id_ms, _id_prefix
+    clock = _ids
     ms = time.time_ns() // 1_000_000
-    if ms > _id_ms:  # a clock stepping back keeps the last prefix: ids stay ordered
+    if ms > clock.ms:  # a clock stepping back keeps the last prefix: ids stay ordered
         h = f"{ms & 0xFFFFFFFFFFFF:012x}"
-        _id_prefix = f"{h[:8]}-{h[8:]}{_MIDDLE}"
-        _id_ms = ms
-    return f"{_id_prefix}{next(_counter) & 0xFFFFFFFF:08x}"
+        clock.prefix = f"{h[:8]}-{h[8:]}{_MIDDLE}"
+        clock.ms = ms
+    return f"{clock.prefix}{next(clock.counter) & 0xFFFFFFFF:08x}"
+
+
+# ----------------------------------------------------------------------------- time
+
+
+class _LastSecond:
+    """The last whole second asked for and its datetime."""
+
+    __slots__ = ("second", "value")
+
+    def __init__(self) -> None:
+        self.second = 0
+        self.value = datetime.fromtimestamp(0, UTC)
+
+
+_last_second: Final = _LastSecond()
+
+
+def utc_second(second: int) -> datetime:
+    """The aware UTC datetime of a whole POSIX second, one object per second."""
+    last = _last_second
+    if second != last.second:
+        last.value = datetime.fromtimestamp(second, UTC)
+        last.second = second
+    return last.value
 
 
 # ----------------------------------------------------------------------------- tracing
 
-_global_known = False
-_global_checked_at = -1.0
+
+class _Probe:
+    """What is known of the global tracer provider: "records" for good, "not" for a second."""
+
+    __slots__ = ("checked_at", "known")
+
+    def __init__(self) -> None:
+        self.known = False
+        self.checked_at = -1.0
+
+
+_probe: Final = _Probe()
 
 
 def tracing_recording(tracer: trace.Tracer) -> bool:
@@ -64,18 +118,18 @@ def tracing_recording(tracer: trace.Tracer) -> bool:
     A tracer from the API's global proxy follows the global provider, which is set once:
     "yes" is kept for good, "no" for a second (asking reads the environment each time),
     so a provider installed later takes effect within a second."""
-    global _global_known, _global_checked_at
     if not isinstance(tracer, trace.ProxyTracer):
         return not isinstance(tracer, trace.NoOpTracer)
-    if _global_known:
+    probe = _probe
+    if probe.known:
         return True
     now = time.monotonic()
-    if now - _global_checked_at < 1.0:
+    if now - probe.checked_at < 1.0:
         return False
-    _global_checked_at = now
+    probe.checked_at = now
     provider = trace.get_tracer_provider()
-    _global_known = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-    return _global_known
+    probe.known = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return probe.known
 
 
 # ----------------------------------------------------------------------------- errors

@@ -26,8 +26,8 @@
   straight through; the chains are built from the hooks a middleware overrides only (the
   first middleware is the outermost), so a hook left alone costs nothing, and with no hook
   at all a layer calls its publish or its handler directly.
-* **Timeouts** (:func:`timeout_reason`): the one wording of "an attempt ran past its
-  timeout", whatever enforced it.
+* **Timeouts** (:func:`timeout_reason`, re-exported from the pure ``_attempts``): the one
+  wording of "an attempt ran past its timeout", whatever enforced it.
 
 No AMQP, no jobs, no events: both layers build on it.
 """
@@ -46,6 +46,7 @@ import anyio.to_thread
 import msgspec
 from opentelemetry import metrics
 
+from ._attempts import timeout_reason
 from ._misuse import ArgumentTypeError
 
 __all__ = [
@@ -325,12 +326,6 @@ def duration_histogram(meter: metrics.Meter, name: str, description: str) -> met
         )
     except TypeError:  # opentelemetry-api before 1.23 has no bucket advice
         return meter.create_histogram(name, unit="s", description=description)
-
-
-def timeout_reason(seconds: float) -> str:
-    """Why an attempt failed when it ran past its timeout (the job layer's
-    ``HANDLER_TIMEOUT`` message and the event bus's ``HandlerTimeoutError``)."""
-    return f"handler exceeded its timeout of {seconds:g}s"
 
 
 # ---------------------------------------------------------------- middleware

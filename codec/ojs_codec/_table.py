@@ -61,7 +61,7 @@ import struct
 import time
 from collections.abc import Mapping, Sequence
 from decimal import Context, Decimal
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from ._errors import ProtocolSyntaxError, UsageError
 
@@ -653,16 +653,25 @@ def malformed_reason(notes: list[str]) -> str | None:
     return reason
 
 
-_last_timestamp: tuple[int, datetime.datetime] = (0, datetime.datetime.fromtimestamp(0, tz=_UTC))
+class _LastTimestamp:
+    """The last wire timestamp decoded and its datetime (the C extension keeps its own)."""
+
+    __slots__ = ("seconds", "value")
+
+    def __init__(self) -> None:
+        self.seconds = 0
+        self.value = datetime.datetime.fromtimestamp(0, tz=_UTC)
+
+
+_last_timestamp: Final = _LastTimestamp()
 
 
 def decode_timestamp(seconds: int) -> datetime.datetime:
     """A wire timestamp as a UTC datetime; values above 0xFFFFFFFF are milliseconds
     (pamqp's rule)."""
-    global _last_timestamp
     last = _last_timestamp
-    if last[0] == seconds:  # messages published in the same second share it
-        return last[1]
+    if last.seconds == seconds:  # messages published in the same second share it
+        return last.value
     value: float = seconds
     if seconds > 0xFFFFFFFF:
         value = seconds / 1000.0
@@ -670,7 +679,8 @@ def decode_timestamp(seconds: int) -> datetime.datetime:
         result = datetime.datetime.fromtimestamp(value, tz=_UTC)
     except (OverflowError, ValueError, OSError):
         raise _syntax(f"timestamp {seconds} is out of range") from None
-    _last_timestamp = (seconds, result)
+    last.seconds = seconds
+    last.value = result
     return result
 
 

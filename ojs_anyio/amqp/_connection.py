@@ -562,7 +562,7 @@ class Connection:
             if len(self.url.hosts) > 1:
                 self._host_index += 1
             self.reconnections += 1
-            _metrics.reconnections.add(1)
+            _metrics.instruments.reconnections.add(1)
             try:
                 with anyio.fail_after(self.connection_timeout):
                     await self._open_transport()

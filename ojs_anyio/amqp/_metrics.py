@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -72,13 +72,11 @@ from opentelemetry.metrics import CallbackOptions, Observation
 __all__ = [
     "MAX_QUEUE_LABELS",
     "OTHER",
-    "confirm_latency",
     "consumers",
+    "instruments",
     "label",
-    "operation_duration",
     "record_confirm_latency",
     "semconv_attributes",
-    "reconnections",
     "register",
     "stats",
     "timing_enabled",
@@ -181,11 +179,26 @@ def _by_queue(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
     return callback
 
 
-#: Synchronous instruments used on rare paths; no-ops until :func:`register`.
-reconnections: metrics.Counter = metrics.NoOpCounter("ojs_amqp_reconnections_total")
-confirm_latency: metrics.Histogram = metrics.NoOpHistogram("ojs_amqp_publish_confirm_latency_seconds")
-operation_duration: metrics.Histogram = metrics.NoOpHistogram("messaging.client.operation.duration")
-_registered = False
+_RECONNECTIONS: Final = "ojs_amqp_reconnections_total"
+_CONFIRM_LATENCY: Final = "ojs_amqp_publish_confirm_latency_seconds"
+_OPERATION_DURATION: Final = "messaging.client.operation.duration"
+
+
+class _Instruments:
+    """The synchronous instruments used on rare paths: no-ops until :func:`register`."""
+
+    __slots__ = ("confirm_latency", "operation_duration", "reconnections", "registered", "timing")
+
+    def __init__(self) -> None:
+        self.registered = False
+        #: Whether an SDK MeterProvider was found (see :func:`timing_enabled`).
+        self.timing = False
+        self.reconnections: metrics.Counter = metrics.NoOpCounter(_RECONNECTIONS)
+        self.confirm_latency: metrics.Histogram = metrics.NoOpHistogram(_CONFIRM_LATENCY)
+        self.operation_duration: metrics.Histogram = metrics.NoOpHistogram(_OPERATION_DURATION)
+
+
+instruments: Final = _Instruments()
 
 
 def register() -> None:
@@ -195,10 +208,9 @@ def register() -> None:
     MeterProvider is installed the API proxies the instruments, so installing one later
     still works.
     """
-    global _registered, reconnections, confirm_latency, operation_duration
-    if _registered:
+    if instruments.registered:
         return
-    _registered = True
+    instruments.registered = True
     meter = metrics.get_meter("ojs_anyio.amqp", "0.1.0")
     for name, callback, unit, desc in (
         ("ojs_amqp_connections_active", _gauge("connections_active"), "", "Active AMQP connections"),
@@ -220,9 +232,9 @@ def register() -> None:
         ("ojs_amqp_messages_returned_total", "returned", "Messages returned by the broker (Basic.Return)"),
     ):
         meter.create_observable_counter(name, [_by_queue(attr)], description=desc)
-    reconnections = meter.create_counter("ojs_amqp_reconnections_total", description="Reconnection attempts")
-    confirm_latency = meter.create_histogram(
-        "ojs_amqp_publish_confirm_latency_seconds",
+    instruments.reconnections = meter.create_counter(_RECONNECTIONS, description="Reconnection attempts")
+    instruments.confirm_latency = meter.create_histogram(
+        _CONFIRM_LATENCY,
         unit="s",
         description="Publisher confirm latency (sampled: oldest publish of a Basic.Ack frame), by queue",
     )
@@ -232,8 +244,8 @@ def register() -> None:
     ):
         callbacks = [_semconv(table, operation)]
         meter.create_observable_counter(name, callbacks, unit="{message}", description=desc)
-    operation_duration = meter.create_histogram(
-        "messaging.client.operation.duration",
+    instruments.operation_duration = meter.create_histogram(
+        _OPERATION_DURATION,
         unit="s",
         description="Duration of a publish until its confirm (sampled as the confirm latency is)",
     )
@@ -242,11 +254,8 @@ def register() -> None:
 def record_confirm_latency(latency: float, routing_key: str) -> None:
     """One confirm-latency sample (see the module docstring), under both names."""
     queue = label(routing_key)
-    confirm_latency.record(latency, {"queue": queue})
-    operation_duration.record(latency, semconv_attributes("publish", queue))
-
-
-_timing = False
+    instruments.confirm_latency.record(latency, {"queue": queue})
+    instruments.operation_duration.record(latency, semconv_attributes("publish", queue))
 
 
 def timing_enabled() -> bool:
@@ -256,14 +265,13 @@ def timing_enabled() -> bool:
     The API's global provider is a proxy until ``metrics.set_meter_provider`` (which may
     happen once); a channel asks when it opens, and the answer is cached once true.
     """
-    global _timing
-    if not _timing:
+    if not instruments.timing:
         try:
             from opentelemetry.sdk.metrics import MeterProvider as SDKMeterProvider
         except ImportError:  # no SDK: nothing would record the samples
             return False
-        _timing = isinstance(metrics.get_meter_provider(), SDKMeterProvider)
-    return _timing
+        instruments.timing = isinstance(metrics.get_meter_provider(), SDKMeterProvider)
+    return instruments.timing
 
 
 def bump(table: dict[str, int], key: str, n: int = 1) -> None:

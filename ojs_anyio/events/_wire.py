@@ -23,7 +23,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from .. import amqp
-from .._common import new_id, tracing_recording
+from .._common import new_id, tracing_recording, utc_second
 from .._misuse import ArgumentTypeError
 from .._trace_context import NO_SPAN, context_from, current_traceparent, start_settle_span
 
@@ -67,18 +67,9 @@ _encode_json = msgspec.json.Encoder().encode
 new_message_id = new_id
 
 
-_ts_second = -1
-_ts_value: datetime.datetime | None = None
-
-
 def now_timestamp() -> datetime.datetime:
     """The AMQP timestamp (whole seconds, UTC), one datetime object per second."""
-    global _ts_second, _ts_value
-    second = int(time.time())
-    if second != _ts_second or _ts_value is None:
-        _ts_value = datetime.datetime.fromtimestamp(second, datetime.UTC)
-        _ts_second = second
-    return _ts_value
+    return utc_second(int(time.time()))
 
 
 # ----------------------------------------------------------------------------- payloads

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from .._pipeline import timeout_reason
+from .._attempts import timeout_reason
 from ._errors import ErrorCode
 from ._retry import (
     EffectiveRetryPolicy,

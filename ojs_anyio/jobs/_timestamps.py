@@ -72,15 +72,22 @@ def _to_datetime(match: re.Match[str]) -> datetime:
 
 # The last moment formatted and its text: a push formats its ``now`` for the job it returns
 # and for the message's header (datetimes are immutable, so the same object, the same text).
-_last_formatted: tuple[datetime | None, str] = (None, "")
+class _LastFormatted:
+    __slots__ = ("moment", "text")
+
+    def __init__(self) -> None:
+        self.moment: datetime | None = None
+        self.text = ""
+
+
+_last_formatted: Final = _LastFormatted()
 
 
 def format_timestamp(moment: datetime) -> str:
     """Format an aware datetime as RFC 3339 UTC with milliseconds: ``2026-02-15T10:30:00.000Z``."""
-    global _last_formatted
     last = _last_formatted
-    if moment is last[0]:
-        return last[1]
+    if moment is last.moment:
+        return last.text
     if moment.tzinfo is UTC:
         utc = moment
     elif moment.tzinfo is None or moment.utcoffset() is None:
@@ -90,5 +97,6 @@ def format_timestamp(moment: datetime) -> str:
     # "2026-02-15T10:30:00.000+00:00" from C, with "Z" for the offset: a third faster than
     # formatting the seven fields in Python.
     text = utc.isoformat(timespec="milliseconds")[:-6] + "Z"
-    _last_formatted = (moment, text)
+    last.moment = moment
+    last.text = text
     return text

@@ -16,7 +16,9 @@ through :func:`with_headers`, which re-types them.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import math
+import time
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -25,6 +27,7 @@ from msgspec import UNSET
 from ojs_anyio.amqp import BasicProperties, Int32
 
 from .._attempts import header_number, parse_attempt
+from .._common import utc_second
 from ._envelope import Job, encode_job, format_timestamp, parse_timestamp
 from ._errors import InvalidJobError
 from ._retry import RetryPolicy
@@ -144,14 +147,15 @@ def job_properties(
 ) -> BasicProperties:
     """The AMQP properties of a job's message (001 §6.1, §6.2)."""
     # (Hot: every push.  An unset attribute is told by ``is UNSET``, without a call.)
+    enqueued = format_timestamp(enqueued_at)
     created = job.created_at
     if created is UNSET or not isinstance(created, str):
-        created = format_timestamp(enqueued_at)
+        created = enqueued
     headers: dict[str, Any] = {
         H_QUEUE: job.queue,
         H_ATTEMPT: _int32(attempt),
         H_CREATED_AT: created,
-        H_ENQUEUED_AT: format_timestamp(enqueued_at),
+        H_ENQUEUED_AT: enqueued,
     }
     if max_attempts is not None:  # only when the job set it: else the worker's policy decides
         headers[H_MAX_ATTEMPTS] = _int32(max_attempts)
@@ -173,7 +177,7 @@ def job_properties(
         type=job.type,
         content_type=CONTENT_TYPE,
         content_encoding="utf-8",
-        timestamp=_whole_seconds(created),
+        timestamp=_whole_second_of(created),
         delivery_mode=2,
         app_id="ojs",
         # Only when the job has one (001 §6.1 "if specified"): unprioritised jobs stay FIFO
@@ -197,23 +201,36 @@ def _int32(value: int) -> Int32:
     return found
 
 
-# The last canonical ``created_at`` second ("2026-02-15T10:30:00", from a ".mmmZ" text) and
-# its datetime: pushes in the same second share it, so the text is parsed once a second.
-_last_second: tuple[str, datetime] = ("", datetime.fromtimestamp(0, UTC))
+class _CreatedSecond:
+    """The last canonical ``created_at`` second ("2026-02-15T10:30:00" of a ".mmmZ" text)
+    and its datetime: pushes in the same second share it, so the text is parsed once a
+    second."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.value = utc_second(0)
 
 
-def _whole_seconds(created: str) -> datetime:
-    global _last_second
+_created_second: Final = _CreatedSecond()
+
+
+def _whole_second_of(created: str) -> datetime:
+    """The AMQP ``timestamp`` of a job: its ``created_at`` second (one datetime object per
+    second, ``_common.utc_second``'s); the push's second if the text does not parse."""
+    last = _created_second
     canonical = len(created) == 24 and created[19] == "." and created[23] == "Z"
-    if canonical and created[:19] == _last_second[0]:
-        return _last_second[1]
+    if canonical and created[:19] == last.text:
+        return last.value
     try:
         moment = parse_timestamp(created)
     except ValueError:
-        return datetime.now(UTC).replace(microsecond=0)
-    result = moment.astimezone(UTC).replace(microsecond=0)
+        return utc_second(int(time.time()))
+    result = utc_second(math.floor(moment.timestamp()))
     if canonical:
-        _last_second = (created[:19], result)
+        last.text = created[:19]
+        last.value = result
     return result
 
 

@@ -28,7 +28,7 @@ def test_importing_creates_no_instrument() -> None:
         "metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))\n"
         "import ojs_anyio, ojs_anyio.amqp\n"
         "from ojs_anyio.amqp import _metrics\n"
-        "assert not _metrics._registered\n"
+        "assert not _metrics.instruments.registered\n"
         "data = reader.get_metrics_data()\n"
         "assert data is None or not data.resource_metrics, data\n"
         "_metrics.register()\n"

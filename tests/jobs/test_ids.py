@@ -3,7 +3,8 @@
 Job ids and event message ids come from it.  It is not ``uuid6.uuid7()`` itself (that costs
 about 9x more on the push path, see ``_common``), so it is held to uuid6's format and
 ordering here: same version, variant and millisecond time field, and ids from both sort in
-creation order across milliseconds.  Also the single-error unwrapping both layers use.
+creation order across milliseconds.  Also the single-error unwrapping both layers use, and
+the one whole-second datetime both layers stamp their messages with.
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from datetime import UTC, datetime
 
 import anyio
+import msgspec
 import pytest
 import uuid6
 
 from ojs_anyio import events
-from ojs_anyio._common import new_id, single_error
+from ojs_anyio._common import new_id, single_error, utc_second
 from ojs_anyio.jobs import new_job
+from ojs_anyio.jobs._wire import job_properties
 
 UUID7_TEXT = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
@@ -47,6 +51,32 @@ def test_job_and_event_ids_come_from_the_one_generator() -> None:
     assert events.new_message_id is new_id
     before, job, after = new_id(), new_job("t", []), new_id()
     assert before < job.id < after
+
+
+def test_one_datetime_per_second_for_jobs_and_events() -> None:
+    second = int(time.time())
+    assert utc_second(second) == datetime.fromtimestamp(second, UTC)
+    assert utc_second(second) is utc_second(second)  # one object for the second
+    assert utc_second(second - 3) == datetime.fromtimestamp(second - 3, UTC)
+    stamp = events._wire.now_timestamp()
+    assert stamp.tzinfo is UTC and stamp.microsecond == 0
+
+
+def test_a_jobs_amqp_timestamp_is_its_created_at_second() -> None:
+    """The ``timestamp`` is the second of ``created_at``, in any offset, not the push's
+    (001 §6.1); jobs created in the same second share one datetime."""
+    now = datetime(2026, 11, 28, 15, 30, 59, 999_000, UTC)
+    made = [
+        msgspec.structs.replace(new_job("t", []), created_at=f"2026-11-28T15:30:58.{ms:03d}Z")
+        for ms in (1, 998)
+    ]
+    stamps = [job_properties(job, max_attempts=None, enqueued_at=now).timestamp for job in made]
+    assert stamps[0] == datetime(2026, 11, 28, 15, 30, 58, tzinfo=UTC)
+    assert stamps[0] is stamps[1]
+    given = msgspec.structs.replace(new_job("t", []), created_at="2020-01-02T03:04:05.678+02:00")
+    props = job_properties(given, max_attempts=None, enqueued_at=now)
+    assert props.timestamp == datetime(2020, 1, 2, 1, 4, 5, tzinfo=UTC)
+    assert (props.headers or {})["x-ojs-created-at"] == "2020-01-02T03:04:05.678+02:00"
 
 
 @pytest.mark.anyio
