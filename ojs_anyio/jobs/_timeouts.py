@@ -7,6 +7,13 @@ worker's ``_runner.py``), and the watch cancels that scope when the handler's
 ``ctx.deadline`` passes, as a deadline on the scope would, but without a timer armed and
 disarmed per job (on asyncio about twenty calls a job).  It sleeps until the earliest
 deadline of the handlers running; a handler that starts with an earlier one wakes it.
+
+It also keeps sleeping until the deadline that last woke it after that handler is done:
+a no-op job finishes before the watch gets to look, and were it then to sleep without a
+deadline, the next job would wake it again, every job (at concurrency 1 that was a third
+of a job's calls).  Handlers that start later, with later deadlines, need no wake; the
+watch wakes once at that stale deadline, for nothing, and then sleeps until the earliest
+deadline of the handlers running then.
 """
 
 from __future__ import annotations
@@ -78,6 +85,8 @@ class TimeoutWatch:
                         scope.cancel()  # timed out (a sync handler is waited for: _run_sync)
                     elif deadline < until:
                         until = deadline
+            if now < self.until < until:  # a deadline that woke it, of a handler since done
+                until = self.until
             self.until = until
             with anyio.CancelScope(deadline=until):
                 await wake.wait()

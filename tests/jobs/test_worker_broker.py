@@ -726,6 +726,36 @@ async def test_a_shorter_timeout_started_later_still_cuts_its_handler_on_time(
     assert done.outcome == "completed" and done.result == "done"
 
 
+async def test_a_shorter_timeout_after_a_finished_long_one_still_cuts_on_time(
+    client: ojs.Client, q: str
+) -> None:
+    """The watch keeps sleeping until the deadline of a handler that woke it after that
+    handler is done (so quick jobs do not wake it each): a job with a 1 s timeout that
+    starts after a 600 s job has finished still wakes it, and is cut at its own deadline."""
+    worker = ojs.Worker(queues=[q], concurrency=1)
+    outcomes = Outcomes(worker)
+
+    @worker.handler("quick.job")
+    async def quick(ctx: ojs.JobContext) -> str:
+        return "done"
+
+    @worker.handler("hang.job")
+    async def hang(ctx: ojs.JobContext) -> None:
+        await anyio.sleep_forever()
+
+    once = ojs.RetryPolicy(max_attempts=1)
+    async with running(worker, client):
+        quick_jobs = [await client.push("quick.job", [], queue=q, timeout=600, retry=once) for _ in range(3)]
+        for job in quick_jobs:
+            assert (await outcomes.wait_final(job.id)).outcome == "completed"
+        pushed = anyio.current_time()
+        slow = await client.push("hang.job", [], queue=q, timeout=1, retry=once)
+        timed_out = await outcomes.wait_final(slow.id)
+        took = anyio.current_time() - pushed
+    assert timed_out.outcome == "dead_lettered" and timed_out.error_code == "HANDLER_TIMEOUT"
+    assert 1.0 <= took < 1.0 + WAIT / 2
+
+
 @pytest.mark.parametrize("prefetch", [None, 8])
 async def test_prefetch_is_what_the_worker_asked_for(
     client: ojs.Client, q: str, prefetch: int | None
