@@ -705,25 +705,33 @@ async def test_a_shorter_timeout_started_later_still_cuts_its_handler_on_time(
         await release.wait()
         return "done"
 
-    @worker.handler("hang.job")
-    async def hang(ctx: ojs.JobContext) -> None:
-        await anyio.sleep_forever()
-
-    once = ojs.RetryPolicy(max_attempts=1)
+    worker.handler("hang.job")(_hang)
     async with running(worker, client):
-        first = await client.push("long.job", [], queue=q, timeout=600, retry=once)
+        first = await client.push("long.job", [], queue=q, timeout=600, retry=ONCE)
         with anyio.fail_after(WAIT):
             await long_started.wait()
-        pushed = anyio.current_time()
-        slow = await client.push("hang.job", [], queue=q, timeout=1, retry=once)
-        timed_out = await outcomes.wait_final(slow.id)
-        took = anyio.current_time() - pushed
+        await _a_one_second_job_is_cut_on_time(client, q, outcomes)
         assert first.id in worker._running  # the long job is still running
         release.set()
         done = await outcomes.wait_final(first.id)
+    assert done.outcome == "completed" and done.result == "done"
+
+
+ONCE = ojs.RetryPolicy(max_attempts=1)
+
+
+async def _hang(ctx: ojs.JobContext) -> None:
+    await anyio.sleep_forever()
+
+
+async def _a_one_second_job_is_cut_on_time(client: ojs.Client, q: str, outcomes: Outcomes) -> None:
+    """Push a ``hang.job`` with a 1 s timeout: it is dead-lettered as timed out after 1 s."""
+    pushed = anyio.current_time()
+    slow = await client.push("hang.job", [], queue=q, timeout=1, retry=ONCE)
+    timed_out = await outcomes.wait_final(slow.id)
+    took = anyio.current_time() - pushed
     assert timed_out.outcome == "dead_lettered" and timed_out.error_code == "HANDLER_TIMEOUT"
     assert 1.0 <= took < 1.0 + WAIT / 2
-    assert done.outcome == "completed" and done.result == "done"
 
 
 async def test_a_shorter_timeout_after_a_finished_long_one_still_cuts_on_time(
@@ -739,21 +747,12 @@ async def test_a_shorter_timeout_after_a_finished_long_one_still_cuts_on_time(
     async def quick(ctx: ojs.JobContext) -> str:
         return "done"
 
-    @worker.handler("hang.job")
-    async def hang(ctx: ojs.JobContext) -> None:
-        await anyio.sleep_forever()
-
-    once = ojs.RetryPolicy(max_attempts=1)
+    worker.handler("hang.job")(_hang)
     async with running(worker, client):
-        quick_jobs = [await client.push("quick.job", [], queue=q, timeout=600, retry=once) for _ in range(3)]
+        quick_jobs = [await client.push("quick.job", [], queue=q, timeout=600, retry=ONCE) for _ in range(3)]
         for job in quick_jobs:
             assert (await outcomes.wait_final(job.id)).outcome == "completed"
-        pushed = anyio.current_time()
-        slow = await client.push("hang.job", [], queue=q, timeout=1, retry=once)
-        timed_out = await outcomes.wait_final(slow.id)
-        took = anyio.current_time() - pushed
-    assert timed_out.outcome == "dead_lettered" and timed_out.error_code == "HANDLER_TIMEOUT"
-    assert 1.0 <= took < 1.0 + WAIT / 2
+        await _a_one_second_job_is_cut_on_time(client, q, outcomes)
 
 
 @pytest.mark.parametrize("prefetch", [None, 8])
