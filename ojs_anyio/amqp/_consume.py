@@ -283,15 +283,22 @@ class Consumer:
             while not buffer:
                 if feed.ended or feed.closed:
                     return self._finish()
-                # Parked until push or end wakes us (woken in FIFO order, one per delivery).
-                await _park.wait_in(feed.waiters)
+                # Parked until push, the reader before us, or end wakes us (in FIFO order:
+                # see ConsumerFeed.wake_reader).
+                try:
+                    await _park.wait_in(feed.waiters)
+                finally:
+                    feed.waking = False
         if feed.closed:
             return self._finish()
         if not buffer:
             # Another reader took it while this one checkpointed: wait like the others.
             return await self.__anext__()
         feed.buffered -= 1
-        return buffer.popleft()
+        msg = buffer.popleft()
+        if buffer and feed.waiters and not feed.waking:
+            feed.wake_reader()  # more to take and readers parked: the next one, before our job
+        return msg
 
     def _finish(self) -> NoReturn:
         feed = self._feed

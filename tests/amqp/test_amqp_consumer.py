@@ -413,3 +413,37 @@ async def test_a_cancelled_loop_over_a_full_buffer_stops_within_the_bound(amqp_u
                 assert messages.statistics().current_buffer_used == 100 - len(got)
                 for msg in got:
                     await msg.ack()
+
+
+async def test_a_burst_reaches_every_parked_reader_while_the_others_are_busy(amqp_url: str) -> None:
+    """One wake-up in flight at a time, passed on: each woken reader that leaves deliveries
+    buffered wakes the next, so a burst still reaches every parked reader while those
+    that took one stay busy (a job that waits), none left waiting in the buffer."""
+    with anyio.fail_after(20):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            release = anyio.Event()
+            holding: list[bytes] = []
+            async with ch.consume(queue, prefetch=20) as messages:
+
+                async def reader() -> None:
+                    async for msg in messages:
+                        holding.append(msg.body)
+                        await release.wait()  # busy until released
+                        await msg.ack()
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(8):
+                        tg.start_soon(reader)
+                    await wait_until(lambda: messages.statistics().tasks_waiting_receive == 8, what="parked")
+                    window = ch.publish_window()
+                    for i in range(8):
+                        await window.publish(b"%d" % i, routing_key=queue)
+                    assert await window.wait_all() == []
+                    await wait_until(lambda: len(holding) == 8, what="every reader holds one")
+                    assert messages.statistics().current_buffer_used == 0
+                    assert messages.statistics().tasks_waiting_receive == 0
+                    release.set()
+                    await wait_until(lambda: messages.unacked == 0, what="all acked")
+                    tg.cancel_scope.cancel()
+            assert sorted(int(b) for b in holding) == list(range(8))
