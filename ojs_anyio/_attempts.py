@@ -47,7 +47,7 @@ def parse_attempt(value: object) -> int:
     if value is None:  # absent (most first attempts): told without a call
         return 1
     if value.__class__ is int and 1 <= value <= MAX_ATTEMPT:  # likewise, the usual int
-        return value  # type: ignore[no-any-return]
+        return value
     number = header_number(value)
     if number is None or number == 0:
         return 1

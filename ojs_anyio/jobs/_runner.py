@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -100,6 +101,9 @@ class JobRunner:
         #: their own policy): see _policy.
         self._defaults: tuple[RetryPolicy | None, RetryPolicy, EffectiveRetryPolicy] | None = None
         self._backend: Backend | None = None
+        #: (default_timeout, broker_consumer_timeout, the handler timeout of a job without
+        #: its own): handler_timeout's answer for most jobs, worked out once per value.
+        self._default_timeout: tuple[float, float, float] = (math.nan, math.nan, math.nan)
         #: Bounds the threads of sync handlers (made by prepare(): one per event loop).
         self._thread_limiter: anyio.CapacityLimiter | None = None
         self._handler_chain: HandlerChain | None = None
@@ -289,7 +293,14 @@ class JobRunner:
             await self._settler.settle(a, args)
             return
         worker = self._worker
-        timeout = a.timeout = handler_timeout(job, worker.default_timeout, worker.broker_consumer_timeout)
+        if job.timeout is UNSET:  # most jobs: the worker's default, capped once per value (no call)
+            cached = self._default_timeout
+            given, broker = worker.default_timeout, worker.broker_consumer_timeout
+            if cached[0] != given or cached[1] != broker:
+                cached = self._default_timeout = (given, broker, handler_timeout(job, given, broker))
+            timeout = a.timeout = cached[2]
+        else:
+            timeout = a.timeout = handler_timeout(job, worker.default_timeout, worker.broker_consumer_timeout)
         backend = self._backend or Backend()
         scope = a.scope
         deadline = ctx.deadline = backend.clock() + timeout
@@ -373,7 +384,8 @@ class JobRunner:
             return None
         if msg.redelivered and await self._redelivered(a, headers):
             return None
-        if self._worker.control.was_cancelled(job.id):
+        control = self._worker.control
+        if control.cancelled and control.was_cancelled(job.id):  # no CANCEL held (most runs): no call
             for hook in self._skip_hooks:  # a workflow settles the job as cancelled
                 await hook(job)
             await msg.ack()
