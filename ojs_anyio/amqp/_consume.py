@@ -179,7 +179,10 @@ class IncomingMessage:
         consumer = self._consumer  # _batching, inline: the hot path
         write = link.ack(cid, self.delivery_tag, multiple, consumer is not None and consumer.buffered > 0)
         q = self._label
-        _ACKED[q] = _ACKED.get(q, 0) + 1
+        try:
+            _ACKED[q] += 1  # no call once the queue was counted
+        except KeyError:
+            _ACKED[q] = 1
         if write:
             await link.flush()
 
@@ -349,7 +352,10 @@ class Consuming:
     # -------------------------------------------------- events from the reader
 
     def on_delivery(self, ev: Delivery) -> None:
-        consumer = self.consumers.by_tag.get(ev.consumer_tag)
+        try:
+            consumer: ConsumerFeed | None = self.consumers.by_tag[ev.consumer_tag]  # no call, the hot path
+        except KeyError:
+            consumer = None
         if consumer is None or not consumer.active:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
@@ -360,7 +366,10 @@ class Consuming:
             self._channel, consumer, ev, consumer.no_ack, consumer.queue, q, self._state, self._link
         )
         if consumer.push(msg, consumer.no_ack):
-            _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
+            try:
+                _CONSUMED[q] += 1  # no call once the queue was counted
+            except KeyError:
+                _CONSUMED[q] = 1
         else:
             # Only possible without a prefetch bound (no_ack consumers): fail loudly rather
             # than buffer without limit.

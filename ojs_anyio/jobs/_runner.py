@@ -18,7 +18,6 @@ CANCEL and the grace period cancel it; a spent scope is replaced.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -34,11 +33,11 @@ from msgspec import UNSET
 from .. import _pipeline, amqp
 from .._consume_pool import ConsumePool
 from . import _tracing
-from ._attempt import Attempt, Backend, decode_delivered, handler_arguments
+from ._attempt import Attempt, Backend, decode_delivered, fault, handler_arguments
 from ._client import Client
 from ._context import JobContext, Outcome
 from ._control import WorkerControl
-from ._decide import Verdict, dead_letter, decide
+from ._decide import ACK, Verdict, dead_letter, decide
 from ._envelope import Job, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._failures import log_extra
@@ -47,7 +46,7 @@ from ._job_metrics import JobMetrics
 from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks, skip_hooks
 from ._retry import DEFAULT_RETRY_POLICY, EffectiveRetryPolicy, RetryPolicy, merge, resolve_retry
 from ._settle import Settler
-from ._timeouts import TimeoutWatch, handler_timeout
+from ._timeouts import JobScope, TimeoutWatch, handler_timeout
 from ._wire import header_attempt, header_max_attempts, unsettled_deliveries
 
 __all__ = ["JobRunner"]
@@ -92,11 +91,11 @@ class JobRunner:
         #: Every delivery running now, by job id: (its scope, its context).  Usually one a
         #: job; two deliveries of one id (a re-push after an unknown outcome) are both here,
         #: so CANCEL and the grace period reach each.
-        self.running: dict[str, list[tuple[anyio.CancelScope, JobContext]]] = {}
+        self.running: dict[str, list[tuple[JobScope, JobContext]]] = {}
         #: Each pull task's scope, and whether the task now waits for a delivery (stop
         #: cancels those that do).  A flag set and cleared per job, not a set's add and
         #: discard: two calls a job fewer.
-        self._fetch_scopes: dict[anyio.CancelScope, bool] = {}
+        self._fetch_scopes: dict[JobScope, bool] = {}
         #: (worker policy, it merged over the OJS defaults, that resolved for jobs without
         #: their own policy): see _policy.
         self._defaults: tuple[RetryPolicy | None, RetryPolicy, EffectiveRetryPolicy] | None = None
@@ -154,9 +153,9 @@ class JobRunner:
                 log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
                 ctx.abandoned = True
                 scope.cancel()
-        for scope, ch in list(self._settler.settle_scopes.items()):
+        for settle_scope, ch in list(self._settler.settle_scopes.items()):
             if ch in channels:
-                scope.cancel()  # a settling publish still refused: left unacked as well
+                settle_scope.cancel()  # a settling publish still refused: left unacked as well
 
     def _policy(self, job: Job, client: Client) -> EffectiveRetryPolicy:
         """The job's own retry policy, over the worker's ``retry=``, over the OJS defaults
@@ -210,10 +209,10 @@ class JobRunner:
         backend = self._backend or Backend()
         idle = self._fetch_scopes
         while not self._worker.stopping:
-            scope = backend.scope_type()
+            scope = JobScope(backend.scope_type())
             cut: Attempt | None = None
             try:
-                with scope:
+                with scope.scope:
                     while not self._worker.stopping:
                         idle[scope] = True
                         try:
@@ -222,16 +221,16 @@ class JobRunner:
                             return
                         finally:
                             idle[scope] = False
-                        if scope.cancel_called:
+                        if scope.cut:
                             return  # stop() came with this delivery: left unacked, the broker redelivers it
                         if lone:
                             await self._settler.moves_settled()
                         cut = Attempt(client, ch, queue, msg, scope)
-                        try:  # _guarded, inline: the hot path
+                        try:  # a fault of ours with one delivery must not stop this worker
                             await self._handle_one(cut)
                         except Exception as exc:
-                            await self._fault(cut, exc)
-                        if scope.cancel_called:
+                            await fault(cut, exc)
+                        if scope.cut:
                             break  # cancelled as its handler returned: settled below, outside the scope
                         cut = None
             finally:
@@ -240,39 +239,10 @@ class JobRunner:
                 # The scope was cancelled while the job ran (its deadline, CANCEL or the
                 # grace period) or as it returned; the worker itself was not (that would
                 # have gone on up from here, leaving the job unacked).
-                await self._guarded(cut, self._settle_cut)
-
-    async def _guarded(self, a: Attempt, step: Callable[[Attempt], Awaitable[None]]) -> None:
-        """Run ``step`` (admit, run and settle, or settle) for one delivery; a fault of
-        ours with it must not stop this worker."""
-        try:
-            await step(a)
-        except Exception as exc:
-            await self._fault(a, exc)
-
-    async def _fault(self, a: Attempt, exc: Exception) -> None:
-        """A fault of ours with one delivery (:meth:`_guarded`): logged, and the job
-        dead-lettered unless its delivery was lost."""
-        msg = a.msg
-        if isinstance(exc, amqp.DELIVERY_LOST_ERRORS):
-            # The connection or channel died while settling, or stayed away longer than
-            # publish_timeout: the job was not acked, so the broker redelivers it
-            # (redelivered=True).  At-least-once, never lost.
-            log.warning(
-                "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
-                msg.properties.message_id, msg.delivery_tag, a.queue, exc,
-            )  # fmt: skip
-            return
-        # The backstop: a fault of ours with this one delivery (the handler's own errors
-        # are decided on in _handle_one).  Dead-lettered, so it cannot stop this worker
-        # or the next one; the worker carries on.
-        job_id = msg.properties.message_id
-        log.error(
-            "job %s on queue %s could not be processed; rejected into the dead-letter queue",
-            job_id, a.queue, exc_info=exc, extra=log_extra(job_id, msg.properties.type, a.queue, 0),
-        )  # fmt: skip
-        with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
-            await msg.nack(requeue=False)
+                try:
+                    await self._settle_cut(cut)
+                except Exception as exc:
+                    await fault(cut, exc)
 
     async def _handle_one(self, a: Attempt) -> None:
         """Admit the delivery (decode, checks), then run its handler and settle it.  When
@@ -340,11 +310,13 @@ class JobRunner:
                 del self.running[job.id]
             else:
                 entries[:] = [e for e in entries if e is not entry]
-        verdict = decide(
+        # A handler that returned, its scope not cancelled, is acked (decide's first case,
+        # told here without the call).
+        verdict = ACK if raised is None else decide(
             raised, cancelled_caught=False, cancel_requested=ctx.cancel_requested, abandoned=ctx.abandoned,
             timeout=timeout, policy=policy, attempt=a.number, max_attempts=max_attempts, rng=self._rng,
         )  # fmt: skip
-        if scope.cancel_called:  # cancelled as the handler returned: the pull loop settles it
+        if scope.cut:  # cancelled as the handler returned: the pull loop settles it
             a.verdict, a.result = verdict, result
             return
         await self._settler.settle(a, verdict, result)
@@ -428,7 +400,7 @@ class JobRunner:
         return await self._settler.move_redelivered(a, lost)  # the copy carries the count
 
     async def _call_handler(
-        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: JobScope
     ) -> Any:
         if spec.is_async:
             return await spec.fn(ctx, *args)
@@ -455,7 +427,7 @@ class JobRunner:
         self._settler.traced = any(isinstance(m, _tracing.Tracing) for m in middleware)
 
     async def _run_sync(
-        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: JobScope
     ) -> Any:
         """A plain ``def`` handler, in a worker thread bounded by the worker's concurrency.
 
