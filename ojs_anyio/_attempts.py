@@ -49,6 +49,10 @@ def header_number(value: object) -> int | None:
 
 def parse_attempt(value: object) -> int:
     """The attempt number a header value stands for (see the module docstring)."""
+    if value is None:  # absent (most first attempts): told without a call
+        return 1
+    if value.__class__ is int and 1 <= value <= MAX_ATTEMPT:  # likewise, the usual int
+        return value
     number = header_number(value)
     if number is None or number == 0:
         return 1

@@ -17,6 +17,7 @@ range, or a delivery tag that is not an unsigned 64-bit integer.
 from __future__ import annotations
 
 import struct
+from typing import NoReturn
 
 from ._errors import ProtocolSyntaxError, UsageError
 from ._frames import FRAME_MAX_DEFAULT, FRAME_MIN_SIZE
@@ -162,14 +163,22 @@ def _tag_frame(channel: int, method: int, delivery_tag: int, bits: int) -> bytes
     try:
         return _TAG_BITS_FRAME.pack(1, channel, _TAG_BITS_SIZE, method, delivery_tag, bits, 0xCE)
     except struct.error:
-        if isinstance(delivery_tag, int) and not 0 <= delivery_tag < 2**64:
-            raise UsageError(f"delivery tag {delivery_tag} is not an unsigned 64-bit integer") from None
-        raise UsageError(f"bad channel {channel!r} or delivery tag {delivery_tag!r}") from None
+        _bad_tag_frame(channel, delivery_tag)
+
+
+def _bad_tag_frame(channel: object, delivery_tag: object) -> NoReturn:
+    if isinstance(delivery_tag, int) and not 0 <= delivery_tag < 2**64:
+        raise UsageError(f"delivery tag {delivery_tag} is not an unsigned 64-bit integer") from None
+    raise UsageError(f"bad channel {channel!r} or delivery tag {delivery_tag!r}") from None
 
 
 def encode_ack(channel: int, delivery_tag: int, multiple: bool = False) -> bytes:
     """A Basic.Ack method frame."""
-    return _tag_frame(channel, BASIC_ACK, delivery_tag, 1 if multiple else 0)
+    try:  # _tag_frame, inline: one per consumed message
+        bits = 1 if multiple else 0
+        return _TAG_BITS_FRAME.pack(1, channel, _TAG_BITS_SIZE, BASIC_ACK, delivery_tag, bits, 0xCE)
+    except struct.error:
+        _bad_tag_frame(channel, delivery_tag)
 
 
 def encode_nack(channel: int, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> bytes:

@@ -599,7 +599,9 @@ class AMQPConnection:
         return tag
 
     def ack(self, channel_id: int, delivery_tag: int, multiple: bool = False) -> None:
-        self._open_channel_or_raise(channel_id)
+        ch = self._channels.get(channel_id)
+        if ch is None or ch.state is not ChannelState.OPEN:  # one ack a message: no call
+            self._open_channel_or_raise(channel_id)  # raises
         self._out += _fast.encode_ack(channel_id, delivery_tag, multiple)
 
     def nack(self, channel_id: int, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:

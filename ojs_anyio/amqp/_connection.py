@@ -422,9 +422,11 @@ class Connection:
     # The reader's events, one handler per type (the table is made in __init__).
 
     def _ev_delivery(self, ev: Delivery) -> None:
-        ch = self._link.by_id.get(ev.channel_id)
-        if ch is not None:
-            ch.on_delivery(ev)
+        try:
+            ch = self._link.by_id[ev.channel_id]  # one a message: no call for the lookup
+        except KeyError:
+            return
+        ch.on_delivery(ev)
 
     def _ev_confirmed(self, ev: Confirmed) -> None:
         ch = self._link.by_id.get(ev.channel_id)

@@ -35,8 +35,9 @@ __all__ = ["Consumer", "Consuming", "IncomingMessage", "property_text"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
-#: A consumer takes buffered deliveries without yielding to the event loop, but checkpoints
-#: fully at least once every this many messages.
+#: A consumer takes buffered deliveries without a checkpoint (no yield to the event loop,
+#: no cancellation check), but checkpoints fully at least once every this many messages:
+#: the bound on how long a cancelled ``async for`` over a full buffer goes on.
 _YIELD_EVERY = 32
 # The per-queue counters, bumped inline on the delivery and ack paths (see _metrics).
 _CONSUMED = _metrics.stats.consumed
@@ -178,7 +179,10 @@ class IncomingMessage:
         consumer = self._consumer  # _batching, inline: the hot path
         write = link.ack(cid, self.delivery_tag, multiple, consumer is not None and consumer.buffered > 0)
         q = self._label
-        _ACKED[q] = _ACKED.get(q, 0) + 1
+        try:
+            _ACKED[q] += 1  # no call once the queue was counted
+        except KeyError:
+            _ACKED[q] = 1
         if write:
             await link.flush()
 
@@ -221,6 +225,12 @@ class Consumer:
     Ends normally when the consumer is cancelled by us; raises
     :class:`ConsumerCancelledError` when the broker cancelled it (and recovery is off),
     or :class:`ChannelClosedError` / :class:`ConnectionLostError` when its channel died.
+
+    Taking the next message is a checkpoint when it waits for one, and at least once
+    every 32 messages otherwise: a message already buffered is handed over without a
+    cancellation check (one costs a walk up the task's cancel scopes, more than the rest
+    of the take).  So a cancelled ``async for`` whose body never awaits anything that
+    checkpoints takes at most 32 more buffered messages before it is cancelled.
     """
 
     def __init__(self, channel: ChannelView, feed: ConsumerFeed) -> None:
@@ -262,11 +272,10 @@ class Consumer:
         feed = self._feed
         buffer = feed.buffer
         if buffer and self._since_yield < _YIELD_EVERY:
-            # A delivery is already buffered: take it without a trip through the event loop
-            # (still a cancellation point); a full checkpoint every _YIELD_EVERY messages
-            # keeps other tasks running.
+            # A delivery is already buffered: take it without a checkpoint (see the class
+            # docstring); a full one every _YIELD_EVERY messages keeps other tasks running
+            # and bounds how long a cancellation waits.
             self._since_yield += 1
-            await anyio.lowlevel.checkpoint_if_cancelled()
         else:
             self._since_yield = 0
             if not buffer:
@@ -277,15 +286,22 @@ class Consumer:
             while not buffer:
                 if feed.ended or feed.closed:
                     return self._finish()
-                # Parked until push or end wakes us (woken in FIFO order, one per delivery).
-                await _park.wait_in(feed.waiters)
+                # Parked until push, the reader before us, or end wakes us (in FIFO order:
+                # see ConsumerFeed.wake_reader).
+                try:
+                    await _park.wait_in(feed.waiters)
+                finally:
+                    feed.waking = False
         if feed.closed:
             return self._finish()
         if not buffer:
             # Another reader took it while this one checkpointed: wait like the others.
             return await self.__anext__()
         feed.buffered -= 1
-        return buffer.popleft()
+        msg = buffer.popleft()
+        if buffer and feed.waiters and not feed.waking:
+            feed.wake_reader()  # more to take and readers parked: the next one, before our job
+        return msg
 
     def _finish(self) -> NoReturn:
         feed = self._feed
@@ -336,7 +352,10 @@ class Consuming:
     # -------------------------------------------------- events from the reader
 
     def on_delivery(self, ev: Delivery) -> None:
-        consumer = self.consumers.by_tag.get(ev.consumer_tag)
+        try:
+            consumer: ConsumerFeed | None = self.consumers.by_tag[ev.consumer_tag]  # no call, the hot path
+        except KeyError:
+            consumer = None
         if consumer is None or not consumer.active:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
@@ -347,7 +366,10 @@ class Consuming:
             self._channel, consumer, ev, consumer.no_ack, consumer.queue, q, self._state, self._link
         )
         if consumer.push(msg, consumer.no_ack):
-            _CONSUMED[q] = _CONSUMED.get(q, 0) + 1
+            try:
+                _CONSUMED[q] += 1  # no call once the queue was counted
+            except KeyError:
+                _CONSUMED[q] = 1
         else:
             # Only possible without a prefetch bound (no_ack consumers): fail loudly rather
             # than buffer without limit.

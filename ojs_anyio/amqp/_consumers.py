@@ -58,6 +58,7 @@ class ConsumerFeed:
         "resubscribe_scope",
         "unacked",
         "waiters",
+        "waking",
     )
 
     def __init__(
@@ -84,6 +85,8 @@ class ConsumerFeed:
         self.max_buffer = max_buffer
         #: Tasks parked in ``__anext__`` until a delivery or the end comes (see _park).
         self.waiters: deque[Any] = deque()
+        #: A parked reader was woken and has not run yet (see wake_reader).
+        self.waking = False
         #: No more deliveries come (``end``); the buffer still drains.
         self.ended = False
         #: Closed for reading (``close``): iteration ends at once.
@@ -113,9 +116,23 @@ class ConsumerFeed:
         self.buffered += 1
         if not settled:
             self.unacked += 1
-        if self.waiters:
-            _park.wake_first(self.waiters)
+        if self.waiters and not self.waking:
+            self.wake_reader()
         return True
+
+    def wake_reader(self) -> None:
+        """Wake the longest-parked reader, unless one woken earlier has not run yet.
+
+        One wake-up in flight at a time, passed on like a baton: a woken reader that takes
+        a delivery and leaves more buffered wakes the next parked one before it hands its
+        own over (``Consumer.__anext__``).  So while deliveries wait in the buffer and
+        readers are parked, one reader is always on its way; readers still busy with a
+        job take buffered deliveries as they come back, and a burst no longer wakes one
+        reader per delivery only for most of them to find the buffer already emptied.
+        Every reader leaving its park clears ``waking`` (a wake-up lost to a cancellation
+        then costs at most one spare wake-up later, never a stalled delivery)."""
+        self.waking = True
+        _park.wake_first(self.waiters)
 
     def end(self, error: BaseException | None) -> None:
         """No more deliveries: readers drain the buffer, then see ``error`` (or the end)."""

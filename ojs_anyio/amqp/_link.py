@@ -145,7 +145,8 @@ class ChannelLink:
         t = self.transport
         t.proto.ack(channel_id, delivery_tag, multiple)
         if batch and len(t.proto.outbound) < FLUSH_THRESHOLD:  # _settled, inline: the hot path
-            t.defer_flush()
+            if not t.deferred_flush:
+                t.defer_flush()
             return False
         return not t.writing
 

@@ -10,6 +10,8 @@ number; :meth:`Attempt.outcome` turns it into the :class:`JobOutcome` every step
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,13 +27,15 @@ from ._envelope import SPEC_VERSION, Job, decode_job, job_from_dict
 from ._errors import ErrorCode, InvalidJobError
 from ._failures import log_extra
 from ._handlers import ArgumentsError, HandlerSpec
+from ._timeouts import JobScope
 
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["JOB_LINE", "Attempt", "Backend", "decode_delivered", "handler_arguments"]
+__all__ = ["JOB_LINE", "Attempt", "Backend", "decode_delivered", "fault", "handler_arguments"]
 
 _json_decode = msgspec.json.Decoder()
+log = logging.getLogger("ojs_anyio.worker")
 
 #: How a log line names a job attempt (``%``-mapping style: one argument, :meth:`Attempt.fields`).
 JOB_LINE = "job %(job_id)s type=%(job_type)s queue=%(queue)s attempt=%(attempt)d"
@@ -51,7 +55,7 @@ class Attempt:
         ch: amqp.Channel,
         queue: str,
         msg: amqp.IncomingMessage,
-        scope: anyio.CancelScope,
+        scope: JobScope,
     ) -> None:
         self.client = client
         self.ch = ch
@@ -118,6 +122,31 @@ class Attempt:
         )  # fmt: skip
 
 
+async def fault(a: Attempt, exc: Exception) -> None:
+    """A fault of ours with one delivery, outside its handler (the worker's pull loop
+    catches it so that it cannot stop the worker): logged, and the job dead-lettered unless
+    its delivery was lost."""
+    msg = a.msg
+    if isinstance(exc, amqp.DELIVERY_LOST_ERRORS):
+        # The connection or channel died while settling, or stayed away longer than
+        # publish_timeout: the job was not acked, so the broker redelivers it
+        # (redelivered=True).  At-least-once, never lost.
+        log.warning(
+            "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
+            msg.properties.message_id, msg.delivery_tag, a.queue, exc,
+        )  # fmt: skip
+        return
+    # The backstop (the handler's own errors are decided on in the runner's _handle_one):
+    # dead-lettered, so it cannot stop this worker or the next one.
+    job_id = msg.properties.message_id
+    log.error(
+        "job %s on queue %s could not be processed; rejected into the dead-letter queue",
+        job_id, a.queue, exc_info=exc, extra=log_extra(job_id, msg.properties.type, a.queue, 0),
+    )  # fmt: skip
+    with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
+        await msg.nack(requeue=False)
+
+
 def handler_arguments(spec: HandlerSpec, ctx: JobContext) -> list[Any] | Verdict:
     """The job's arguments converted for the handler, or the INVALID_ARGS dead-letter
     verdict when they do not fit its parameters."""
@@ -168,7 +197,10 @@ class Backend:
         self.cancelled: type[BaseException] = anyio.get_cancelled_exc_class()
         self.clock: Callable[[], float]
         if self.cancelled is asyncio.CancelledError:
-            self.clock = asyncio.get_running_loop().time  # what anyio.current_time() reads
+            loop = asyncio.get_running_loop()
+            # What anyio.current_time() reads; asyncio's own loop reads time.monotonic(),
+            # called here directly (one call a job fewer).
+            self.clock = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
         elif sniffio.current_async_library() == "trio":
             import trio
 

@@ -68,9 +68,10 @@ class HandlerSpec:
         if not self.converts or not args:
             return args
         params, var = self.params, self.var
+        n_params = len(params)
         out = list(args)
         for i, value in enumerate(args):
-            slot = params[i] if i < len(params) else var
+            slot = params[i] if i < n_params else var
             if slot is None:
                 continue
             name, tp = slot
@@ -79,7 +80,7 @@ class HandlerSpec:
             try:
                 out[i] = _pipeline.convert(value, tp)
             except _pipeline.ConversionError as exc:
-                where = f"*{name}[{i - len(params)}]" if i >= len(params) else name
+                where = f"*{name}[{i - n_params}]" if i >= n_params else name
                 raise ArgumentsError(
                     f"parameter {where!r} (args[{i}]) of {self.name}: {exc} (the value was {_short(value)})"
                 ) from None

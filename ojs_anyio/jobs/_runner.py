@@ -18,9 +18,9 @@ CANCEL and the grace period cancel it; a spent scope is replaced.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -33,11 +33,11 @@ from msgspec import UNSET
 from .. import _pipeline, amqp
 from .._consume_pool import ConsumePool
 from . import _tracing
-from ._attempt import Attempt, Backend, decode_delivered, handler_arguments
+from ._attempt import Attempt, Backend, decode_delivered, fault, handler_arguments
 from ._client import Client
 from ._context import JobContext, Outcome
 from ._control import WorkerControl
-from ._decide import Verdict, dead_letter, decide
+from ._decide import ACK, Verdict, dead_letter, decide
 from ._envelope import Job, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._failures import log_extra
@@ -46,7 +46,7 @@ from ._job_metrics import JobMetrics
 from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks, skip_hooks
 from ._retry import DEFAULT_RETRY_POLICY, EffectiveRetryPolicy, RetryPolicy, merge, resolve_retry
 from ._settle import Settler
-from ._timeouts import TimeoutWatch, handler_timeout
+from ._timeouts import JobScope, TimeoutWatch, handler_timeout
 from ._wire import header_attempt, header_max_attempts, unsettled_deliveries
 
 __all__ = ["JobRunner"]
@@ -91,13 +91,18 @@ class JobRunner:
         #: Every delivery running now, by job id: (its scope, its context).  Usually one a
         #: job; two deliveries of one id (a re-push after an unknown outcome) are both here,
         #: so CANCEL and the grace period reach each.
-        self.running: dict[str, list[tuple[anyio.CancelScope, JobContext]]] = {}
-        #: The scopes of the pull tasks now waiting for a delivery (stop cancels them).
-        self._fetch_scopes: set[anyio.CancelScope] = set()
+        self.running: dict[str, list[tuple[JobScope, JobContext]]] = {}
+        #: Each pull task's scope, and whether the task now waits for a delivery (stop
+        #: cancels those that do).  A flag set and cleared per job, not a set's add and
+        #: discard: two calls a job fewer.
+        self._fetch_scopes: dict[JobScope, bool] = {}
         #: (worker policy, it merged over the OJS defaults, that resolved for jobs without
         #: their own policy): see _policy.
         self._defaults: tuple[RetryPolicy | None, RetryPolicy, EffectiveRetryPolicy] | None = None
         self._backend: Backend | None = None
+        #: (default_timeout, broker_consumer_timeout, the handler timeout of a job without
+        #: its own): handler_timeout's answer for most jobs, worked out once per value.
+        self._default_timeout: tuple[float, float, float] = (math.nan, math.nan, math.nan)
         #: Bounds the threads of sync handlers (made by prepare(): one per event loop).
         self._thread_limiter: anyio.CapacityLimiter | None = None
         self._handler_chain: HandlerChain | None = None
@@ -136,8 +141,9 @@ class JobRunner:
 
     def _stop_fetching(self) -> None:
         """Cancel the pull tasks that wait for a delivery (a pool's ``stop_fetching``)."""
-        for scope in list(self._fetch_scopes):
-            scope.cancel()
+        for scope, waiting in list(self._fetch_scopes.items()):
+            if waiting:
+                scope.cancel()
 
     def _abandon(self, queue: str, channels: tuple[amqp.Channel, ...]) -> None:
         """The grace period ran out (a pool's ``abandon``): cancel the handlers of ``queue``
@@ -147,9 +153,9 @@ class JobRunner:
                 log.warning("job %s still running after the grace period: cancelled, left unacked", ctx.id)
                 ctx.abandoned = True
                 scope.cancel()
-        for scope, ch in list(self._settler.settle_scopes.items()):
+        for settle_scope, ch in list(self._settler.settle_scopes.items()):
             if ch in channels:
-                scope.cancel()  # a settling publish still refused: left unacked as well
+                settle_scope.cancel()  # a settling publish still refused: left unacked as well
 
     def _policy(self, job: Job, client: Client) -> EffectiveRetryPolicy:
         """The job's own retry policy, over the worker's ``retry=``, over the OJS defaults
@@ -203,57 +209,40 @@ class JobRunner:
         backend = self._backend or Backend()
         idle = self._fetch_scopes
         while not self._worker.stopping:
-            scope = backend.scope_type()
+            scope = JobScope(backend.scope_type())
             cut: Attempt | None = None
-            with scope:
-                while not self._worker.stopping:
-                    idle.add(scope)
-                    try:
-                        msg = await deliveries.__anext__()
-                    except StopAsyncIteration:
-                        return
-                    finally:
-                        idle.discard(scope)
-                    if scope.cancel_called:
-                        return  # stop() came with this delivery: left unacked, the broker redelivers it
-                    if lone:
-                        await self._settler.moves_settled()
-                    cut = Attempt(client, ch, queue, msg, scope)
-                    await self._guarded(cut, self._handle_one)
-                    if scope.cancel_called:
-                        break  # cancelled as its handler returned: settled below, outside the scope
-                    cut = None
+            try:
+                with scope.scope:
+                    while not self._worker.stopping:
+                        idle[scope] = True
+                        try:
+                            msg = await deliveries.__anext__()
+                        except StopAsyncIteration:
+                            return
+                        finally:
+                            idle[scope] = False
+                        if scope.cut:
+                            return  # stop() came with this delivery: left unacked, the broker redelivers it
+                        if lone:
+                            await self._settler.moves_settled()
+                        cut = Attempt(client, ch, queue, msg, scope)
+                        try:  # a fault of ours with one delivery must not stop this worker
+                            await self._handle_one(cut)
+                        except Exception as exc:
+                            await fault(cut, exc)
+                        if scope.cut:
+                            break  # cancelled as its handler returned: settled below, outside the scope
+                        cut = None
+            finally:
+                del idle[scope]
             if cut is not None and cut.ctx is not None:
                 # The scope was cancelled while the job ran (its deadline, CANCEL or the
                 # grace period) or as it returned; the worker itself was not (that would
                 # have gone on up from here, leaving the job unacked).
-                await self._guarded(cut, self._settle_cut)
-
-    async def _guarded(self, a: Attempt, step: Callable[[Attempt], Awaitable[None]]) -> None:
-        """Run ``step`` (admit, run and settle, or settle) for one delivery; a fault of
-        ours with it must not stop this worker."""
-        msg = a.msg
-        try:
-            await step(a)
-        except amqp.DELIVERY_LOST_ERRORS as exc:
-            # The connection or channel died while settling, or stayed away longer than
-            # publish_timeout: the job was not acked, so the broker redelivers it
-            # (redelivered=True).  At-least-once, never lost.
-            log.warning(
-                "could not settle job %s (delivery %d) on %s: %s; the broker will redeliver it",
-                msg.properties.message_id, msg.delivery_tag, a.queue, exc,
-            )  # fmt: skip
-        except Exception:
-            # The backstop: a fault of ours with this one delivery (the handler's own errors
-            # are decided on in _handle_one).  Dead-lettered, so it cannot stop this worker
-            # or the next one; the worker carries on.
-            job_id = msg.properties.message_id
-            log.exception(
-                "job %s on queue %s could not be processed; rejected into the dead-letter queue",
-                job_id, a.queue, extra=log_extra(job_id, msg.properties.type, a.queue, 0),
-            )  # fmt: skip
-            with contextlib.suppress(*amqp.DELIVERY_LOST_ERRORS, amqp.DeliveryAlreadySettledError):
-                await msg.nack(requeue=False)
+                try:
+                    await self._settle_cut(cut)
+                except Exception as exc:
+                    await fault(cut, exc)
 
     async def _handle_one(self, a: Attempt) -> None:
         """Admit the delivery (decode, checks), then run its handler and settle it.  When
@@ -274,7 +263,14 @@ class JobRunner:
             await self._settler.settle(a, args)
             return
         worker = self._worker
-        timeout = a.timeout = handler_timeout(job, worker.default_timeout, worker.broker_consumer_timeout)
+        if job.timeout is UNSET:  # most jobs: the worker's default, capped once per value (no call)
+            cached = self._default_timeout
+            given, broker = worker.default_timeout, worker.broker_consumer_timeout
+            if cached[0] != given or cached[1] != broker:
+                cached = self._default_timeout = (given, broker, handler_timeout(job, given, broker))
+            timeout = a.timeout = cached[2]
+        else:
+            timeout = a.timeout = handler_timeout(job, worker.default_timeout, worker.broker_consumer_timeout)
         backend = self._backend or Backend()
         scope = a.scope
         deadline = ctx.deadline = backend.clock() + timeout
@@ -314,11 +310,13 @@ class JobRunner:
                 del self.running[job.id]
             else:
                 entries[:] = [e for e in entries if e is not entry]
-        verdict = decide(
+        # A handler that returned, its scope not cancelled, is acked (decide's first case,
+        # told here without the call).
+        verdict = ACK if raised is None else decide(
             raised, cancelled_caught=False, cancel_requested=ctx.cancel_requested, abandoned=ctx.abandoned,
             timeout=timeout, policy=policy, attempt=a.number, max_attempts=max_attempts, rng=self._rng,
         )  # fmt: skip
-        if scope.cancel_called:  # cancelled as the handler returned: the pull loop settles it
+        if scope.cut:  # cancelled as the handler returned: the pull loop settles it
             a.verdict, a.result = verdict, result
             return
         await self._settler.settle(a, verdict, result)
@@ -358,7 +356,8 @@ class JobRunner:
             return None
         if msg.redelivered and await self._redelivered(a, headers):
             return None
-        if self._worker.control.was_cancelled(job.id):
+        control = self._worker.control
+        if control.cancelled and control.was_cancelled(job.id):  # no CANCEL held (most runs): no call
             for hook in self._skip_hooks:  # a workflow settles the job as cancelled
                 await hook(job)
             await msg.ack()
@@ -401,7 +400,7 @@ class JobRunner:
         return await self._settler.move_redelivered(a, lost)  # the copy carries the count
 
     async def _call_handler(
-        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: JobScope
     ) -> Any:
         if spec.is_async:
             return await spec.fn(ctx, *args)
@@ -428,7 +427,7 @@ class JobRunner:
         self._settler.traced = any(isinstance(m, _tracing.Tracing) for m in middleware)
 
     async def _run_sync(
-        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: anyio.CancelScope
+        self, spec: HandlerSpec, ctx: JobContext, args: list[Any], scope: JobScope
     ) -> Any:
         """A plain ``def`` handler, in a worker thread bounded by the worker's concurrency.
 

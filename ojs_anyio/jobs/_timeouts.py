@@ -29,7 +29,7 @@ from msgspec import UNSET
 from ._context import JobContext
 from ._envelope import Job
 
-__all__ = ["TimeoutWatch", "handler_timeout"]
+__all__ = ["JobScope", "TimeoutWatch", "handler_timeout"]
 
 log = logging.getLogger("ojs_anyio.worker")
 
@@ -51,10 +51,29 @@ def handler_timeout(job: Job, default_timeout: float, broker_consumer_timeout: f
     return timeout if timeout <= cap else cap
 
 
+class JobScope:
+    """A pull task's cancel scope as the timeout watch, CANCEL, the grace period and a
+    graceful stop cancel it (the worker's ``_runner.py``): they call :meth:`cancel`, and
+    ``cut`` tells the pull task so without a call.  (``CancelScope.cancel_called`` is a
+    property, on Trio one that reads the clock: read three times a job, it was a dozen
+    calls there.)  The pull scope has no deadline, so ``cut`` is ``cancel_called``."""
+
+    __slots__ = ("cut", "scope")
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self.scope = scope
+        #: :meth:`cancel` was called.
+        self.cut = False
+
+    def cancel(self) -> None:
+        self.cut = True
+        self.scope.cancel()
+
+
 class TimeoutWatch:
     """The timeouts of one worker's running handlers (see the module docstring)."""
 
-    def __init__(self, running: dict[str, list[tuple[anyio.CancelScope, JobContext]]]) -> None:
+    def __init__(self, running: dict[str, list[tuple[JobScope, JobContext]]]) -> None:
         #: The worker's running handlers by job id: (the pull task's scope, the context).
         self.running = running
         #: The earliest deadline of a running handler when the watch last looked (inf:

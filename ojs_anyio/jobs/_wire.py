@@ -274,8 +274,11 @@ def header_max_attempts(headers: dict[str, Any] | None, default: int) -> int:
     """``x-ojs-max-attempts`` (ruling 17: binding when present), else ``default``.
 
     1 to 2**31 - 1; anything else raises :class:`InvalidJobError` (``INVALID_PAYLOAD``)."""
+    value = headers.get(H_MAX_ATTEMPTS) if headers else None
+    if value is None:  # absent (most jobs): told without a call
+        return default
     try:
-        value = header_number(headers.get(H_MAX_ATTEMPTS) if headers else None)
+        value = header_number(value)
     except ValueError as exc:
         raise InvalidJobError(H_MAX_ATTEMPTS, str(exc)) from None
     if value is None:

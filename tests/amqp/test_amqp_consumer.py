@@ -379,3 +379,71 @@ async def test_parked_readers_share_deliveries_and_cancelled_ones_lose_none(amqp
             assert got["r0"] == got["r3"] == []
             assert sorted(ended) == ["r1", "r2", "r4"]
             assert messages.unacked == 0
+
+
+async def test_a_cancelled_loop_over_a_full_buffer_stops_within_the_bound(amqp_url: str) -> None:
+    """A buffered message is handed over without a cancellation check, but the consumer
+    checkpoints at least once every 32 messages: a cancelled ``async for`` whose body never
+    checkpoints stops within 32 messages, and what it did not take stays buffered."""
+    with anyio.fail_after(20):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            window = ch.publish_window()
+            for i in range(100):
+                await window.publish(b"%d" % i, routing_key=queue)
+            assert await window.wait_all() == []
+            async with ch.consume(queue, prefetch=100) as messages:
+                await wait_until(lambda: messages.statistics().current_buffer_used == 100, what="buffer full")
+                got: list[amqp.IncomingMessage] = []
+                with anyio.CancelScope() as scope:
+                    async for msg in messages:
+                        got.append(msg)  # no checkpoint in the body (no await at all)
+                        if len(got) == 5:
+                            scope.cancel()
+                assert scope.cancelled_caught
+                assert 5 <= len(got) <= 5 + 32
+                assert messages.statistics().current_buffer_used == 100 - len(got)
+                # Cancelled before the first take: at most 32 of the rest.
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    async for msg in messages:
+                        got.append(msg)
+                assert scope.cancelled_caught
+                assert len(got) <= 5 + 2 * 32
+                assert messages.statistics().current_buffer_used == 100 - len(got)
+                for msg in got:
+                    await msg.ack()
+
+
+async def test_a_burst_reaches_every_parked_reader_while_the_others_are_busy(amqp_url: str) -> None:
+    """One wake-up in flight at a time, passed on: each woken reader that leaves deliveries
+    buffered wakes the next, so a burst still reaches every parked reader while those
+    that took one stay busy (a job that waits), none left waiting in the buffer."""
+    with anyio.fail_after(20):
+        async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
+            queue = (await ch.queue_declare("", exclusive=True)).name
+            release = anyio.Event()
+            holding: list[bytes] = []
+            async with ch.consume(queue, prefetch=20) as messages:
+
+                async def reader() -> None:
+                    async for msg in messages:
+                        holding.append(msg.body)
+                        await release.wait()  # busy until released
+                        await msg.ack()
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(8):
+                        tg.start_soon(reader)
+                    await wait_until(lambda: messages.statistics().tasks_waiting_receive == 8, what="parked")
+                    window = ch.publish_window()
+                    for i in range(8):
+                        await window.publish(b"%d" % i, routing_key=queue)
+                    assert await window.wait_all() == []
+                    await wait_until(lambda: len(holding) == 8, what="every reader holds one")
+                    assert messages.statistics().current_buffer_used == 0
+                    assert messages.statistics().tasks_waiting_receive == 0
+                    release.set()
+                    await wait_until(lambda: messages.unacked == 0, what="all acked")
+                    tg.cancel_scope.cancel()
+            assert sorted(int(b) for b in holding) == list(range(8))
