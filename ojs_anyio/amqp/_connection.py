@@ -224,7 +224,7 @@ class Connection:
 
     @property
     def is_open(self) -> bool:
-        return self._connected.is_set() and not self._closing
+        return self._link.connected.is_set() and not self._closing  # (not via _connected: hot)
 
     @property
     def is_blocked(self) -> bool:

@@ -398,8 +398,9 @@ class Publisher:
                 self._confirms.forget(handle.tag)
             raise PublishOutcomeUnknownError(f"connection failed while sending the publish: {exc}") from exc
         if handle.tag:
-            if confirm_timeout is not None and not handle.done:
-                # Bounded by the connection's one deadline watcher, not a timer of its own.
+            if confirm_timeout is not None:
+                # Bounded by the connection's one deadline watcher, not a timer of its own
+                # (a handle already confirmed is no longer pending: the watcher never sees it).
                 handle.confirm_by = at = time.monotonic() + confirm_timeout
                 handle.confirm_timeout = confirm_timeout
                 self._link.deadlines.watch(self, at)
