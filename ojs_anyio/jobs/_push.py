@@ -190,11 +190,12 @@ class Pusher:
         deadline: SendDeadline | None = None,
     ) -> Job:
         client = self._client
-        if deadline is None:
-            deadline = SendDeadline(client.conn)
+        conn = client.conn
         now = datetime.now(UTC)
         route = self.ready_route(job, now)
         if route is None:
+            if deadline is None:
+                deadline = SendDeadline(conn)
             try:
                 with before_sending(deadline):
                     route = await self.resolve_route(job, now)
@@ -209,10 +210,15 @@ class Pusher:
                     pushed, route, enqueued_at=now, idempotency_key=idempotency_key,
                     reply_to=reply_to, trace_headers=_tracing.inject_headers(),
                 )  # fmt: skip
-                if deadline.untouched():  # the hot path: nothing to wait for, one clock check
+                if deadline is None and conn.is_open:
+                    # The hot path: nothing waited so far, nothing to wait for; a deadline
+                    # (publish_timeout from the moment the connection is found away) only
+                    # when there is.
                     ch = await client.channel()
-                    timeout = deadline.limit
+                    timeout = conn.publish_timeout
                 else:
+                    if deadline is None:
+                        deadline = SendDeadline(conn)
                     with before_sending(deadline):
                         ch = await client.channel()
                     timeout = deadline.left()

@@ -58,11 +58,6 @@ class SendDeadline:
     def restart(self) -> None:
         self._at = None
 
-    def untouched(self) -> bool:
-        """Whether the whole of :attr:`limit` is left and nothing has to wait for it: the
-        connection is open and no wait has started (then :meth:`left` is ``limit``)."""
-        return self._at is None and self.conn.is_open
-
     def left(self) -> float | None:
         """Seconds left (0 once passed), or None without a limit."""
         if self.limit is None:
