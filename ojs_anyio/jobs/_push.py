@@ -23,6 +23,7 @@ from msgspec import UNSET
 from ojs_anyio.amqp import UsageError
 
 from .. import amqp
+from .._trace_context import NO_SPAN
 from . import _tracing
 from ._build import check_pushable
 from ._declarer import Declarer
@@ -262,9 +263,13 @@ class Pusher:
         handles: list[amqp.PublishHandle | PushError] = []
         sent: list[Job] = []  # each job as its result reports it: as enqueued once sent
         direct = self._client.names.direct_exchange
+        conn = self._client.conn
+        # Asked once a batch, not per job: a tracer provider installed meanwhile records
+        # from the next push on.
+        spans = _tracing.recording()
         for job in jobs:
             pushed = job
-            with _tracing.producer_span(job, direct) as span:
+            with _tracing.producer_span(job, direct) if spans else NO_SPAN as span:
                 try:
                     now = datetime.now(UTC)
                     route = self.ready_route(job, now)
@@ -285,10 +290,14 @@ class Pusher:
                             routing_key=route.routing_key,
                             properties=props,
                             mandatory=route.mandatory,
-                            timeout=deadline.left(),
+                            # deadline.left(), without the call while nothing waited
+                            timeout=deadline.limit
+                            if deadline.ends_at is None and conn.is_open
+                            else deadline.left(),
                         )
                     )
-                    deadline.restart()
+                    if deadline.ends_at is not None:
+                        deadline.restart()
                 except SEND_FAILURES as exc:
                     pushed = job  # not sent: the job as built
                     handles.append(push_error(exc, job))
