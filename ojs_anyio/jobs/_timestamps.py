@@ -73,11 +73,14 @@ def _to_datetime(match: re.Match[str]) -> datetime:
 # The last moment formatted and its text: a push formats its ``now`` for the job it returns
 # and for the message's header (datetimes are immutable, so the same object, the same text).
 _last_formatted: tuple[datetime | None, str] = (None, "")
+# The last second formatted, as its fields (second first: the one that changes) and its text
+# ("2026-02-15T10:30:00"): moments in the same second only add their milliseconds to it.
+_last_second: tuple[tuple[int, ...], str] = ((), "")
 
 
 def format_timestamp(moment: datetime) -> str:
     """Format an aware datetime as RFC 3339 UTC with milliseconds: ``2026-02-15T10:30:00.000Z``."""
-    global _last_formatted
+    global _last_formatted, _last_second
     last = _last_formatted
     if moment is last[0]:
         return last[1]
@@ -87,8 +90,12 @@ def format_timestamp(moment: datetime) -> str:
         raise UsageError("timestamps must be timezone-aware (OJS JSON format §5.3)")
     else:
         utc = moment.astimezone(UTC)
-    # "2026-02-15T10:30:00.000+00:00" from C, with "Z" for the offset: a third faster than
-    # formatting the seven fields in Python.
-    text = utc.isoformat(timespec="milliseconds")[:-6] + "Z"
+    # Twice per push: the second's text from C ("...T10:30:00+00:00", once a second), then
+    # the milliseconds, truncated as isoformat does; a third of the time of isoformat each time.
+    fields = (utc.second, utc.minute, utc.hour, utc.day, utc.month, utc.year)
+    second = _last_second
+    if fields != second[0]:
+        second = _last_second = (fields, utc.isoformat(timespec="seconds")[:-6])
+    text = f"{second[1]}.{utc.microsecond // 1000:03d}Z"
     _last_formatted = (moment, text)
     return text
