@@ -207,10 +207,7 @@ class Pusher:
         with _tracing.producer_span(job, route.exchange):
             try:
                 pushed = as_enqueued(job, route, now)  # what the body carries, and push returns
-                props, body = job_message(
-                    pushed, route, enqueued_at=now, idempotency_key=idempotency_key,
-                    reply_to=reply_to, trace_headers=_tracing.inject_headers(),
-                )  # fmt: skip
+                props, body = self.message(pushed, route, idempotency_key, reply_to, now)
                 if deadline is None and conn.is_open:
                     # The hot path: nothing waited so far, nothing to wait for; a deadline
                     # (publish_timeout from the moment the connection is found away) only
@@ -277,10 +274,7 @@ class Pusher:
                         with before_sending(deadline):
                             route = await self.resolve_route(job, now)
                     pushed = as_enqueued(job, route, now)
-                    props, body = job_message(  # self.message, inline (once per job)
-                        pushed, route, enqueued_at=now, idempotency_key=None, reply_to=None,
-                        trace_headers=_tracing.inject_headers(),
-                    )  # fmt: skip
+                    props, body = self.message(pushed, route, None, None, now)
                     if route.exchange != direct:
                         span.set_attribute("messaging.destination.name", route.exchange)
                     handles.append(
@@ -325,8 +319,7 @@ class Pusher:
     def message(
         self, job: Job, route: Route, idempotency_key: str | None, reply_to: str | None, now: datetime
     ) -> tuple[amqp.BasicProperties, bytes]:
-        """The job's message along ``route`` (``_wire.job_message``; no I/O).  :meth:`publish`
-        and :meth:`batch` make it so inline, a call less per job."""
+        """The job's message along ``route`` (``_wire.job_message``; no I/O)."""
         return job_message(
             job, route, enqueued_at=now, idempotency_key=idempotency_key,
             reply_to=reply_to, trace_headers=_tracing.inject_headers(),
