@@ -11,7 +11,7 @@ public ``push_job``, so every job, scheduled or not, goes through here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar
@@ -81,15 +81,18 @@ class Pusher:
         self._client = client
         self.hooks = tuple(hooks)
 
-    async def push_through(
+    def push_through(
         self, job: Job, idempotency_key: str | None, window: DurationLike | None, reply_to: str | None
-    ) -> Job:
-        """One push, wrapped by the middleware's ``around_push`` hooks (if any)."""
+    ) -> Awaitable[Job]:
+        """One push, wrapped by the middleware's ``around_push`` hooks (if any): what to await.
+
+        Not a coroutine itself: it hands back the one it picks (a frame and a task step less
+        per push on the hot path)."""
         if not self.hooks:
-            # The hot path, one coroutine and one call less: _claims_nothing, inline.
+            # The hot path, one call less: _claims_nothing, inline.
             if job.unique is UNSET and (idempotency_key is None or window is None):
-                return await self.publish(job, idempotency_key, reply_to)
-            return await self.claim_and_publish(
+                return self.publish(job, idempotency_key, reply_to)
+            return self.claim_and_publish(
                 job, idempotency_key=idempotency_key, window=window, reply_to=reply_to
             )
 
@@ -99,7 +102,7 @@ class Pusher:
                 changed, idempotency_key=idempotency_key, window=window, reply_to=reply_to
             )
 
-        return await build_push_chain(self.hooks, send)(job)
+        return build_push_chain(self.hooks, send)(job)
 
     async def for_result(
         self,
