@@ -110,13 +110,30 @@ class ConfirmTracker:
         for handle in handles:
             if self.pending.get(handle.tag) is handle:
                 del self.pending[handle.tag]
-            out.append(
-                (
-                    handle,
-                    PublishOutcomeUnknownError(
-                        f"publish to {handle.exchange!r}/{handle.routing_key!r} sent, but not confirmed "
-                        f"within {timeout:.3g}s"
-                    ),
-                )
-            )
+            out.append((handle, _not_confirmed(handle, timeout)))
         return out
+
+    def overdue(self, now: float) -> tuple[list[Outcome], float | None]:
+        """Give up (as :meth:`give_up`) on the pending publishes whose ``confirm_by`` is
+        ``now`` or earlier; also the earliest ``confirm_by`` still pending (None: none)."""
+        late: list[PublishHandle] = []
+        earliest: float | None = None
+        for handle in self.pending.values():
+            at = handle.confirm_by
+            if not at:
+                continue  # no deadline (a window's publish, or no confirm_timeout)
+            if at <= now:
+                late.append(handle)
+            elif earliest is None or at < earliest:
+                earliest = at
+        out: list[Outcome] = []
+        for handle in late:
+            del self.pending[handle.tag]
+            out.append((handle, _not_confirmed(handle, handle.confirm_timeout)))
+        return out, earliest
+
+
+def _not_confirmed(handle: PublishHandle, timeout: float) -> PublishOutcomeUnknownError:
+    return PublishOutcomeUnknownError(
+        f"publish to {handle.exchange!r}/{handle.routing_key!r} sent, but not confirmed within {timeout:.3g}s"
+    )

@@ -224,7 +224,7 @@ class Connection:
 
     @property
     def is_open(self) -> bool:
-        return self._connected.is_set() and not self._closing
+        return self._link.connected.is_set() and not self._closing  # (not via _connected: hot)
 
     @property
     def is_blocked(self) -> bool:
@@ -492,7 +492,7 @@ class Connection:
     async def _run_transport(
         self, restore: bool, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> BaseException:
-        """Run reader and heartbeat until the transport dies; return why.
+        """Run reader, heartbeat, flusher and confirm-deadline watcher until the transport dies; return why.
 
         With ``restore``, topology and channels are re-established first (while the
         reader runs), and the connection counts as connected only once that is done.
@@ -502,6 +502,7 @@ class Connection:
             tg.start_soon(t.reader, tg.cancel_scope, name="ojs-amqp-reader")
             tg.start_soon(t.heartbeat_loop, name="ojs-amqp-heartbeat")
             tg.start_soon(t.deferred_flusher, name="ojs-amqp-flusher")
+            tg.start_soon(self._link.deadlines.run, name="ojs-amqp-confirm-deadlines")
             if restore:
                 tg.start_soon(self._restore, name="ojs-amqp-restore")
             else:

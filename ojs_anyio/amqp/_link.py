@@ -22,6 +22,7 @@ import anyio.abc
 
 from ojs_codec import BasicProperties
 
+from ._confirm_deadlines import ConfirmDeadlines
 from ._events import EventHub, RecoveryEvent
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class ChannelLink:
         "by_id",
         "channels",
         "connected",
+        "deadlines",
         "events",
         "outbound",
         "owner",
@@ -71,6 +73,9 @@ class ChannelLink:
         #: Channels by current wire id (the reader routes their events), and every channel.
         self.by_id: dict[int, ChannelEndpoint] = {}
         self.channels: set[ChannelEndpoint] = set()
+        #: The confirm deadlines of every publish of the connection, and their one watcher
+        #: (a task of each transport: :meth:`ConfirmDeadlines.run`).
+        self.deadlines = ConfirmDeadlines()
 
     def use(self, transport: Transport) -> None:
         """From now on, the connection generation ``transport``."""

@@ -9,8 +9,10 @@ checkpoint: the waiting task gets the backend's cancellation exception and the s
 cleared.
 
 Used where one task waits for one thing to happen, often: a publish waiting for its
-broker confirm.  :func:`wait_in` / :func:`wake_first` do the same for several tasks parked
-in a FIFO (a consumer's idle readers).
+broker confirm (whose ``confirm_timeout`` is the connection's one deadline watcher's, see
+_confirm_deadlines: the watcher is what waits here with a timeout).  :func:`wait_in` /
+:func:`wake_first` do the same for several tasks parked in a FIFO (a consumer's idle
+readers).
 """
 
 from __future__ import annotations

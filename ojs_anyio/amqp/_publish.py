@@ -56,7 +56,10 @@ class PublishHandle:
     :class:`PublishOutcomeUnknownError` otherwise.
     """
 
-    __slots__ = ("_event", "_result", "_waiter", "_window", "exchange", "routing_key", "sent_at", "tag")
+    __slots__ = (
+        "_event", "_result", "_waiter", "_window", "confirm_by", "confirm_timeout", "exchange", "routing_key",
+        "sent_at", "tag",
+    )  # fmt: skip
 
     def __init__(
         self, tag: int, exchange: str, routing_key: str, window: PublishWindow | None, done: bool = False
@@ -72,6 +75,10 @@ class PublishHandle:
         self._event: anyio.Event | None = None
         self._window = window
         self.sent_at = 0.0
+        #: When its wait for the confirm ends (``time.monotonic()``; 0: when it comes), and
+        #: the ``confirm_timeout`` that set it (see _confirm_deadlines).
+        self.confirm_by = 0.0
+        self.confirm_timeout = 0.0
 
     @property
     def done(self) -> bool:
@@ -275,6 +282,14 @@ class Publisher:
         """Stop waiting for these handles' confirms (see ConfirmTracker.give_up)."""
         _resolve(self._confirms.give_up(handles, timeout))
 
+    def give_up_overdue(self, now: float) -> float | None:
+        """The connection's deadline watcher: fail the publishes whose ``confirm_timeout``
+        passed; return the earliest deadline still pending (see _confirm_deadlines)."""
+        outcomes, earliest = self._confirms.overdue(now)
+        if outcomes:
+            _resolve(outcomes)
+        return earliest
+
     def give_up_window(self, window: PublishWindow, timeout: float) -> None:
         self._give_up_confirms([h for h in self._confirms.pending.values() if h._window is window], timeout)
 
@@ -383,11 +398,13 @@ class Publisher:
                 self._confirms.forget(handle.tag)
             raise PublishOutcomeUnknownError(f"connection failed while sending the publish: {exc}") from exc
         if handle.tag:
-            if confirm_timeout is not None and not handle.done:
-                await _park.wait(handle, confirm_timeout)  # the confirm, or the time is up
-                if not handle.done:
-                    self._give_up_confirms([handle], confirm_timeout)
-            await handle.wait()
+            if confirm_timeout is not None:
+                # Bounded by the connection's one deadline watcher, not a timer of its own
+                # (a handle already confirmed is no longer pending: the watcher never sees it).
+                handle.confirm_by = at = time.monotonic() + confirm_timeout
+                handle.confirm_timeout = confirm_timeout
+                self._link.deadlines.watch(self, at)
+            await handle.wait()  # the confirm, or the watcher gave up on it
 
     @property
     def unconfirmed(self) -> int:

@@ -264,19 +264,10 @@ class Client:
         (default 24 h), from any client of the broker, raises :class:`DuplicateJobError`
         and publishes nothing (a lock queue per key; see ``docs/jobs.md`` for its cost).
         """
-        job = self.build(
-            type,
-            args,
-            queue=queue,
-            priority=priority,
-            timeout=timeout,
-            retry=retry,
-            meta=meta,
-            scheduled_at=scheduled_at,
-            delay=delay,
-            expires_at=expires_at,
-            id=id,
-        )
+        job = build_job(  # what self.build does, one call less on the hot path
+            self.retry, type, args, queue=queue, priority=priority, timeout=timeout, retry=retry,
+            meta=meta, scheduled_at=scheduled_at, delay=delay, expires_at=expires_at, id=id,
+        )  # fmt: skip
         return await self.pusher.push_through(job, idempotency_key, idempotency_window, None)
 
     async def push_for_result(

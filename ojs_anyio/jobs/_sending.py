@@ -48,25 +48,26 @@ class SendDeadline:
     connection away (nothing to wait for before that; no clock read on the hot path), until
     :meth:`restart`."""
 
-    __slots__ = ("_at", "conn", "limit")
+    __slots__ = ("conn", "ends_at", "limit")
 
     def __init__(self, conn: amqp.Connection) -> None:
         self.conn = conn
         self.limit = conn.publish_timeout
-        self._at: float | None = None
+        #: When the bound passes (``anyio.current_time()``); None until a wait started it.
+        self.ends_at: float | None = None
 
     def restart(self) -> None:
-        self._at = None
+        self.ends_at = None
 
     def left(self) -> float | None:
         """Seconds left (0 once passed), or None without a limit."""
         if self.limit is None:
             return None
-        if self._at is None:
+        if self.ends_at is None:
             if self.conn.is_open:
                 return self.limit  # not started: a wait from now on gets all of it
-            self._at = anyio.current_time() + self.limit
-        return max(0.0, self._at - anyio.current_time())
+            self.ends_at = anyio.current_time() + self.limit
+        return max(0.0, self.ends_at - anyio.current_time())
 
 
 _UNBOUNDED = nullcontext()

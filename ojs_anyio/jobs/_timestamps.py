@@ -71,13 +71,17 @@ def _to_datetime(match: re.Match[str]) -> datetime:
 
 
 # The last moment formatted and its text: a push formats its ``now`` for the job it returns
-# and for the message's header (datetimes are immutable, so the same object, the same text).
+# and for the message's header (datetimes are immutable, so the same object, the same text);
+# and the last second formatted, as its fields (second first: the one that changes) and its
+# text ("2026-02-15T10:30:00"): moments in the same second only add their milliseconds to it.
 class _LastFormatted:
-    __slots__ = ("moment", "text")
+    __slots__ = ("fields", "moment", "second", "text")
 
     def __init__(self) -> None:
         self.moment: datetime | None = None
         self.text = ""
+        self.fields: tuple[int, ...] = ()
+        self.second = ""
 
 
 _last_formatted: Final = _LastFormatted()
@@ -94,9 +98,13 @@ def format_timestamp(moment: datetime) -> str:
         raise UsageError("timestamps must be timezone-aware (OJS JSON format §5.3)")
     else:
         utc = moment.astimezone(UTC)
-    # "2026-02-15T10:30:00.000+00:00" from C, with "Z" for the offset: a third faster than
-    # formatting the seven fields in Python.
-    text = utc.isoformat(timespec="milliseconds")[:-6] + "Z"
+    # Twice per push: the second's text from C ("...T10:30:00+00:00", once a second), then
+    # the milliseconds, truncated as isoformat does; a third of the time of isoformat each time.
+    fields = (utc.second, utc.minute, utc.hour, utc.day, utc.month, utc.year)
+    if fields != last.fields:
+        last.fields = fields
+        last.second = utc.isoformat(timespec="seconds")[:-6]
+    text = f"{last.second}.{utc.microsecond // 1000:03d}Z"
     last.moment = moment
     last.text = text
     return text

@@ -79,7 +79,7 @@ def extract_context(headers: Mapping[str, Any] | None) -> otel_context.Context:
 
 
 def producer_span(job: Job, exchange: str) -> AbstractContextManager[trace.Span]:
-    if not recording():
+    if not tracing_recording(tracer):  # recording(), inline
         return NO_SPAN  # no generator, no span: this runs once per push
     return tracer.start_as_current_span(
         f"send job {job.type}",

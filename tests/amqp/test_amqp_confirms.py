@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import time
 from collections.abc import Callable
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 from harness import FaultProxy
@@ -270,6 +272,48 @@ async def test_confirm_timeout_gives_up_waiting_and_a_late_confirm_is_ignored() 
                 # The late confirms find nothing to resolve; the channel keeps working.
                 await ch.publish(b"after", routing_key=queue, confirm_timeout=5)
                 assert await _count(ch, queue) == 7  # "unknown": they were routed after all
+
+
+@pytest.mark.usefixtures("rabbitmq_url")
+async def test_many_concurrent_publishes_time_out_in_publish_order_each_at_its_own_deadline() -> None:
+    """One watcher per connection bounds every ``confirm_timeout`` (no timer per publish):
+    publishes waiting together each fail "outcome unknown" at their own deadline, so in
+    publish order, and a later publish with a shorter timeout fails before them."""
+    timeout, short, count = 0.5, 0.1, 20
+    sent: dict[int, float] = {}
+    failed: dict[int, float] = {}
+    async with FaultProxy() as proxy:
+        with anyio.fail_after(20):
+            async with amqp.connect(proxy.url()) as conn, conn.channel() as ch:
+                queue = (await ch.queue_declare("", exclusive=True)).name
+                proxy.stall("downstream")  # the broker gets the messages; its confirms wait
+
+                async def publish(i: int, limit: float, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+                    sent[i] = time.monotonic()
+                    task_status.started()  # the publish is written before the next one starts
+                    with pytest.raises(
+                        amqp.PublishOutcomeUnknownError, match=rf"not confirmed within {limit:.3g}s"
+                    ):
+                        await ch.publish(b"%d" % i, routing_key=queue, confirm_timeout=limit)
+                    failed[i] = time.monotonic()
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(count):
+                        await tg.start(publish, i, timeout)
+                        await anyio.sleep(0.01)  # spreads the deadlines over several checks
+                    await tg.start(publish, count, short)
+                    assert ch.unconfirmed == count + 1
+                assert ch.unconfirmed == 0
+                for i in range(count + 1):
+                    waited = failed[i] - sent[i]
+                    limit = short if i == count else timeout
+                    assert limit <= waited < limit + 2.0, (i, waited)
+                assert failed[count] < failed[0]  # the shorter deadline woke the watcher early
+                # In publish order (those given up in one check wake in any order, at once).
+                assert all(failed[i] <= failed[i + 1] + 0.05 for i in range(count - 1)), failed
+                proxy.unstall("downstream")
+                await ch.publish(b"after", routing_key=queue, confirm_timeout=5)
+                assert await _count(ch, queue) == count + 2
 
 
 @pytest.mark.usefixtures("rabbitmq_url")

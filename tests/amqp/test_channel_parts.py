@@ -67,3 +67,22 @@ def test_confirms_tracker_returns_what_to_resolve() -> None:
     tracker.track(9, late := PublishHandle(9, "", "q", None))
     (handle, outcome), = tracker.give_up([late], 1.5)
     assert handle is late and "within 1.5s" in str(outcome) and len(tracker) == 0
+
+
+def test_the_confirm_tracker_gives_up_on_what_is_overdue_and_names_the_next_deadline() -> None:
+    """``overdue(now)``: pure, like the rest of the tracker (the watcher resolves)."""
+    tracker = ConfirmTracker()
+    handles = {tag: PublishHandle(tag, "", "q", None) for tag in (1, 2, 3, 4)}
+    for tag, handle in handles.items():
+        tracker.track(tag, handle)
+    for tag, (at, timeout) in {1: (10.0, 5.0), 2: (12.0, 5.0), 3: (11.0, 0.5)}.items():
+        handles[tag].confirm_by, handles[tag].confirm_timeout = at, timeout  # 4: no deadline
+    assert tracker.overdue(9.0) == ([], 10.0)
+    late, earliest = tracker.overdue(11.0)
+    assert [h for h, _ in late] == [handles[1], handles[3]] and earliest == 12.0
+    assert "within 5s" in str(late[0][1]) and "within 0.5s" in str(late[1][1])
+    assert isinstance(late[0][1], PublishOutcomeUnknownError)
+    assert not any(h.done for h in handles.values())
+    assert sorted(tracker.pending) == [2, 4]
+    assert [h for h, _ in tracker.overdue(12.0)[0]] == [handles[2]]
+    assert tracker.overdue(99.0) == ([], None) and sorted(tracker.pending) == [4]
