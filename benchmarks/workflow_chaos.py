@@ -56,9 +56,25 @@ def note(line):
 
 
 async def main():
+    # A cut can land in this process's first connection (it starts while the run cuts):
+    # connect() raises that to its caller, as a process supervisor would see it; this one
+    # is its own supervisor and connects again.  Once connected, recovery carries it.
+    for attempt in range(1, 21):
+        connected = []
+        try:
+            await serve(connected)
+            return
+        except ojs.amqp.ConnectionLostError:
+            if connected or attempt == 20:
+                raise
+            await anyio.sleep(0.05)  # a back-off, as a supervisor's restart delay
+
+
+async def serve(connected):
     options = ojs.QueueOptions.quorum() if QUORUM else None
     recovery = ojs.amqp.RecoveryPolicy(initial_delay=0.05, max_delay=0.5)
     async with ojs.connect(URL, queue_options=options, recovery=recovery) as client:
+        connected.append(True)
         worker = ojs.Worker(
             queues=[QUEUE], concurrency=16, max_deliveries=1000,
             middleware=[ojs.WorkflowMiddleware(client)],
@@ -105,6 +121,12 @@ def spawn(app: Path, q: str, log: Path, url: str, quorum: bool, out: Path) -> su
             [sys.executable, str(app), q, str(log), url, "1" if quorum else "0"],
             env=env, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
+
+
+def output(out: Path) -> str:
+    """Where the workers' output is, and its end (their tracebacks), for a failure's message."""
+    text = out.read_text(errors="replace") if out.exists() else ""
+    return f"the workers' output ({out}) ends:\n{text[-4000:]}"
 
 
 def logged(log: Path) -> list[str]:
@@ -190,9 +212,9 @@ async def one_run(args: argparse.Namespace, rng: random.Random, tmp: Path) -> tu
                 await wait_for(drained, "empty job queues")
                 for w in workers:
                     if w.poll() is not None:
-                        raise RuntimeError(f"worker {w.pid} exited with {w.returncode}; its output: {out}")
+                        raise RuntimeError(f"worker {w.pid} exited with {w.returncode}; {output(out)}")
                     ready = Path(f"{log}.ready.{w.pid}").exists
-                    await wait_for(ready, f"worker {w.pid} ready (its output: {out})", 60)
+                    await wait_for(ready, f"worker {w.pid} ready ({output(out)})", 60)
                 for w in workers:
                     w.send_signal(signal.SIGTERM)
                 for w in workers:

@@ -12,6 +12,7 @@ they arrived, liveness seen through BEATs, jobs finished recently (for INFO), an
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -29,6 +30,7 @@ from .._pipeline import model_json
 from ._context import JobContext, JobOutcome
 from ._envelope import format_timestamp
 from ._failures import error_from_headers, error_history
+from ._startup import through_cuts
 from ._topology import Names
 
 __all__ = [
@@ -96,6 +98,8 @@ class WorkerControl:
         self._reply_targets: OrderedDict[str, bool] = OrderedDict()
         #: The control channel while :meth:`serve` runs (BEATs go out on it).
         self._ch: amqp.Channel | None = None
+        #: The broadcast queue of this worker while :meth:`serve` runs (server-named).
+        self._own: amqp.QueueInfo | None = None
         #: :meth:`serve`'s scope, cancelled by the worker when its queues are done (made by
         #: the worker's run(): a scope needs a running event loop).
         self.scope: anyio.CancelScope | None = None
@@ -131,24 +135,33 @@ class WorkerControl:
         broadcast exchange, so a relayed copy never comes back to it (no loop), and each
         message is relayed once (no duplicates, but for a relay interrupted between its
         publish and its ack)."""
-        names = client.names
         assert self.scope is not None, "WorkerControl.serve() runs in a scope the worker makes"
         with self.scope:
-            async with client.conn.channel(confirms=True) as ch:
-                self._ch = ch
-                await ch.exchange_declare(names.control_exchange, "direct", durable=True)
-                own = await ch.queue_declare("", exclusive=True, auto_delete=True)
+            try:
+                step = functools.partial(self._serve, client, started)
+                await through_cuts(step, started.is_set, "opening its control plane", self._worker.worker_id)
+            finally:
+                self._ch = self._own = None
+
+    async def _serve(self, client: ControlClient, started: anyio.Event) -> None:
+        """:meth:`serve`'s start-up and run: one run of it (a start-up step, ``_startup.py``)."""
+        names = client.names
+        async with client.conn.channel(confirms=True) as ch:
+            self._ch = ch
+            await ch.exchange_declare(names.control_exchange, "direct", durable=True)
+            # Declared once: a run again after a cut binds the same queue (recovery brought
+            # it back, under a new name), and no unread queue is left bound behind it.
+            own = self._own = self._own or await ch.queue_declare("", exclusive=True, auto_delete=True)
+            for queue in self._worker.queues:
+                await client.declare_control_queue(queue)
+                await ch.queue_bind(own.name, names.control_exchange, queue)
+            async with anyio.create_task_group() as tg:
                 for queue in self._worker.queues:
-                    await client.declare_control_queue(queue)
-                    await ch.queue_bind(own.name, names.control_exchange, queue)
-                async with anyio.create_task_group() as tg:
-                    for queue in self._worker.queues:
-                        await tg.start(self._relay, client, queue)
-                    async with ch.consume(own.name, prefetch=64) as messages:
-                        started.set()
-                        async for msg in messages:
-                            await self._message(client, ch, msg)
-        self._ch = None
+                    await tg.start(self._relay, client, queue)
+                async with ch.consume(own.name, prefetch=64) as messages:
+                    started.set()
+                    async for msg in messages:
+                        await self._message(client, ch, msg)
 
     async def _relay(
         self, client: ControlClient, queue: str, *, task_status: anyio.abc.TaskStatus[None]

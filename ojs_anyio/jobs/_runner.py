@@ -46,6 +46,7 @@ from ._job_metrics import JobMetrics
 from ._middleware import HandlerChain, Middleware, build_handler_chain, outcome_hooks, skip_hooks
 from ._retry import DEFAULT_RETRY_POLICY, EffectiveRetryPolicy, RetryPolicy, merge, resolve_retry
 from ._settle import Settler
+from ._startup import through_cuts
 from ._timeouts import JobScope, TimeoutWatch, handler_timeout
 from ._wire import header_attempt, header_max_attempts, unsettled_deliveries
 
@@ -168,34 +169,38 @@ class JobRunner:
         return cached[2] if job.retry is UNSET else resolve_retry(job.retry, cached[1])
 
     async def serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
-        names = client.names
+        step = functools.partial(self._serve_queue, client, queue, started)
         try:
-            async with (
-                client.conn.channel(confirms=True) as ch,
-                ch.consume(names.job_queue(queue), prefetch=self._worker.prefetch) as deliveries,
-                client.conn.channel(confirms=True) as lone_ch,
-                # Jobs whose delivery ended unsettled run one at a time, so a job that kills
-                # its worker is the only one in flight when it does (see _move_redelivered).
-                lone_ch.consume(names.redelivered_queue(queue), prefetch=1) as redelivered,
-            ):
-                pool = ConsumePool(
-                    grace_period=self._worker.grace_period, stop_fetching=self._stop_fetching,
-                    abandon=functools.partial(self._abandon, queue, (ch, lone_ch)),
-                )  # fmt: skip
-                pull = self._pull_loop
-                pool.add(self._worker.concurrency, functools.partial(pull, client, ch, queue, deliveries))
-                pool.add(1, functools.partial(pull, client, lone_ch, queue, redelivered, lone=True))
-                self._pools.add(pool)
-                try:
-                    started.set()
-                    async with pool:
-                        await pool.wait()  # until a graceful stop (stop()) ends them, or the consumers end
-                finally:
-                    self._pools.discard(pool)
+            await through_cuts(step, started.is_set, f"consuming queue {queue!r}", self._worker.worker_id)
         finally:
             self._queues_running -= 1
             if self._queues_running <= 0 and self._queues_done is not None:
                 self._queues_done.set()
+
+    async def _serve_queue(self, client: Client, queue: str, started: anyio.Event) -> None:
+        names = client.names
+        async with (
+            client.conn.channel(confirms=True) as ch,
+            ch.consume(names.job_queue(queue), prefetch=self._worker.prefetch) as deliveries,
+            client.conn.channel(confirms=True) as lone_ch,
+            # Jobs whose delivery ended unsettled run one at a time, so a job that kills
+            # its worker is the only one in flight when it does (see _move_redelivered).
+            lone_ch.consume(names.redelivered_queue(queue), prefetch=1) as redelivered,
+        ):
+            pool = ConsumePool(
+                grace_period=self._worker.grace_period, stop_fetching=self._stop_fetching,
+                abandon=functools.partial(self._abandon, queue, (ch, lone_ch)),
+            )  # fmt: skip
+            pull = self._pull_loop
+            pool.add(self._worker.concurrency, functools.partial(pull, client, ch, queue, deliveries))
+            pool.add(1, functools.partial(pull, client, lone_ch, queue, redelivered, lone=True))
+            self._pools.add(pool)
+            try:
+                started.set()
+                async with pool:
+                    await pool.wait()  # until a graceful stop (stop()) ends them, or the consumers end
+            finally:
+                self._pools.discard(pool)
 
     async def _pull_loop(
         self, client: Client, ch: amqp.Channel, queue: str, deliveries: amqp.Consumer, *, lone: bool = False

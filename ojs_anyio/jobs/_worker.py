@@ -60,14 +60,12 @@ from ._presence import announce, worker_presence
 from ._retry import RetryPolicy
 from ._runner import JobRunner
 from ._settle import Settler
+from ._startup import through_cuts
 from ._typed import JobDecorator, JobHandle, validate_options
 
 __all__ = ["Handler", "JobContext", "JobOutcome", "Worker"]
 
 log = logging.getLogger("ojs_anyio.worker")
-
-#: Tries of a worker's start-up declarations through connection cuts (Worker._declare_queues).
-DECLARE_ATTEMPTS = 5
 
 #: ``async def handler(ctx, *args)`` or ``def handler(ctx, *args)`` (run in a worker thread).
 Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
@@ -277,20 +275,14 @@ class Worker:
     async def _declare_queues(self, client: Client) -> None:
         """Declare the worker's queues (idempotent), again when the connection is cut on the
         way (a worker started as its connection drops waits for the recovery instead of
-        failing); at most :data:`DECLARE_ATTEMPTS` tries, and never past a failed recovery."""
-        for attempt in range(1, DECLARE_ATTEMPTS + 1):
-            try:
-                for queue in self.queues:
-                    await client.declare_queue(queue)
-                    await client.declare_redelivered_queue(queue)
-                return
-            except amqp.ConnectionLostError as exc:
-                if isinstance(exc, amqp.RecoveryFailedError) or attempt == DECLARE_ATTEMPTS:
-                    raise
-                log.warning(
-                    "worker %s: the connection was lost while declaring its queues (%s); "
-                    "declaring again once it is back", self.worker_id, exc,
-                )  # fmt: skip
+        failing): a start-up step (``_startup.py``)."""
+
+        async def declare() -> None:
+            for queue in self.queues:
+                await client.declare_queue(queue)
+                await client.declare_redelivered_queue(queue)
+
+        await through_cuts(declare, _never, "declaring its queues", self.worker_id)
 
     async def run(self, client: Client) -> None:
         """Consume until cancelled or :meth:`stop`; returns after a graceful stop."""
@@ -384,6 +376,10 @@ class Worker:
             ctx.cancel_requested = True
             scope.cancel()
         return True
+
+
+def _never() -> bool:
+    return False
 
 
 def _warn_policy(policy: RetryPolicy | None, where: str) -> None:
