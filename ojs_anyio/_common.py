@@ -18,6 +18,9 @@ A leaf: no project module.
 * :func:`utc_second`: the one datetime of a whole second (UTC), the AMQP ``timestamp``
   property of what jobs and events publish.  Messages published in the same second share
   one object, so ``datetime.fromtimestamp`` runs once a second.
+* :func:`current_backend`: ``"asyncio"`` or ``"trio"``, the backend running the caller,
+  without a dependency on sniffio: anyio no longer requires it (only Trio does, and
+  imports it), so when sniffio was never imported, no Trio can be running.
 * :func:`single_error`: the one real error of a task group's exception group
   (cancellations aside), so callers raise that error, not a group.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Final
@@ -37,7 +41,7 @@ from typing import Final
 import anyio
 from opentelemetry import trace
 
-__all__ = ["new_id", "single_error", "tracing_recording", "utc_second"]
+__all__ = ["current_backend", "new_id", "single_error", "tracing_recording", "utc_second"]
 
 # ----------------------------------------------------------------------------- ids
 
@@ -130,6 +134,18 @@ def tracing_recording(tracer: trace.Tracer) -> bool:
     provider = trace.get_tracer_provider()
     probe.known = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
     return probe.known
+
+
+# ----------------------------------------------------------------------------- backend
+
+
+def current_backend() -> str:
+    """The async library running the calling task: ``"asyncio"`` or ``"trio"``."""
+    sniffio = sys.modules.get("sniffio")
+    if sniffio is None:  # Trio imports sniffio: without it only asyncio can be running
+        return "asyncio"
+    name: str = sniffio.current_async_library()
+    return name
 
 
 # ----------------------------------------------------------------------------- errors

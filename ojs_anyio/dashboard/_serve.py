@@ -7,8 +7,9 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 
-import sniffio
 from starlette.types import ASGIApp
+
+from ojs_anyio._common import current_backend
 
 __all__ = ["is_loopback", "listen", "serve"]
 
@@ -52,7 +53,7 @@ async def serve(app: ASGIApp, sock: socket.socket, *, shutdown: Callable[[], Awa
     config.accesslog = None
     config.errorlog = logging.getLogger("ojs_anyio.dashboard.http")
     config.graceful_timeout = GRACEFUL_TIMEOUT
-    if sniffio.current_async_library() == "trio":
+    if current_backend() == "trio":
         from hypercorn.trio import serve as trio_serve
 
         await trio_serve(app, config, shutdown_trigger=shutdown)  # type: ignore[arg-type]

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
-import sniffio
 
 from .. import amqp
+from .._common import current_backend
 from ._context import JobContext, JobOutcome, Outcome
 from ._decide import Verdict, dead_letter
 from ._envelope import SPEC_VERSION, Job, decode_job, job_from_dict
@@ -201,7 +201,7 @@ class Backend:
             # What anyio.current_time() reads; asyncio's own loop reads time.monotonic(),
             # called here directly (one call a job fewer).
             self.clock = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
-        elif sniffio.current_async_library() == "trio":
+        elif current_backend() == "trio":
             import trio
 
             self.clock = trio.current_time  # likewise

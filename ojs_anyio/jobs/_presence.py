@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
 import anyio
 import msgspec
-import sniffio
 
 from .. import amqp
+from .._common import current_backend
 from ._envelope import format_timestamp
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ def worker_presence(worker: WorkerView, stopped: bool = False) -> WorkerPresence
         pid=os.getpid(),
         queues=list(worker.queues)[:MAX_LISTED],
         concurrency=worker.concurrency,
-        backend=sniffio.current_async_library(),
+        backend=current_backend(),
         state=state,
         interval=worker.heartbeat_interval,
         sent_at=_now(),

@@ -42,11 +42,11 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import sniffio
 
 from ojs_anyio.amqp import UsageError
 
 from .. import amqp
+from .._common import current_backend
 from ._args import check_queue_names
 from ._client import Client
 from ._context import JobContext, JobOutcome
@@ -296,7 +296,7 @@ class Worker:
                 "backend=%(backend)s broker=%(broker)s",
                 {
                     "worker": self.worker_id, "queues": ",".join(self.queues),
-                    "concurrency": self.concurrency, "backend": sniffio.current_async_library(),
+                    "concurrency": self.concurrency, "backend": current_backend(),
                     "broker": client.conn.url.redacted(),
                 },
                 extra={"worker_id": self.worker_id, "queues": list(self.queues)},

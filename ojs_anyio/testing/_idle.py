@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import anyio
-import sniffio
 
+from .._common import current_backend
 from .._misuse import ArgumentTypeError
 from ..memory import MemoryBroker, VirtualClock
 
@@ -25,7 +25,7 @@ async def all_tasks_blocked() -> None:
     again: a virtual day of cron ticks then cost minutes.  Here the check yields to the
     loop instead (``sleep(0)``) for a while, then falls back to anyio's.  Trio's own
     implementation is exact and is used as it is."""
-    if sniffio.current_async_library() != "asyncio":
+    if current_backend() != "asyncio":
         await anyio.wait_all_tasks_blocked()
         return
     this = asyncio.current_task()
