@@ -70,6 +70,16 @@ async def scratch_channel(
         yield ch
 
 
+async def numbered_queue(ch: amqp.Channel, n: int) -> str:
+    """A new exclusive server-named queue holding ``b"0"`` … ``b"n-1"``, confirmed; its name."""
+    queue = (await ch.queue_declare("", exclusive=True)).name
+    window = ch.publish_window()
+    for i in range(n):
+        await window.publish(b"%d" % i, routing_key=queue)
+    assert await window.wait_all() == []
+    return queue
+
+
 async def drain(ch: amqp.Channel, queue: str) -> list[bytes]:
     """Basic.Get (no_ack) every message left in ``queue``; return the bodies in order."""
     bodies = []

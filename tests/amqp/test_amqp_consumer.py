@@ -9,7 +9,14 @@ import pytest
 
 from ojs_anyio import amqp
 
-from .amqp_helpers import deleted_afterwards, scratch_channel, unacked_on, wait_for_message_count, wait_until
+from .amqp_helpers import (
+    deleted_afterwards,
+    numbered_queue,
+    scratch_channel,
+    unacked_on,
+    wait_for_message_count,
+    wait_until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -320,11 +327,7 @@ async def test_unbounded_consumer_that_overflows(amqp_url: str, no_ack: bool) ->
     bounce (or, with no_ack, close the channel over unknown delivery tags)."""
     with anyio.fail_after(20):
         async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
-            queue = (await ch.queue_declare("", exclusive=True)).name
-            window = ch.publish_window()
-            for i in range(200):
-                await window.publish(b"%d" % i, routing_key=queue)
-            assert await window.wait_all() == []
+            queue = await numbered_queue(ch, 200)
             got = []
             async with ch.consume(queue, prefetch=None, no_ack=no_ack, max_buffer=10) as messages:
                 with pytest.raises(amqp.ConsumerCancelledError, match="could not keep up"):
@@ -387,11 +390,7 @@ async def test_a_cancelled_loop_over_a_full_buffer_stops_within_the_bound(amqp_u
     checkpoints stops within 32 messages, and what it did not take stays buffered."""
     with anyio.fail_after(20):
         async with amqp.connect(amqp_url) as conn, conn.channel() as ch:
-            queue = (await ch.queue_declare("", exclusive=True)).name
-            window = ch.publish_window()
-            for i in range(100):
-                await window.publish(b"%d" % i, routing_key=queue)
-            assert await window.wait_all() == []
+            queue = await numbered_queue(ch, 100)
             async with ch.consume(queue, prefetch=100) as messages:
                 await wait_until(lambda: messages.statistics().current_buffer_used == 100, what="buffer full")
                 got: list[amqp.IncomingMessage] = []
