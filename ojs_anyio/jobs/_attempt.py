@@ -17,14 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import msgspec
 
 from .. import amqp
 from .._common import current_backend
 from ._context import JobContext, JobOutcome, Outcome
 from ._decide import Verdict, dead_letter
-from ._envelope import SPEC_VERSION, Job, decode_job, job_from_dict
-from ._errors import ErrorCode, InvalidJobError
+from ._envelope import Job
+from ._errors import ErrorCode
 from ._failures import log_extra
 from ._handlers import ArgumentsError, HandlerSpec
 from ._timeouts import JobScope
@@ -32,9 +31,8 @@ from ._timeouts import JobScope
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["JOB_LINE", "Attempt", "Backend", "decode_delivered", "fault", "handler_arguments"]
+__all__ = ["JOB_LINE", "Attempt", "Backend", "fault", "handler_arguments"]
 
-_json_decode = msgspec.json.Decoder()
 log = logging.getLogger("ojs_anyio.worker")
 
 #: How a log line names a job attempt (``%``-mapping style: one argument, :meth:`Attempt.fields`).
@@ -166,31 +164,12 @@ def handler_arguments(spec: HandlerSpec, ctx: JobContext) -> list[Any] | Verdict
     return dead_letter(ErrorCode.INVALID_ARGS, why)
 
 
-def decode_delivered(body: bytes) -> Job:
-    """:func:`decode_job`, but an envelope without ``specversion`` is read as version 1.0.
-
-    The binding's own publishing example (§15.1) sends ``{"id", "type", "queue", "args",
-    "created_at"}`` without ``specversion``; jobs from that example must run here too.
-    Everything else stays strict, and the body is never rewritten (retries and dead
-    letters carry the bytes the producer sent).
-    """
-    try:
-        return decode_job(body)
-    except InvalidJobError as exc:
-        if exc.field != "specversion":
-            raise
-        data = _json_decode.decode(body)  # decoded fine the first time
-        if not isinstance(data, dict) or "specversion" in data:
-            raise
-        return job_from_dict({"specversion": SPEC_VERSION, **data})
-
-
 class Backend:
     """The running backend's per-job primitives, looked up once per run: anyio finds the
     backend anew on every ``CancelScope()``, ``current_time()`` and
     ``get_cancelled_exc_class()``, which is a measurable share of a no-op job."""
 
-    __slots__ = ("cancelled", "clock", "scope_type")
+    __slots__ = ("cancelled", "clock", "monotonic", "scope_type")
 
     def __init__(self) -> None:
         self.scope_type: Callable[..., anyio.CancelScope] = type(anyio.CancelScope())
@@ -199,7 +178,9 @@ class Backend:
         if self.cancelled is asyncio.CancelledError:
             loop = asyncio.get_running_loop()
             # What anyio.current_time() reads; asyncio's own loop reads time.monotonic(),
-            # called here directly (one call a job fewer).
+            # called here directly (one call a job fewer), and it is the clock of
+            # Attempt.started, so the runner counts a job's deadline from its receipt (a few
+            # microseconds before its handler starts) without reading the clock again.
             self.clock = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
         elif current_backend() == "trio":
             import trio
@@ -207,3 +188,5 @@ class Backend:
             self.clock = trio.current_time  # likewise
         else:
             self.clock = anyio.current_time
+        #: Whether ``clock`` is ``time.monotonic``, the clock of :attr:`Attempt.started`.
+        self.monotonic = self.clock is time.monotonic

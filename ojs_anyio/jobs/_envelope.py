@@ -351,8 +351,14 @@ _encoder: Final = msgspec.json.Encoder()
 _job_decoder: Final = msgspec.json.Decoder(Job)
 
 
-def decode_job(data: bytes | bytearray | memoryview | str) -> Job:
-    """Parse and validate a JSON job envelope; raise :class:`InvalidJobError` on any fault."""
+def decode_job(data: bytes | bytearray | memoryview | str, *, delivered: bool = False) -> Job:
+    """Parse and validate a JSON job envelope; raise :class:`InvalidJobError` on any fault.
+
+    ``delivered``: the envelope came in a message, where one without ``specversion`` is read
+    as version 1.0.  The binding's own publishing example (001 §15.1) sends ``{"id", "type",
+    "queue", "args", "created_at"}`` without it; jobs from that example must run too.
+    Everything else stays strict, and the body is never rewritten (retries and dead letters
+    carry the bytes the producer sent)."""
     if isinstance(data, bytes) and b'"extensions"' not in data and b'"errors"' not in data:
         # Straight into the struct.  Anything this path does not take as it is (an unknown
         # attribute, a null, an invalid value) fails here and goes the long way below,
@@ -373,6 +379,8 @@ def decode_job(data: bytes | bytearray | memoryview | str) -> Job:
         raise InvalidJobError("<body>", f"not valid JSON: {exc}") from exc
     except RecursionError:  # nested deeper than the decoder goes
         raise InvalidJobError("<body>", "not valid JSON: nested too deeply") from None
+    if delivered and isinstance(parsed, dict) and "specversion" not in parsed:
+        parsed = {"specversion": SPEC_VERSION, **parsed}
     return job_from_dict(parsed)
 
 

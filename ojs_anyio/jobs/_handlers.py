@@ -58,6 +58,8 @@ class HandlerSpec:
     var: tuple[str, Any] | None
     #: Whether any argument is converted at all (else :meth:`convert` returns args as they are).
     converts: bool = False
+    #: ``len(params)``, worked out once.
+    n_params: int = 0
 
     @property
     def name(self) -> str:
@@ -67,8 +69,7 @@ class HandlerSpec:
         """``args`` converted to the annotated types; raises :class:`ArgumentsError`."""
         if not self.converts or not args:
             return args
-        params, var = self.params, self.var
-        n_params = len(params)
+        params, var, n_params = self.params, self.var, self.n_params
         out = list(args)
         for i, value in enumerate(args):
             slot = params[i] if i < n_params else var
@@ -118,6 +119,7 @@ def inspect_handler(job_type: str, fn: Any) -> HandlerSpec:
         params=params,
         var=var,
         converts=converts,
+        n_params=len(params),
     )
 
 

@@ -33,12 +33,12 @@ from msgspec import UNSET
 from .. import _pipeline, amqp
 from .._consume_pool import ConsumePool
 from . import _tracing
-from ._attempt import Attempt, Backend, decode_delivered, fault, handler_arguments
+from ._attempt import Attempt, Backend, fault, handler_arguments
 from ._client import Client
 from ._context import JobContext, Outcome
 from ._control import WorkerControl
 from ._decide import ACK, Verdict, dead_letter, decide
-from ._envelope import Job, parse_timestamp
+from ._envelope import Job, decode_job, parse_timestamp
 from ._errors import ErrorCode, InvalidJobError
 from ._failures import log_extra
 from ._handlers import HandlerSpec
@@ -278,7 +278,7 @@ class JobRunner:
             timeout = a.timeout = handler_timeout(job, worker.default_timeout, worker.broker_consumer_timeout)
         backend = self._backend or Backend()
         scope = a.scope
-        deadline = ctx.deadline = backend.clock() + timeout
+        deadline = ctx.deadline = (a.started if backend.monotonic else backend.clock()) + timeout
         watch = self._timeouts
         if deadline < watch.until and watch.wake is not None:
             watch.until = deadline
@@ -354,7 +354,7 @@ class JobRunner:
         # any vhost client could set it.  It means nothing now; `dlq requeue` still strips it.)
         try:
             a.number = header_attempt(headers)
-            job = a.job = decode_delivered(msg.body)
+            job = a.job = decode_job(msg.body, delivered=True)
         except InvalidJobError as exc:
             a.number = 1
             await self._settler.settle(a, dead_letter(ErrorCode.INVALID_PAYLOAD, str(exc)))

@@ -113,6 +113,23 @@ def test_invalid_fixture_names_the_field(path: Path) -> None:
     assert info.value.code is ErrorCode.INVALID_PAYLOAD
 
 
+def test_a_delivered_envelope_without_specversion_is_read_as_1_0() -> None:
+    """001 §15.1's publishing example sends no ``specversion``: a worker reads such a body
+    as 1.0 (``delivered=True``); a missing version is still an error everywhere else, and a
+    delivered body keeps every other rule."""
+    body = b'{"id": "019539a4-b68c-7def-8000-1a2b3c4d5e6f", "type": "email.send", "queue": "q", "args": [1]}'
+    with pytest.raises(InvalidJobError) as info:
+        decode_job(body)
+    assert info.value.field == "specversion"
+    job = decode_job(body, delivered=True)
+    assert (job.specversion, job.type, job.args) == ("1.0", "email.send", [1])
+    with pytest.raises(InvalidJobError) as info:
+        decode_job(body.replace(b'"args": [1]', b'"args": 1'), delivered=True)
+    assert info.value.field == "args"
+    fixture = SCHEMA_DIR / "tests" / "invalid" / "01-missing-specversion.json"
+    assert decode_job(fixture.read_bytes(), delivered=True).specversion == "1.0"
+
+
 def test_unknown_attributes_are_kept_and_reemitted_at_top_level() -> None:
     job = decode_job((SCHEMA_DIR / "tests" / "valid" / "13-unknown-attributes-preserved.json").read_bytes())
     assert job.extensions["x_custom_field"] == "custom_value"
