@@ -26,8 +26,8 @@
   straight through; the chains are built from the hooks a middleware overrides only (the
   first middleware is the outermost), so a hook left alone costs nothing, and with no hook
   at all a layer calls its publish or its handler directly.
-* **Timeouts** (:func:`timeout_reason`, re-exported from the pure ``_attempts``): the one
-  wording of "an attempt ran past its timeout", whatever enforced it.
+* **Timeouts**: the one wording of "an attempt ran past its timeout", whatever enforced it,
+  is ``_attempts.timeout_reason`` (pure, so the job layer's ``decide()`` can use it).
 
 No AMQP, no jobs, no events: both layers build on it.
 """
@@ -46,7 +46,6 @@ import anyio.to_thread
 import msgspec
 from opentelemetry import metrics
 
-from ._attempts import timeout_reason
 from ._misuse import ArgumentTypeError
 
 __all__ = [
@@ -69,7 +68,6 @@ __all__ = [
     "namespace",
     "result_converter",
     "target_type",
-    "timeout_reason",
     "unwrap_partial",
 ]
 

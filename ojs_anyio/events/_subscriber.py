@@ -28,7 +28,7 @@ import msgspec
 from opentelemetry import metrics
 
 from .. import _pipeline, amqp
-from .._attempts import parse_attempt
+from .._attempts import parse_attempt, timeout_reason
 from .._ladder import ttl_queue_arguments
 from .._queue_options import (
     QueueOptions,
@@ -348,7 +348,7 @@ class Subscription:
             if self.timeout is None:
                 failure = exc
             else:
-                reason = _pipeline.timeout_reason(self.timeout)
+                reason = timeout_reason(self.timeout)
                 failure = HandlerTimeoutError(f"{reason} (subscription {self.queue})")
                 failure.__cause__ = exc
         except Exception as exc:
