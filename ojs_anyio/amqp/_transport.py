@@ -32,6 +32,7 @@ from ojs_codec import AMQPConnection, AMQPError, ConnectionLevelError, Connectio
 
 from . import _metrics
 from ._errors import ConnectionClosedError, ConnectionLostError
+from ._socket_write import YIELD_EVERY, socket_writer
 
 __all__ = ["Transport"]
 
@@ -72,6 +73,10 @@ class Transport:
         #: The running backend's CancelScope class, found at the first write:
         #: ``anyio.CancelScope()`` looks the backend up anew on each call.
         self._scope_type: Callable[..., anyio.CancelScope] | None = None
+        #: Writes straight to the socket without a yield (see _socket_write; None for TLS and
+        #: in-memory streams), and how many were made in a row since the last yield.
+        self._write_now = socket_writer(stream)
+        self._unyielded = 0
         self.handshake_done = anyio.Event()
         self.close_ok = anyio.Event()
         #: Why this transport ended (None while it is healthy).
@@ -141,6 +146,14 @@ class Transport:
                 data = proto.data_to_send()
                 if not data:
                     return
+                write_now = self._write_now
+                if write_now is not None and self._unyielded < YIELD_EVERY:
+                    sent = write_now(data)
+                    if sent == len(data):
+                        self._unyielded += 1
+                        continue
+                    data = data[sent:]
+                self._unyielded = 0
                 scope_type = self._scope_type
                 if scope_type is None:
                     scope_type = self._scope_type = type(anyio.CancelScope())
