@@ -32,7 +32,7 @@ from ojs_codec import AMQPConnection, AMQPError, ConnectionLevelError, Connectio
 
 from . import _metrics
 from ._errors import ConnectionClosedError, ConnectionLostError
-from ._socket_write import YIELD_EVERY, socket_writer
+from ._socket_io import YIELD_EVERY, socket_feeder, socket_reader, socket_writer
 
 __all__ = ["Transport"]
 
@@ -41,6 +41,8 @@ log = logging.getLogger("ojs_anyio.amqp")
 _READ_SIZE = 256 * 1024
 #: Longest a batched ack waits for a write (see ChannelLink.ack and IncomingMessage._batching).
 _DEFERRED_FLUSH_DELAY = 0.002
+#: The codec's states after which nothing more is read.
+_ENDED = (ConnectionState.CLOSED, ConnectionState.ERROR)
 
 
 class Transport:
@@ -73,10 +75,12 @@ class Transport:
         #: The running backend's CancelScope class, found at the first write:
         #: ``anyio.CancelScope()`` looks the backend up anew on each call.
         self._scope_type: Callable[..., anyio.CancelScope] | None = None
-        #: Writes straight to the socket without a yield (see _socket_write; None for TLS and
+        #: Writes straight to the socket without a yield (see _socket_io; None for TLS and
         #: in-memory streams), and how many were made in a row since the last yield.
         self._write_now = socket_writer(stream)
         self._unyielded = 0
+        #: Reads straight from a Trio socket (see _socket_io; None on asyncio, TLS, memory).
+        self._read_now = socket_reader(stream)
         self.handshake_done = anyio.Event()
         self.close_ok = anyio.Event()
         #: Why this transport ended (None while it is healthy).
@@ -111,7 +115,13 @@ class Transport:
         if stream is None:  # closed by aclose(), a failed send or the heartbeat check
             raise ConnectionLostError("connection closed")
         try:
-            return await stream.receive(_READ_SIZE)
+            read_now = self._read_now
+            if read_now is None:
+                return await stream.receive(_READ_SIZE)
+            data = await read_now(_READ_SIZE)
+            if not data:
+                raise anyio.EndOfStream
+            return data
         except anyio.EndOfStream:
             raise ConnectionLostError("broker closed the socket") from None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ssl.SSLError) as exc:
@@ -148,11 +158,11 @@ class Transport:
                     return
                 write_now = self._write_now
                 if write_now is not None and self._unyielded < YIELD_EVERY:
-                    sent = write_now(data)
-                    if sent == len(data):
+                    rest = write_now(data)
+                    if rest is None:
                         self._unyielded += 1
                         continue
-                    data = data[sent:]
+                    data = rest  # not taken, or b"": taken, but wait for the socket to drain
                 self._unyielded = 0
                 scope_type = self._scope_type
                 if scope_type is None:
@@ -216,21 +226,31 @@ class Transport:
             if self.deferred_flush:
                 await self.flush_quietly()
 
+    def _arrived(self, data: bytes) -> bool:
+        """Feed a chunk; whether the reader task must look: the frames made us queue bytes
+        (Close-Ok, rejects of late deliveries…; acks queued by consumers are theirs to send,
+        batched), or the connection ended."""
+        proto = self.proto
+        if self.error is not None or proto.state in _ENDED:
+            return True  # nothing more is decoded once the connection ended
+        queued = len(proto.outbound)
+        self.feed(data)
+        return len(proto.outbound) > queued or self.error is not None or proto.state in _ENDED
+
     async def reader(self, scope: anyio.CancelScope) -> None:
+        """Read and feed until the transport ends.  On asyncio's plain TCP the chunks are fed
+        as they arrive (``_socket_io.socket_feeder``) and this task only does what needs one."""
         proto = self.proto
         try:
+            feeder = None if self.stream is None else socket_feeder(self.stream, self._arrived)
             while True:
-                data = await self.receive()
-                queued = len(proto.outbound)
-                self.feed(data)
-                # Send what the frames themselves made us queue (Close-Ok, rejects of late
-                # deliveries…).  Acks queued by consumers are theirs to send, batched.
-                if len(proto.outbound) > queued:
+                if feeder is not None:
+                    await feeder.wait()
+                elif not self._arrived(await self.receive()):
+                    continue
+                if proto.has_data_to_send:
                     await self.flush()
-                if self.error is not None or proto.state in (
-                    ConnectionState.CLOSED,
-                    ConnectionState.ERROR,
-                ):
+                if self.error is not None or proto.state in _ENDED:
                     self._on_lost(self.error or ConnectionClosedError("connection closed"))
                     if proto.has_data_to_send:
                         await self.flush_quietly()  # Close-Ok, or our Close after a protocol error
