@@ -40,8 +40,8 @@ error surfaces as the ``OSError`` it is, which the transport turns into a lost c
 Neither direct path yields when it need not, so the transport still yields through anyio
 at least every ``YIELD_EVERY`` writes (and the Trio reader every ``YIELD_EVERY`` reads
 that did not wait): a task that publishes in a loop without awaiting anything else (no
-confirms) lets the other tasks run, and sees a cancellation, as often as a consumer taking
-buffered deliveries does.
+confirms) lets the other tasks run as often as a consumer taking buffered deliveries does.
+(A write is shielded from cancellation either way: half a frame would corrupt the stream.)
 """
 
 from __future__ import annotations
@@ -189,9 +189,8 @@ class Feeder(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._inner.connection_lost(exc)
-        self._ended(
-            ConnectionLostError(f"socket error: {exc!r}") if exc is not None else ConnectionLostError("connection closed")
-        )
+        why = "connection closed" if exc is None else f"socket error: {exc!r}"
+        self._ended(ConnectionLostError(why))
 
     def pause_writing(self) -> None:
         self._inner.pause_writing()
