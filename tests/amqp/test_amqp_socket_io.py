@@ -10,6 +10,8 @@ are waited for, and an error raised while decoding reaches the caller.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import os
 from collections.abc import Callable
 
@@ -17,6 +19,7 @@ import anyio
 import anyio.lowlevel
 import anyio.streams.stapled
 import pytest
+import sniffio
 
 from ojs_anyio import amqp
 from ojs_anyio._common import current_backend
@@ -119,3 +122,28 @@ async def test_an_error_while_decoding_reaches_the_caller(
             armed = True
             with anyio.fail_after(10):
                 await ch.queue_declare("", exclusive=True)
+
+
+def test_decoding_knows_its_library_under_plain_asyncio_run(
+    rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Servers such as uvicorn start asyncio themselves, not through ``anyio.run``, which
+    is what names the library for sniffio.  The loop's callback that decodes has no current
+    task to sniff, so the feeder names it: anything the frames' handlers ask anyio (a
+    listener reading the clock, an event made) still works there."""
+    feed = Transport.feed
+    libraries: list[str] = []
+
+    def probing(self: Transport, data: bytes) -> None:
+        libraries.append(sniffio.current_async_library())  # raises where nothing names it
+        feed(self, data)
+
+    monkeypatch.setattr(Transport, "feed", probing)
+
+    async def main() -> None:
+        async with amqp.connect(rabbitmq_url) as conn, conn.channel() as ch:
+            await ch.queue_declare("", exclusive=True)
+
+    # A fresh context: nothing set by the test runner (anyio's pytest plugin names the library).
+    contextvars.Context().run(asyncio.run, main())
+    assert libraries and set(libraries) == {"asyncio"}
