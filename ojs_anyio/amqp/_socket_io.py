@@ -37,11 +37,17 @@ Any other stream (TLS, the in-memory broker's, a future anyio whose private attr
 moved) gets ``None`` from each, and the transport goes through anyio as before.  A socket
 error surfaces as the ``OSError`` it is, which the transport turns into a lost connection.
 
-Neither direct path yields when it need not, so the transport still yields through anyio
-at least every ``YIELD_EVERY`` writes (and the Trio reader every ``YIELD_EVERY`` reads
-that did not wait): a task that publishes in a loop without awaiting anything else (no
-confirms) lets the other tasks run as often as a consumer taking buffered deliveries does.
-(A write is shielded from cancellation either way: half a frame would corrupt the stream.)
+A direct write does not yield, and it does not gather the frames of other tasks as a
+writer waiting in anyio's ``send`` does ("group commit").  So the transport writes
+directly once per arrival of bytes from the broker (``Transport.flush``): the first flush
+after the broker's bytes came goes straight out; later ones, until the broker's next
+bytes, go through anyio's ``send`` as before, whose writer yields and then sends, in one
+write, everything other tasks queued meanwhile.  A worker serving one job at a time acks
+each delivery directly; a hundred tasks woken by one read of confirms make two or three
+writes, not a hundred; and a task that publishes in a loop without awaiting anything else
+(no confirms) yields on every publish but the first, as before.  The Trio reader, for its
+part, yields at least every ``YIELD_EVERY`` reads that did not wait.  (A write is shielded
+from cancellation on every path: half a frame would corrupt the stream.)
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from ._errors import ConnectionLostError
 
 __all__ = ["YIELD_EVERY", "Feeder", "socket_feeder", "socket_reader", "socket_writer"]
 
-#: Direct reads or writes in a row without a yield to the event loop (module docstring).
+#: Direct reads in a row without a yield to the event loop (the Trio reader; module docstring).
 YIELD_EVERY = 32
 
 

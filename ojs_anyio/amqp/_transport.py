@@ -32,7 +32,7 @@ from ojs_codec import AMQPConnection, AMQPError, ConnectionLevelError, Connectio
 
 from . import _metrics
 from ._errors import ConnectionClosedError, ConnectionLostError
-from ._socket_io import YIELD_EVERY, socket_feeder, socket_reader, socket_writer
+from ._socket_io import socket_feeder, socket_reader, socket_writer
 
 __all__ = ["Transport"]
 
@@ -78,7 +78,9 @@ class Transport:
         #: Writes straight to the socket without a yield (see _socket_io; None for TLS and
         #: in-memory streams), and how many were made in a row since the last yield.
         self._write_now = socket_writer(stream)
-        self._unyielded = 0
+        #: A direct write went out since the broker's bytes last came: the next flushes
+        #: gather through anyio's send until more come (see _socket_io).
+        self._wrote_direct = False
         #: Reads straight from a Trio socket (see _socket_io; None on asyncio, TLS, memory).
         self._read_now = socket_reader(stream)
         self.handshake_done = anyio.Event()
@@ -157,13 +159,12 @@ class Transport:
                 if not data:
                     return
                 write_now = self._write_now
-                if write_now is not None and self._unyielded < YIELD_EVERY:
+                if write_now is not None and not self._wrote_direct:
+                    self._wrote_direct = True
                     rest = write_now(data)
                     if rest is None:
-                        self._unyielded += 1
                         continue
                     data = rest  # not taken, or b"": taken, but wait for the socket to drain
-                self._unyielded = 0
                 scope_type = self._scope_type
                 if scope_type is None:
                     scope_type = self._scope_type = type(anyio.CancelScope())
@@ -231,6 +232,7 @@ class Transport:
         (Close-Ok, rejects of late deliveries…; acks queued by consumers are theirs to send,
         batched), or the connection ended."""
         proto = self.proto
+        self._wrote_direct = False
         if self.error is not None or proto.state in _ENDED:
             return True  # nothing more is decoded once the connection ended
         queued = len(proto.outbound)
