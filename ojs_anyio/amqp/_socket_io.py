@@ -31,7 +31,8 @@ same I/O directly, for a stream made by ``anyio.connect_tcp``:
   each chunk is decoded as it comes, and what the frames hold is bounded where it was
   before (the prefetch window, the codec's frame limit).
 * :func:`socket_reader` (Trio): ``recv`` on the non-blocking socket, waiting in
-  ``wait_readable`` only when nothing is there.
+  ``wait_readable`` only when nothing is there (known without trying when the last read
+  took less than it asked for).
 
 Any other stream (TLS, the in-memory broker's, a future anyio whose private attributes
 moved) gets ``None`` from each, and the transport goes through anyio as before.  A socket
@@ -114,10 +115,22 @@ def socket_reader(stream: object) -> Callable[[int], Awaitable[bytes]] | None:
     recv, wait_readable = sock.recv, trio.lowlevel.wait_readable
     checkpoint = trio.lowlevel.checkpoint
     unyielded = 0
+    #: The last read took less than it asked for: the socket is empty, so the next read
+    #: waits first instead of trying a recv that would fail.
+    drained = False
+
+    async def wait() -> None:
+        try:
+            await wait_readable(sock)
+        except trio.ClosedResourceError:  # another task closed the socket
+            raise anyio.ClosedResourceError from None
 
     async def receive(max_bytes: int) -> bytes:
-        nonlocal unyielded
-        if unyielded >= YIELD_EVERY:
+        nonlocal unyielded, drained
+        if drained:
+            drained, unyielded = False, 0
+            await wait()
+        elif unyielded >= YIELD_EVERY:
             unyielded = 0
             await checkpoint()
         while True:
@@ -125,12 +138,10 @@ def socket_reader(stream: object) -> Callable[[int], Awaitable[bytes]] | None:
                 data = recv(max_bytes)
             except BlockingIOError:
                 unyielded = 0
-                try:
-                    await wait_readable(sock)
-                except trio.ClosedResourceError:  # another task closed the socket
-                    raise anyio.ClosedResourceError from None
+                await wait()
             else:
                 unyielded += 1
+                drained = len(data) < max_bytes
                 return data
 
     return receive
