@@ -15,7 +15,9 @@ the stream for every channel.
 The reader, the heartbeat and the deferred flusher (started by the connection's
 supervisor in one task group per transport) end when the transport dies; frames are
 handed to the connection's handler of their type synchronously, and a failure is reported once
-through ``on_lost``.
+through ``on_lost``.  On plain TCP the socket is read and written below anyio's stream
+(``_socket_io.py``): on asyncio the bytes are decoded in the loop's callback as they
+arrive, and the first write after each arrival goes straight to the socket.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class Transport:
         #: ``anyio.CancelScope()`` looks the backend up anew on each call.
         self._scope_type: Callable[..., anyio.CancelScope] | None = None
         #: Writes straight to the socket without a yield (see _socket_io; None for TLS and
-        #: in-memory streams), and how many were made in a row since the last yield.
+        #: in-memory streams).
         self._write_now = socket_writer(stream)
         #: A direct write went out since the broker's bytes last came: the next flushes
         #: gather through anyio's send until more come (see _socket_io).
