@@ -28,7 +28,7 @@ from ojs_anyio.amqp import BasicProperties, Int32
 
 from .._attempts import header_number, parse_attempt
 from .._common import utc_second
-from ._envelope import Job, encode_job, format_timestamp, parse_timestamp
+from ._envelope import Job, encode_job, parse_timestamp
 from ._errors import InvalidJobError
 from ._retry import RetryPolicy
 from ._route import Route
@@ -112,15 +112,17 @@ def job_message(
     job: Job,
     route: Route,
     *,
-    enqueued_at: datetime,
+    enqueued_at: str,
     idempotency_key: str | None,
     reply_to: str | None,
     trace_headers: dict[str, str] | None,
 ) -> tuple[BasicProperties, bytes]:
     """The properties and body a job is published with along ``route``.  No I/O.
 
-    ``x-ojs-max-attempts`` only when the job itself set it: a job without its own
-    ``max_attempts`` carries none, and the worker's policy decides (docs/jobs.md)."""
+    ``enqueued_at`` is the moment's text (``format_timestamp``): a push formats it once,
+    for the job it returns and for this header.  ``x-ojs-max-attempts`` only when the job
+    itself set it: a job without its own ``max_attempts`` carries none, and the worker's
+    policy decides (docs/jobs.md)."""
     own = job.retry.max_attempts if job.retry is not UNSET and isinstance(job.retry, RetryPolicy) else None
     props = job_properties(
         job,
@@ -140,22 +142,21 @@ def job_properties(
     job: Job,
     *,
     max_attempts: int | None,
-    enqueued_at: datetime,
+    enqueued_at: str,
     idempotency_key: str | None = None,
     trace_headers: dict[str, str] | None = None,
     attempt: int = 1,
 ) -> BasicProperties:
-    """The AMQP properties of a job's message (001 §6.1, §6.2)."""
+    """The AMQP properties of a job's message (001 §6.1, §6.2); ``enqueued_at`` as text."""
     # (Hot: every push.  An unset attribute is told by ``is UNSET``, without a call.)
-    enqueued = format_timestamp(enqueued_at)
     created = job.created_at
     if created is UNSET or not isinstance(created, str):
-        created = enqueued
+        created = enqueued_at
     headers: dict[str, Any] = {
         H_QUEUE: job.queue,
         H_ATTEMPT: _int32(attempt),
         H_CREATED_AT: created,
-        H_ENQUEUED_AT: enqueued,
+        H_ENQUEUED_AT: enqueued_at,
     }
     if max_attempts is not None:  # only when the job set it: else the worker's policy decides
         headers[H_MAX_ATTEMPTS] = _int32(max_attempts)
