@@ -198,9 +198,9 @@ def _timestamp_text(field: str, value: datetime | str) -> str:
 
 
 def _plain(
-    type: object, queue: object, id: object, created: datetime, meta: dict[str, Any] | None, priority: object,
-    timeout: object,
-) -> bool:
+    type: object, queue: object, id: object, created: datetime, *,
+    meta: dict[str, Any] | None, priority: object, timeout: object,
+) -> bool:  # fmt: skip
     """Whether :func:`new_job` may build the struct directly from these (every other option
     absent): the memo in front of the one validator (``job_from_dict``).  Only values that
     validator has passed before, or whose type alone settles them, qualify; anything else
@@ -255,7 +255,7 @@ def new_job(
         and unique is None
         and schema is None
         and not extensions
-        and _plain(type, queue, id, created, meta_copy, priority, timeout)
+        and _plain(type, queue, id, created, meta=meta_copy, priority=priority, timeout=timeout)
     ):
         # (``type`` is a parameter here, hence ``__class__``.)
         # The common case, every input already known valid: build the struct directly
