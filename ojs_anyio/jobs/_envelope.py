@@ -197,14 +197,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
         # Once per job received or built (twice per push): attribute reads and identity
         # tests; no call for an absent field (most are) nor for a text that passed lately.
         valid = _valid_timestamps
-        for value in (
+        for i, value in enumerate((
             self.scheduled_at, self.expires_at, self.created_at, self.enqueued_at, self.started_at,
             self.completed_at,
-        ):  # fmt: skip
+        )):  # fmt: skip
             if value is not UNSET and (value.__class__ is not str or value not in valid):
-                for name in _TIMESTAMP_FIELDS:  # the check, naming the field
-                    _check_timestamp(name, getattr(self, name))
-                break
+                _check_timestamp(_TIMESTAMP_FIELDS[i], value)
         if self.retry is not UNSET and isinstance(self.retry, RetryPolicy):
             try:
                 resolve_retry(self.retry)
@@ -230,7 +228,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
         return resolve_retry(self.retry)
 
 
-#: The timestamps of :class:`Job` (as its ``__post_init__`` reads them).
+#: The timestamps of :class:`Job`, in the order its ``__post_init__`` reads them.
 _TIMESTAMP_FIELDS: Final = (
     "scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at",
 )  # fmt: skip
