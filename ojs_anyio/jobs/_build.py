@@ -197,19 +197,17 @@ def _timestamp_text(field: str, value: datetime | str) -> str:
     return value
 
 
-def _plain(type: object, queue: object, id: object, created: datetime, options: Mapping[str, Any]) -> bool:
-    """Whether :func:`new_job` may build the struct directly: the memo in front of the one
-    validator (``job_from_dict``).  Only values that validator has passed before, or whose
-    type alone settles them, qualify; anything else goes the long way.  (Kept in step
-    with the Job struct's field rules by ``test_new_job_fast_and_slow_paths_agree``.)"""
-    meta, priority, timeout = options["meta"], options["priority"], options["timeout"]
+def _plain(
+    type: object, queue: object, id: object, created: datetime, *,
+    meta: dict[str, Any] | None, priority: object, timeout: object,
+) -> bool:  # fmt: skip
+    """Whether :func:`new_job` may build the struct directly from these (every other option
+    absent): the memo in front of the one validator (``job_from_dict``).  Only values that
+    validator has passed before, or whose type alone settles them, qualify; anything else
+    goes the long way.  (Kept in step with the Job struct's field rules by
+    ``test_new_job_fast_and_slow_paths_agree``.)"""
     return (
-        options["scheduled_at"] is None
-        and options["expires_at"] is None
-        and options["retry"] is None
-        and options["unique"] is None
-        and options["schema"] is None
-        and (priority is None or priority.__class__ is int)
+        (priority is None or priority.__class__ is int)
         and (timeout is None or (timeout.__class__ is int and timeout >= 0))
         and (meta is None or all(key.__class__ is str for key in meta))
         and (type in _GOOD_TYPES or _known_good(type, _GOOD_TYPES, _TYPE_RE, 255))
@@ -249,17 +247,16 @@ def new_job(
     ):
         raise InvalidJobError("args", f"must be a sequence (a JSON array), not {args.__class__.__name__}")
     created = datetime.now(UTC) if now is None else now
-    options: dict[str, Any] = {
-        "meta": None if meta is None else dict(meta),
-        "priority": priority,
-        "timeout": timeout,
-        "scheduled_at": None if scheduled_at is None else _timestamp_text("scheduled_at", scheduled_at),
-        "expires_at": None if expires_at is None else _timestamp_text("expires_at", expires_at),
-        "retry": None if retry is None else msgspec.to_builtins(retry),
-        "unique": None if unique is None else msgspec.to_builtins(unique),
-        "schema": schema,
-    }
-    if not extensions and _plain(type, queue, id, created, options):
+    meta_copy = None if meta is None else dict(meta)
+    if (
+        scheduled_at is None
+        and expires_at is None
+        and retry is None
+        and unique is None
+        and schema is None
+        and not extensions
+        and _plain(type, queue, id, created, meta=meta_copy, priority=priority, timeout=timeout)
+    ):
         # (``type`` is a parameter here, hence ``__class__``.)
         # The common case, every input already known valid: build the struct directly
         # (what job_from_dict would give, without the dict round trip and per-field checks).
@@ -269,13 +266,23 @@ def new_job(
             type=type,
             queue=queue,
             args=list(args),
-            meta=UNSET if meta is None else options["meta"],
+            meta=UNSET if meta_copy is None else meta_copy,
             priority=UNSET if priority is None else priority,
             timeout=UNSET if timeout is None else timeout,
             state="available",
             attempt=0,
             created_at=format_timestamp(created),
         )
+    options: dict[str, Any] = {
+        "meta": meta_copy,
+        "priority": priority,
+        "timeout": timeout,
+        "scheduled_at": None if scheduled_at is None else _timestamp_text("scheduled_at", scheduled_at),
+        "expires_at": None if expires_at is None else _timestamp_text("expires_at", expires_at),
+        "retry": None if retry is None else msgspec.to_builtins(retry),
+        "unique": None if unique is None else msgspec.to_builtins(unique),
+        "schema": schema,
+    }
     data: dict[str, Any] = {
         "specversion": SPEC_VERSION,
         "id": new_id() if id is None else id,

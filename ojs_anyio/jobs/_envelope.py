@@ -194,16 +194,15 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
     extensions: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
-        # Once per job received or built: attribute reads and identity tests; no call for an
-        # absent field (most are) nor for a text that passed lately.
+        # Once per job received or built (twice per push): attribute reads and identity
+        # tests; no call for an absent field (most are) nor for a text that passed lately.
         valid = _valid_timestamps
-        for name, value in (
-            ("scheduled_at", self.scheduled_at), ("expires_at", self.expires_at),
-            ("created_at", self.created_at), ("enqueued_at", self.enqueued_at),
-            ("started_at", self.started_at), ("completed_at", self.completed_at),
-        ):  # fmt: skip
+        for i, value in enumerate((
+            self.scheduled_at, self.expires_at, self.created_at, self.enqueued_at, self.started_at,
+            self.completed_at,
+        )):  # fmt: skip
             if value is not UNSET and (value.__class__ is not str or value not in valid):
-                _check_timestamp(name, value)
+                _check_timestamp(_TIMESTAMP_FIELDS[i], value)
         if self.retry is not UNSET and isinstance(self.retry, RetryPolicy):
             try:
                 resolve_retry(self.retry)
@@ -229,6 +228,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
         return resolve_retry(self.retry)
 
 
+#: The timestamps of :class:`Job`, in the order its ``__post_init__`` reads them.
+_TIMESTAMP_FIELDS: Final = (
+    "scheduled_at", "expires_at", "created_at", "enqueued_at", "started_at", "completed_at",
+)  # fmt: skip
 _JOB_FIELDS: Final = frozenset(Job.__struct_fields__) - {"extensions"}
 #: The envelope's defined attributes (what an extension may not be called).
 JOB_FIELDS: Final = _JOB_FIELDS

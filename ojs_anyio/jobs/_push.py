@@ -209,8 +209,12 @@ class Pusher:
         # CONSUMER span becomes its child (001 §12.2).
         with _tracing.producer_span(job, route.exchange):
             try:
-                pushed = as_enqueued(job, route, now)  # what the body carries, and push returns
-                props, body = self.message(pushed, route, idempotency_key, reply_to, now)
+                stamp = format_timestamp(now)
+                pushed = as_enqueued(job, route, stamp)  # what the body carries, and push returns
+                props, body = job_message(
+                    pushed, route, enqueued_at=stamp, idempotency_key=idempotency_key,
+                    reply_to=reply_to, trace_headers=_tracing.inject_headers(),
+                )  # fmt: skip
                 if deadline is None and conn.is_open:
                     # The hot path: nothing waited so far, nothing to wait for; a deadline
                     # (publish_timeout from the moment the connection is found away) only
@@ -276,8 +280,12 @@ class Pusher:
                     if route is None:
                         with before_sending(deadline):
                             route = await self.resolve_route(job, now)
-                    pushed = as_enqueued(job, route, now)
-                    props, body = self.message(pushed, route, None, None, now)
+                    stamp = format_timestamp(now)
+                    pushed = as_enqueued(job, route, stamp)
+                    props, body = job_message(
+                        pushed, route, enqueued_at=stamp, idempotency_key=None, reply_to=None,
+                        trace_headers=_tracing.inject_headers(),
+                    )  # fmt: skip
                     if route.exchange != direct:
                         span.set_attribute("messaging.destination.name", route.exchange)
                     handles.append(
@@ -319,15 +327,6 @@ class Pusher:
 
         return await build_push_chain(self.hooks, record)(job)
 
-    def message(
-        self, job: Job, route: Route, idempotency_key: str | None, reply_to: str | None, now: datetime
-    ) -> tuple[amqp.BasicProperties, bytes]:
-        """The job's message along ``route`` (``_wire.job_message``; no I/O)."""
-        return job_message(
-            job, route, enqueued_at=now, idempotency_key=idempotency_key,
-            reply_to=reply_to, trace_headers=_tracing.inject_headers(),
-        )  # fmt: skip
-
     async def resolve_route(self, job: Job, now: datetime) -> Route:
         """Where ``job`` goes now, with what it needs declared (the Declarer's).
 
@@ -362,11 +361,11 @@ def _claims_nothing(job: Job, idempotency_key: str | None, window: DurationLike 
     return job.unique is UNSET and (idempotency_key is None or window is None)
 
 
-def as_enqueued(job: Job, route: Route, enqueued_at: datetime) -> Job:
-    """``job`` as push returns it: with ``enqueued_at``, ``created_at`` (as the message
-    carries it) and its ``state`` (``scheduled`` when it waits for its time, else
-    ``available``), as the OJS conformance suite expects of a PUSH's answer."""
-    stamp = format_timestamp(enqueued_at)
+def as_enqueued(job: Job, route: Route, stamp: str) -> Job:
+    """``job`` as push returns it: with ``enqueued_at`` = ``stamp`` (the moment's text, as
+    the message's header carries it), ``created_at`` (as the message carries it) and its
+    ``state`` (``scheduled`` when it waits for its time, else ``available``), as the OJS
+    conformance suite expects of a PUSH's answer."""
     created = job.created_at
     if created.__class__ is not str and not isinstance(created, str):
         created = stamp

@@ -85,6 +85,8 @@ class _LastFormatted:
 
 
 _last_formatted: Final = _LastFormatted()
+#: ".000Z" to ".999Z": a moment's milliseconds, looked up (twice as fast as formatting them).
+_MILLIS: Final = tuple(f".{ms:03d}Z" for ms in range(1000))
 
 
 def format_timestamp(moment: datetime) -> str:
@@ -99,12 +101,12 @@ def format_timestamp(moment: datetime) -> str:
     else:
         utc = moment.astimezone(UTC)
     # Twice per push: the second's text from C ("...T10:30:00+00:00", once a second), then
-    # the milliseconds, truncated as isoformat does; a third of the time of isoformat each time.
+    # the milliseconds, truncated as isoformat does; a fourth of the time of isoformat each time.
     fields = (utc.second, utc.minute, utc.hour, utc.day, utc.month, utc.year)
     if fields != last.fields:
         last.fields = fields
         last.second = utc.isoformat(timespec="seconds")[:-6]
-    text = f"{last.second}.{utc.microsecond // 1000:03d}Z"
+    text = last.second + _MILLIS[utc.microsecond // 1000]
     last.moment = moment
     last.text = text
     return text

@@ -28,7 +28,7 @@ from ojs_anyio.amqp import BasicProperties, Int32
 
 from .._attempts import header_number, parse_attempt
 from .._common import utc_second
-from ._envelope import Job, encode_job, format_timestamp, parse_timestamp
+from ._envelope import Job, encode_job, parse_timestamp
 from ._errors import InvalidJobError
 from ._retry import RetryPolicy
 from ._route import Route
@@ -62,7 +62,6 @@ __all__ = [
     "header_max_attempts",
     "H_ERRORS",
     "header_since",
-    "job_properties",
     "with_headers",
 ]
 
@@ -112,53 +111,30 @@ def job_message(
     job: Job,
     route: Route,
     *,
-    enqueued_at: datetime,
+    enqueued_at: str,
     idempotency_key: str | None,
     reply_to: str | None,
     trace_headers: dict[str, str] | None,
 ) -> tuple[BasicProperties, bytes]:
-    """The properties and body a job is published with along ``route``.  No I/O.
+    """The properties (001 §6.1, §6.2) and body a job is published with along ``route``.  No I/O.
 
-    ``x-ojs-max-attempts`` only when the job itself set it: a job without its own
-    ``max_attempts`` carries none, and the worker's policy decides (docs/jobs.md)."""
-    own = job.retry.max_attempts if job.retry is not UNSET and isinstance(job.retry, RetryPolicy) else None
-    props = job_properties(
-        job,
-        max_attempts=own if own is not None and isinstance(own, int) else None,
-        enqueued_at=enqueued_at,
-        idempotency_key=idempotency_key,
-        trace_headers=trace_headers,
-    )
-    if route.headers:
-        props = with_headers(props, dict(route.headers))
-    if reply_to is not None:
-        props = msgspec.structs.replace(props, reply_to=reply_to)
-    return props, encode_job(job)
-
-
-def job_properties(
-    job: Job,
-    *,
-    max_attempts: int | None,
-    enqueued_at: datetime,
-    idempotency_key: str | None = None,
-    trace_headers: dict[str, str] | None = None,
-    attempt: int = 1,
-) -> BasicProperties:
-    """The AMQP properties of a job's message (001 §6.1, §6.2)."""
+    ``enqueued_at`` is the moment's text (``format_timestamp``): a push formats it once,
+    for the job it returns and for this header.  ``x-ojs-max-attempts`` only when the job
+    itself set it: a job without its own ``max_attempts`` carries none, and the worker's
+    policy decides (docs/jobs.md)."""
     # (Hot: every push.  An unset attribute is told by ``is UNSET``, without a call.)
-    enqueued = format_timestamp(enqueued_at)
     created = job.created_at
     if created is UNSET or not isinstance(created, str):
-        created = enqueued
+        created = enqueued_at
     headers: dict[str, Any] = {
         H_QUEUE: job.queue,
-        H_ATTEMPT: _int32(attempt),
+        H_ATTEMPT: _FIRST_ATTEMPT,
         H_CREATED_AT: created,
-        H_ENQUEUED_AT: enqueued,
+        H_ENQUEUED_AT: enqueued_at,
     }
-    if max_attempts is not None:  # only when the job set it: else the worker's policy decides
-        headers[H_MAX_ATTEMPTS] = _int32(max_attempts)
+    retry = job.retry
+    if retry is not UNSET and isinstance(retry, RetryPolicy) and isinstance(retry.max_attempts, int):
+        headers[H_MAX_ATTEMPTS] = _int32(retry.max_attempts)
     if job.scheduled_at is not UNSET and isinstance(job.scheduled_at, str):
         headers[H_SCHEDULED_AT] = job.scheduled_at
     meta = job.meta
@@ -172,7 +148,9 @@ def job_properties(
         headers[H_IDEMPOTENCY_KEY] = idempotency_key
     if trace_headers:
         headers.update(trace_headers)
-    return BasicProperties(
+    if route.headers:  # x-delay (the plugin's)
+        headers.update(route.headers)
+    props = BasicProperties(
         message_id=job.id,
         type=job.type,
         content_type=CONTENT_TYPE,
@@ -184,8 +162,10 @@ def job_properties(
         # with each other, whoever published them.
         priority=None if job.priority is UNSET else priority_to_amqp(job.priority),
         correlation_id=correlation_id if isinstance(correlation_id, str) and correlation_id else None,
+        reply_to=reply_to,
         headers=headers,
     )
+    return props, encode_job(job)
 
 
 # Int32 values are immutable: the few attempt counts in use are built once.
@@ -199,6 +179,10 @@ def _int32(value: int) -> Int32:
         if len(_INT32) < 256:
             _INT32[value] = found
     return found
+
+
+#: ``x-ojs-attempt`` of a job's first message (every push's).
+_FIRST_ATTEMPT: Final = _int32(1)
 
 
 class _CreatedSecond:

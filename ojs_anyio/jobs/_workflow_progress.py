@@ -29,7 +29,7 @@ import msgspec
 
 from .. import amqp
 from ._context import WORKFLOW_META_KEY
-from ._envelope import Job
+from ._envelope import Job, format_timestamp
 from ._retry import RetryPolicy
 from ._route import route
 from ._wire import job_message
@@ -174,10 +174,11 @@ async def _publish_in(flow: Flow, ch: amqp.Channel, effects: Effects) -> None:
     for queue, body, props in effects.messages:
         await ch.publish(body, exchange="", routing_key=queue, properties=props)
     now = datetime.now(UTC)
+    stamp = format_timestamp(now)
     for job in effects.jobs:
         found = route(job, now, "levels", flow.client.names)
         props, body = job_message(
-            job, found, enqueued_at=now, idempotency_key=None, reply_to=None, trace_headers=None
+            job, found, enqueued_at=stamp, idempotency_key=None, reply_to=None, trace_headers=None
         )
         await ch.publish(body, exchange=found.exchange, routing_key=found.routing_key, properties=props)
 

@@ -19,10 +19,11 @@ import msgspec
 import pytest
 import uuid6
 
-from ojs_anyio import events
+from ojs_anyio import amqp, events
 from ojs_anyio._common import new_id, single_error, utc_second
-from ojs_anyio.jobs import new_job
-from ojs_anyio.jobs._wire import job_properties
+from ojs_anyio.jobs import Job, format_timestamp, new_job
+from ojs_anyio.jobs._route import Route
+from ojs_anyio.jobs._wire import job_message
 
 UUID7_TEXT = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
@@ -70,11 +71,20 @@ def test_a_jobs_amqp_timestamp_is_its_created_at_second() -> None:
         msgspec.structs.replace(new_job("t", []), created_at=f"2026-11-28T15:30:58.{ms:03d}Z")
         for ms in (1, 998)
     ]
-    stamps = [job_properties(job, max_attempts=None, enqueued_at=now).timestamp for job in made]
+    stamp = format_timestamp(now)
+
+    def properties(job: Job) -> amqp.BasicProperties:
+        due_now = Route("ojs.exchange.direct", job.queue, {}, ())
+        message = job_message(
+            job, due_now, enqueued_at=stamp, idempotency_key=None, reply_to=None, trace_headers=None
+        )
+        return message[0]
+
+    stamps = [properties(job).timestamp for job in made]
     assert stamps[0] == datetime(2026, 11, 28, 15, 30, 58, tzinfo=UTC)
     assert stamps[0] is stamps[1]
     given = msgspec.structs.replace(new_job("t", []), created_at="2020-01-02T03:04:05.678+02:00")
-    props = job_properties(given, max_attempts=None, enqueued_at=now)
+    props = properties(given)
     assert props.timestamp == datetime(2020, 1, 2, 1, 4, 5, tzinfo=UTC)
     assert (props.headers or {})["x-ojs-created-at"] == "2020-01-02T03:04:05.678+02:00"
 

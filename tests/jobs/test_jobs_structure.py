@@ -192,28 +192,25 @@ def _method(path: Path, cls: str, name: str) -> ast.FunctionDef | ast.AsyncFunct
     raise AssertionError(f"{path.name}: no {cls}.{name}")
 
 
-def _first_call_line(fn: ast.AST, attribute: str) -> int:
-    lines = [
-        node.lineno
-        for node in ast.walk(fn)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attribute
-    ]
-    assert lines, f"no call to .{attribute}"
+def _first_call_line(fn: ast.AST, name: str) -> int:
+    """The first line of ``fn`` that calls ``name`` (a function, or ``.name``)."""
+    calls = [node for node in ast.walk(fn) if isinstance(node, ast.Call)]
+    lines = [node.lineno for node in calls if _called_name(node) == name]
+    assert lines, f"no call to {name}"
     return min(lines)
 
 
 def test_push_is_route_then_ensure_then_message_then_publish() -> None:
     """The message is built after the route's needs were declared, and building it does
-    no I/O (a plain function: it cannot await)."""
+    no I/O (``_wire.job_message``, a plain function: it cannot await)."""
     push = JOBS / "_push.py"
-    assert isinstance(_method(push, "Pusher", "message"), ast.FunctionDef)
     assert isinstance(_method(push, "Pusher", "resolve_route"), ast.AsyncFunctionDef)
     resolve = _method(push, "Pusher", "resolve_route")
     assert _first_call_line(resolve, "ensure") > 0  # the declarer's, before anything is built
     for name in ("publish", "batch"):
         fn = _method(push, "Pusher", name)
         route_at = _first_call_line(fn, "resolve_route")
-        message_at = _first_call_line(fn, "message")
+        message_at = _first_call_line(fn, "job_message")
         publish_at = _first_call_line(fn, "publish")
         assert route_at < message_at < publish_at, name
     for node in ast.walk(_tree(JOBS / "_wire.py")):

@@ -16,7 +16,7 @@ import ojs_anyio as ojs
 from ojs_anyio import amqp
 from ojs_anyio.amqp import _metrics
 from ojs_anyio.jobs._client import Client
-from ojs_anyio.jobs._envelope import parse_timestamp
+from ojs_anyio.jobs._envelope import format_timestamp, parse_timestamp
 from ojs_anyio.jobs._route import route
 from ojs_anyio.jobs._topology import MAX_DELAY_MS
 from ojs_anyio.jobs._wire import job_message
@@ -217,9 +217,10 @@ def test_plugin_message_shape_without_a_broker() -> None:
     client = Client(None, names=names, scheduler="plugin")  # type: ignore[arg-type]
     job = client.build("email.send", [], queue="email", delay=timedelta(seconds=90))
     now = datetime.now(UTC)
+    stamp = format_timestamp(now)
     found = route(job, now, "plugin", names)
     props, _body = job_message(
-        job, found, enqueued_at=now, idempotency_key=None, reply_to=None, trace_headers=None
+        job, found, enqueued_at=stamp, idempotency_key=None, reply_to=None, trace_headers=None
     )
     assert found.exchange == "tenant1.ojs.exchange.delayed"
     assert found.routing_key == "email"
@@ -230,7 +231,7 @@ def test_plugin_message_shape_without_a_broker() -> None:
     now_job = client.build("email.send", [], queue="email")
     found = route(now_job, now, "plugin", names)
     props, _body = job_message(
-        now_job, found, enqueued_at=now, idempotency_key=None, reply_to=None, trace_headers=None
+        now_job, found, enqueued_at=stamp, idempotency_key=None, reply_to=None, trace_headers=None
     )
     assert (found.exchange, found.routing_key) == ("tenant1.ojs.exchange.direct", "email")
     assert "x-delay" not in (props.headers or {})
