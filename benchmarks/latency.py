@@ -42,7 +42,6 @@ import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -97,8 +96,7 @@ def measure_split(
     from this one: after a probe job the child has run, ``total`` jobs on the schedule."""
     total = warmup + max(1, round(rate * seconds))
     q = f"latency-{uuid.uuid4().hex[:10]}"
-    fd, path = tempfile.mkstemp(prefix="ojs-latency-")
-    os.close(fd)
+    path = jobs.stamp_file("ojs-latency-")
     cmd = [sys.executable, SCRIPT, "--worker-child", q, "--stamps", path, "--backends", backend,
            "--concurrency", str(concurrency), "--url", url]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
