@@ -191,7 +191,8 @@ class Feeder(asyncio.Protocol):
             return  # feeding failed: nothing more is decoded on this socket
         try:
             look = self._on_data(data)
-        except BaseException as exc:  # a bug in an event handler: the reader task raises it
+        except Exception as exc:  # a bug in an event handler: the reader task raises it
+            # (KeyboardInterrupt and SystemExit go on up to the loop, as from any callback.)
             self._end = exc
             self._transport.pause_reading()
             look = True
