@@ -119,7 +119,9 @@ class StubLink:
         self._unconfirmed.append(self._tag)
         return self._tag
 
-    def ack(self, channel_id: int, delivery_tag: int, multiple: bool, batch: bool = False) -> bool:
+    def ack(
+        self, channel_id: int, delivery_tag: int, multiple: bool, batch: bool = False, fold: bool = False
+    ) -> bool:
         return False
 
     def reject(self, channel_id: int, delivery_tag: int, requeue: bool, batch: bool = False) -> bool:

@@ -12,7 +12,9 @@ Clients:
 * ``raw-socket``: the ceiling.  A blocking stdlib socket; the handshake is done with
   ``ojs_codec.AMQPConnection``, then N pre-encoded publishes go out in 64 KiB writes (no
   in-flight limit) and confirms are parsed in bulk between writes; deliveries are
-  parsed in bulk and one Basic.Ack frame per delivery is written, batched per read.
+  parsed in bulk and, after each read, one Basic.Ack of the last delivery with
+  ``multiple=True`` is written (every delivery is acked in order, so that frame settles
+  them all: the broker reads one ack frame per read, the least it can be sent).
 * ``ojs-anyio/asyncio`` and ``ojs-anyio/trio``: ``ch.publish_window()`` and
   ``ch.consume()`` + ``await m.ack()``.
 * peers, each with its fastest documented way to keep publishes in flight:
@@ -378,14 +380,17 @@ class RawConnection:
             if reply.message_count >= n:
                 return time.perf_counter() - t0
 
-    def consume(self, queue: str, n: int, prefetch: int = PREFETCH) -> float:
-        """Basic.Qos + Basic.Consume, then one Ack per delivery; seconds until N acked."""
+    def consume(self, queue: str, n: int, prefetch: int = PREFETCH, *, fold: bool = True) -> float:
+        """Basic.Qos + Basic.Consume, then the acks of each read's deliveries in one write;
+        seconds until N acked.  With ``fold`` (the ceiling), that write is one Basic.Ack of
+        the read's last delivery with ``multiple=True``; without, one Basic.Ack per delivery."""
         sock = self.sock
         recv = sock.recv
         cid = self.cid
         encode_ack = ojs_codec.encode_ack
         acked = 0
         pending_tag = 0
+        done_tag = 0  # the last delivery whose body is complete
         body_left = -1
         buf = self._rest
         t0 = time.perf_counter()
@@ -402,6 +407,7 @@ class RawConnection:
                 raise ConnectionError("broker closed the socket")
             buf = buf + data if buf else data
             acks: list[bytes] = []
+            done = 0
             pos = 0
             end = len(buf)
             while end - pos >= 8:
@@ -412,7 +418,10 @@ class RawConnection:
                 if ftype == 3:
                     body_left -= size
                     if body_left == 0:
-                        acks.append(encode_ack(cid, pending_tag))
+                        done += 1
+                        done_tag = pending_tag
+                        if not fold:
+                            acks.append(encode_ack(cid, pending_tag))
                 elif ftype == 1:
                     key = unpack_u32(buf, pos + 7)[0]
                     if key == _BASIC_DELIVER:
@@ -422,12 +431,15 @@ class RawConnection:
                 elif ftype == 2:
                     body_left = unpack_q(buf, pos + 11)[0]
                     if body_left == 0:
-                        acks.append(encode_ack(cid, pending_tag))
+                        done += 1
+                        done_tag = pending_tag
+                        if not fold:
+                            acks.append(encode_ack(cid, pending_tag))
                 pos = fend + 1
             buf = buf[pos:]
-            if acks:
-                acked += len(acks)
-                sock.sendall(b"".join(acks))
+            if done:
+                acked += done
+                sock.sendall(encode_ack(cid, done_tag, True) if fold else b"".join(acks))
         elapsed = time.perf_counter() - t0
         self._rest = buf
         self._rpc(commands.Basic.Cancel(consumer_tag="raw"), commands.Basic.CancelOk)

@@ -172,6 +172,8 @@ PUSH_TASKS = 100
 CONCURRENCIES = (1, 10, 100)
 #: ``Worker(concurrency=1, prefetch=...)`` in the c=1 rounds (ours only).
 PREFETCH_C1 = 10
+#: The raw worker's key suffix when it acks each delivery with a frame of its own.
+PER_DELIVERY = "_per_delivery_ack"
 STAMP_ENV = "OJS_BENCH_STAMPS"
 _STAMP = struct.Struct("<d")
 
@@ -476,9 +478,12 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
 
     Enqueue: N copies of one real job message (our properties and body, mandatory, to the
     direct exchange and the priority job queue) written in large batches over a blocking
-    socket, confirms counted without per-message objects.  Worker: Basic.Qos(prefetch=c) and
-    one Basic.Ack per delivery, nothing decoded (``hotpath.RawConnection``).  No client, in
-    any language, moves these jobs through this broker faster than that.
+    socket, confirms counted without per-message objects.  Worker: Basic.Qos(prefetch=c),
+    nothing decoded, and after each read one Basic.Ack of its last delivery with
+    ``multiple=True`` (``hotpath.RawConnection``).  No client, in any language, moves these
+    jobs through this broker faster than that.  The worker is measured again acking each
+    delivery with a frame of its own (``worker_c{c}`` + ``PER_DELIVERY``), the ceiling issue
+    29 was written against, before ours folded acks.
     """
     import hotpath  # beside this script
 
@@ -493,6 +498,13 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
         if count != n:
             raise RuntimeError(f"raw enqueue: the queue holds {count} jobs, expected {n}")
         out.add(f"worker_c{c}", n / conn.consume(job_queue, n, prefetch=c))
+        # The same drain acking each delivery with a frame of its own (the ceiling issue 29
+        # was written against; ours folds acks since, so the ceiling above folds them too).
+        conn.publish(q, n, exchange=exchange, properties=props, body=body, mandatory=True)
+        count = wait_for_count(url, job_queue, n)
+        if count != n:
+            raise RuntimeError(f"raw enqueue: the queue holds {count} jobs, expected {n}")
+        out.add(f"worker_c{c}{PER_DELIVERY}", n / conn.consume(job_queue, n, prefetch=c, fold=False))
         # Enqueue again into the now empty queue, never more than PUSH_TASKS unconfirmed:
         # the most that PUSH_TASKS callers each awaiting their own confirm (ours push x100)
         # can reach on this broker.
@@ -1308,6 +1320,18 @@ def print_report(
             room = f"1x peer {'below' if peer <= top else 'ABOVE'}, "
             room += f"2x peer {'below' if 2 * peer <= top else 'ABOVE'}"
         print(f"  {row['scenario']:<18} {', '.join(shares)}; {room}")
+    for row in comparison:
+        loose_top = ceiling.values.get(row["scenario"] + PER_DELIVERY)
+        if loose_top:
+            shares = [
+                f"{b} {r.values[row['scenario']] / loose_top:.0%}"
+                for b, r in ours.items()
+                if row["scenario"] in r.values
+            ]
+            print(
+                f"  {row['scenario']:<18} against the raw worker acking each delivery with a frame"
+                f" of its own ({_fmt(loose_top)}/s, issue 29's first ceiling): {', '.join(shares)}"
+            )
     windowed = ceiling.values.get("enqueue_window")
     if windowed:
         shares = []

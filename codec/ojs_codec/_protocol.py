@@ -144,6 +144,8 @@ __all__ = [
 
 _U32 = struct.Struct(">I")
 _DELIVER_ID = _U32.pack(BASIC_DELIVER)
+#: A Basic.Ack frame's size, whatever its channel, tag and flag.
+ACK_FRAME_SIZE = len(_fast.encode_ack(1, 1, False))
 
 #: Synchronous requests and the replies that complete them.
 _SYNC_REPLIES: dict[int, frozenset[int]] = {
@@ -346,6 +348,11 @@ class AMQPConnection:
         self._hb_seen_in = -1
         self._hb_last_in_time: float | None = None
         self._hb_last_out_time: float | None = None
+        # The frame queued last, when it is a Basic.Ack that a later ack may fold into
+        # (see ``ack``): where the queue ended after it, its channel and its tag.
+        self._ack_end = -1
+        self._ack_channel = 0
+        self._ack_tag = 0
 
     # ------------------------------------------------------------------ I/O
 
@@ -361,6 +368,7 @@ class AMQPConnection:
             return b""
         data = bytes(self._out)
         self._out.clear()
+        self._ack_end = -1  # the queued ack went out: nothing to fold into
         self._bytes_out += len(data)
         return data
 
@@ -598,11 +606,31 @@ class AMQPConnection:
             ch.mandatory_pending[tag] = (exchange, routing_key, body, properties)
         return tag
 
-    def ack(self, channel_id: int, delivery_tag: int, multiple: bool = False) -> None:
+    def ack(self, channel_id: int, delivery_tag: int, multiple: bool = False, fold: bool = False) -> None:
+        """Queue Basic.Ack.
+
+        ``fold=True`` says that every delivery of the channel with a tag up to
+        ``delivery_tag`` is settled by a frame already queued or sent.  Then, if the frame
+        queued last is an ack of this channel with a lower tag, this ack replaces it as one
+        ``multiple=True`` ack: the broker reads one frame where it would read several, and
+        settles the same deliveries (those two, the only ones it still holds up to this tag).
+        """
         ch = self._channels.get(channel_id)
         if ch is None or ch.state is not ChannelState.OPEN:  # one ack a message: no call
             self._open_channel_or_raise(channel_id)  # raises
-        self._out += _fast.encode_ack(channel_id, delivery_tag, multiple)
+        out = self._out
+        if (
+            fold
+            and self._ack_end == len(out)
+            and self._ack_channel == channel_id
+            and delivery_tag > self._ack_tag
+        ):
+            del out[-ACK_FRAME_SIZE:]
+            multiple = True
+        out += _fast.encode_ack(channel_id, delivery_tag, multiple)
+        self._ack_end = len(out)
+        self._ack_channel = channel_id
+        self._ack_tag = delivery_tag
 
     def nack(self, channel_id: int, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
         self._open_channel_or_raise(channel_id)

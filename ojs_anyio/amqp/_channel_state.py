@@ -31,6 +31,10 @@ import anyio
 
 __all__ = ["ChannelState", "Settle", "Waiter"]
 
+#: At most this many settled tags wait above an unsettled one (``ChannelState.above``);
+#: past it, acks of the generation are no longer folded (each is its own frame).
+ABOVE_MAX = 16384
+
 
 class Waiter:
     """The reply (or the error) one synchronous call waits for."""
@@ -64,11 +68,13 @@ class ChannelState:
 
     __slots__ = (
         "__weakref__",
+        "above",
         "cid",
         "close_waiter",
         "closed",
         "closed_error",
         "confirms",
+        "floor",
         "generation",
         "get_unacked",
         "internal",
@@ -92,6 +98,12 @@ class ChannelState:
         self.openings = 0
         #: Highest delivery tag settled with multiple=True in this generation.
         self.settled_upto = 0
+        #: Every delivery of this generation with a tag up to ``floor`` is settled (acked,
+        #: nacked or rejected by a frame queued or sent, or taken with no_ack); the settled
+        #: tags above it wait in ``above``.  An ack up to the floor may fold the ack queued
+        #: before it into one ``multiple=True`` frame (``AMQPConnection.ack``'s ``fold``).
+        self.floor = 0
+        self.above: set[int] = set()
         #: Unsettled Basic.Get deliveries of this generation, by queue label (for the gauge).
         self.get_unacked: dict[str, int] = {}
         self.opened_once = False
@@ -120,6 +132,8 @@ class ChannelState:
     def _new_generation(self, *, drop_gets: bool) -> None:
         self.generation += 1
         self.settled_upto = 0
+        self.floor = 0
+        self.above = set()
         if drop_gets:
             self.get_unacked = {}
 
@@ -257,7 +271,29 @@ class ChannelState:
             return Settle.ALREADY
         if not current or self.cid == 0:
             return Settle.STALE
-        if multiple and tag > self.settled_upto:
-            # Delivery tags grow per channel: this settles every earlier delivery too.
-            self.settled_upto = tag
+        if multiple:
+            if tag > self.settled_upto:
+                # Delivery tags grow per channel: this settles every earlier delivery too.
+                self.settled_upto = tag
+            if tag > self.floor:
+                self.above = {t for t in self.above if t > tag}
+                self.floor = tag - 1
+        if tag == self.floor + 1 and not self.above:
+            self.floor = tag  # settled_tag, inline: in order, the hot path
+        else:
+            self.settled_tag(tag)
         return Settle.OK
+
+    def settled_tag(self, tag: int) -> None:
+        """Delivery ``tag`` of this generation is settled, or never needed a settle (no_ack):
+        move ``floor`` up past it and the settled tags that waited above it."""
+        floor = self.floor
+        if tag == floor + 1:
+            above = self.above
+            if above:
+                while tag + 1 in above:
+                    tag += 1
+                    above.discard(tag)
+            self.floor = tag
+        elif tag > floor and len(self.above) < ABOVE_MAX:
+            self.above.add(tag)

@@ -177,7 +177,14 @@ class IncomingMessage:
         cid = self._begin_settle(multiple)
         link = self._link
         consumer = self._consumer  # _batching, inline: the hot path
-        write = link.ack(cid, self.delivery_tag, multiple, consumer is not None and consumer.buffered > 0)
+        tag = self.delivery_tag
+        write = link.ack(
+            cid,
+            tag,
+            multiple,
+            consumer is not None and 0 < consumer.buffered != consumer.half_window,
+            self._state.floor >= tag,
+        )
         q = self._label
         try:
             _ACKED[q] += 1  # no call once the queue was counted
@@ -207,9 +214,11 @@ class IncomingMessage:
     def _batching(self) -> bool:
         """Whether the settle just made may wait to be written: while the consumer still has
         deliveries buffered, the consumer sends it before it waits for the broker again,
-        and the connection's flusher within ~2 ms at the latest."""
+        and the connection's flusher within ~2 ms at the latest.  Except when half the
+        prefetch window is left buffered: then it goes now, so the broker sends the next
+        deliveries while the consumer works through the rest (a pipeline, not stop-and-wait)."""
         consumer = self._consumer
-        return consumer is not None and consumer.buffered > 0
+        return consumer is not None and 0 < consumer.buffered != consumer.half_window
 
     def __repr__(self) -> str:
         return (
@@ -360,7 +369,10 @@ class Consuming:
             # Sent before our Basic.Cancel took effect: give it back to the queue.
             if consumer is None or not consumer.no_ack:
                 self._link.reject(self._state.cid, ev.delivery_tag, True)
+            self._state.settled_tag(ev.delivery_tag)
             return
+        if consumer.no_ack:
+            self._state.settled_tag(ev.delivery_tag)
         q = consumer.label
         msg = IncomingMessage(
             self._channel, consumer, ev, consumer.no_ack, consumer.queue, q, self._state, self._link
@@ -385,6 +397,7 @@ class Consuming:
             link = self._link
             if not consumer.no_ack:
                 link.reject(self._state.cid, ev.delivery_tag, True)
+                self._state.settled_tag(ev.delivery_tag)
             # Nothing takes deliveries any more: stop the broker sending them (else they
             # would bounce between it and us until the consume block is left).
             cancel = commands.Basic.Cancel(consumer_tag=consumer.consumer_tag, nowait=True)
@@ -405,7 +418,9 @@ class Consuming:
         if type(reply) is GetOk:
             label = _metrics.label(queue)
             _metrics.bump(_metrics.stats.consumed, label)
-            if not no_ack:
+            if no_ack:
+                self._state.settled_tag(reply.delivery_tag)
+            else:
                 self._state.got(label)
                 _metrics.consumers.add(self._state)
             return IncomingMessage(self._channel, None, reply, no_ack, queue, label, self._state, self._link)

@@ -49,6 +49,7 @@ class ConsumerFeed:
         "ended",
         "error",
         "exclusive",
+        "half_window",
         "label",
         "link",
         "max_buffer",
@@ -77,6 +78,9 @@ class ConsumerFeed:
         self.queue = queue
         self.consumer_tag = consumer_tag
         self.prefetch = prefetch
+        #: Half the prefetch window: a settle made with this many deliveries still buffered
+        #: is written at once (``IncomingMessage._batching``).
+        self.half_window = (prefetch or 0) // 2
         self.no_ack = no_ack
         self.exclusive = exclusive
         self.arguments = arguments

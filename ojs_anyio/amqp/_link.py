@@ -145,10 +145,14 @@ class ChannelLink:
             channel_id, exchange, routing_key, body, properties, mandatory=mandatory
         )
 
-    def ack(self, channel_id: int, delivery_tag: int, multiple: bool, batch: bool = False) -> bool:
-        """Queue Basic.Ack; ``True`` when the caller must write it (see :meth:`_settled`)."""
+    def ack(
+        self, channel_id: int, delivery_tag: int, multiple: bool, batch: bool = False, fold: bool = False
+    ) -> bool:
+        """Queue Basic.Ack; ``True`` when the caller must write it (see :meth:`_settled`).
+        ``fold``: every delivery of the channel up to this one is settled, so the codec may
+        fold the ack queued just before into this one (``AMQPConnection.ack``)."""
         t = self.transport
-        t.proto.ack(channel_id, delivery_tag, multiple)
+        t.proto.ack(channel_id, delivery_tag, multiple, fold)
         if batch and len(t.proto.outbound) < FLUSH_THRESHOLD:  # _settled, inline: the hot path
             if not t.deferred_flush:
                 t.defer_flush()

@@ -8,10 +8,12 @@ from collections.abc import Callable
 import anyio
 import pytest
 from harness import FaultProxy
+from pamqp import commands
 
+import ojs_codec as codec
 from ojs_anyio import amqp
 
-from .amqp_helpers import closed_port, deleted_afterwards
+from .amqp_helpers import closed_port, deleted_afterwards, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -132,3 +134,105 @@ async def test_batched_ack_is_sent_even_if_the_consumer_stops_iterating(
         assert sorted(m.body for m in back) == [b"m1", b"m2"]
         assert all(m.redelivered for m in back)
         assert await ch.get(queue) is None
+
+
+# ------------------------------------------------------------ acks folded into one frame
+
+_BURST = 20
+
+
+async def _buffered_burst(messages: amqp.Consumer) -> None:
+    """Wait until all of the queue's _BURST messages sit in the consumer's buffer."""
+    await wait_until(lambda: messages.statistics().current_buffer_used == _BURST, what="burst buffered")
+
+
+@pytest.fixture
+def sent_acks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """(tag, multiple) of every Basic.Ack the connections hand to their sockets."""
+    acks: list[tuple[int, bool]] = []
+    reader = codec.FrameReader()
+    original = codec.AMQPConnection.data_to_send
+
+    def spy(self: codec.AMQPConnection) -> bytes:
+        data = original(self)
+        if data and not data.startswith(codec.PROTOCOL_HEADER):
+            for kind, _ch, payload in reader.frames(data):
+                if kind == codec.FRAME_METHOD:
+                    method = codec.decode_method(payload)
+                    if isinstance(method, commands.Basic.Ack):
+                        acks.append((method.delivery_tag, method.multiple))
+        return data
+
+    monkeypatch.setattr(codec.AMQPConnection, "data_to_send", spy)
+    return acks
+
+
+async def test_acks_of_a_buffered_burst_go_out_folded(
+    amqp_url: str, sent_acks: list[tuple[int, bool]]
+) -> None:
+    """Acking each of a burst of deliveries one by one writes a few ``multiple=True`` acks,
+    not one frame per delivery (the broker reads a fraction of the frames), and settles
+    every one of them: nothing comes back when the channel closes."""
+    async with amqp.connect(amqp_url) as conn:
+        async with conn.channel() as ch:
+            queue = (await ch.queue_declare("")).name
+        async with deleted_afterwards(conn, queues=[queue]):
+            async with conn.channel() as ch:
+                for i in range(_BURST):
+                    await ch.publish(f"m{i}".encode(), routing_key=queue)
+                async with ch.consume(queue, prefetch=_BURST) as messages:
+                    await _buffered_burst(messages)
+                    count = 0
+                    async for msg in messages:
+                        await msg.ack()
+                        count += 1
+                        if count == _BURST:
+                            break
+            assert len(sent_acks) < _BURST // 4, sent_acks
+            assert sent_acks[-1] == (_BURST, True)
+            async with conn.channel() as ch:
+                assert (await ch.queue_declare(queue, passive=True)).message_count == 0
+
+
+@pytest.mark.parametrize("settle_held", ["hold", "reject"])
+async def test_a_held_delivery_is_never_folded_into_a_later_ack(
+    amqp_url: str, sent_acks: list[tuple[int, bool]], settle_held: str
+) -> None:
+    """Delivery 11 is held (or rejected) while the rest of the burst is acked: the folded
+    acks settle the others and never that one, which the broker gives back when the
+    channel closes (a rejected one is dropped, and the channel stays open)."""
+    async with amqp.connect(amqp_url) as conn:
+        async with conn.channel() as ch:
+            queue = (await ch.queue_declare("")).name
+        async with deleted_afterwards(conn, queues=[queue]):
+            async with conn.channel() as ch:
+                for i in range(_BURST):
+                    await ch.publish(f"m{i}".encode(), routing_key=queue)
+                async with ch.consume(queue, prefetch=_BURST) as messages:
+                    await _buffered_burst(messages)
+                    count = 0
+                    async for msg in messages:
+                        count += 1
+                        if msg.body == b"m10":
+                            if settle_held == "reject":
+                                await msg.reject(requeue=False)
+                        else:
+                            await msg.ack()
+                        if count == _BURST:
+                            break
+                    folded = [tag for tag, multiple in sent_acks if multiple]
+                    assert folded  # folding did happen
+                    if settle_held == "hold":
+                        assert max(folded) < 11, sent_acks  # none covers the held delivery
+                    assert ch.is_open
+            # The channel closed with the held delivery unsettled: the broker requeued it.
+            held = 0 if settle_held == "reject" else 1
+            async with conn.channel() as ch:
+                assert (await ch.queue_declare(queue, passive=True)).message_count == held
+                bodies = set()
+                for _ in range(held):
+                    got = await ch.get(queue)
+                    assert got is not None
+                    bodies.add(got.body)
+                    await got.ack()
+                assert bodies == ({b"m10"} if held else set())

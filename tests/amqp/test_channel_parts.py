@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ojs_anyio.amqp import PublishNackedError, PublishOutcomeUnknownError, UnroutableError
-from ojs_anyio.amqp._channel_state import ChannelState, Settle, Waiter
+from ojs_anyio.amqp._channel_state import ABOVE_MAX, ChannelState, Settle, Waiter
 from ojs_anyio.amqp._confirms import ConfirmTracker
 from ojs_anyio.amqp._publish import PublishHandle
 from ojs_codec import BasicProperties, Confirmed, Returned
@@ -35,6 +35,35 @@ async def test_every_transition_moves_the_generation_and_resets_settling() -> No
     assert state.closed and state.closed_error is error and state.cid == 0
     assert state.closed_for_good(RuntimeError("again")) == -1  # idempotent
     assert state.closed_error is error
+
+
+async def test_the_settled_floor_passes_only_settled_deliveries() -> None:
+    """``floor``: every delivery up to it is settled, so an ack up to it may fold the ack
+    queued before it (a multiple ack).  A delivery still held keeps it below."""
+    state = ChannelState()
+    state.opened(1)
+    gen = state.generation
+    for tag in (2, 3, 5):
+        assert state.settle(tag, gen, multiple=False) == Settle.OK
+    assert state.floor == 0  # delivery 1 is still held
+    state.settled_tag(1)  # taken with no_ack, say
+    assert state.floor == 3  # 1, 2, 3; 4 is held
+    assert state.settle(4, gen, multiple=False) == Settle.OK
+    assert state.floor == 5
+    assert state.settle(9, gen, multiple=True) == Settle.OK  # a multiple ack settles 6-8 too
+    assert state.floor == 9 and not state.above
+    state.recovered()
+    assert (state.floor, state.above) == (0, set())  # a new generation's tags start again
+
+
+async def test_the_settled_floor_stops_tracking_past_its_bound() -> None:
+    state = ChannelState()
+    state.opened(1)
+    for tag in range(2, ABOVE_MAX + 10):
+        state.settled_tag(tag)
+    assert len(state.above) == ABOVE_MAX  # tags past the bound are not kept...
+    state.settled_tag(1)
+    assert state.floor == ABOVE_MAX + 1  # ...so the floor stops below them: no fold, never a wrong one
 
 
 async def test_a_waiter_is_taken_once() -> None:

@@ -793,3 +793,47 @@ def test_crossed_channel_close_keeps_the_id_until_the_brokers_close_ok() -> None
     assert proto.receive_data(Peer.method(cid, commands.Channel.CloseOk())) == []
     assert proto.state is codec.ConnectionState.OPEN
     assert proto.channel_state(cid) is codec.ChannelState.CLOSED
+
+
+# ------------------------------------------------------------------ folding acks
+
+
+def _acks(data: bytes) -> list[tuple[int, bool]]:
+    """(delivery tag, multiple) of each Basic.Ack among bytes the client sent."""
+    return [(m.delivery_tag, m.multiple) for m in sent_methods(data) if isinstance(m, commands.Basic.Ack)]
+
+
+def test_an_ack_folds_into_the_ack_queued_before_it() -> None:
+    """With ``fold`` (every delivery up to the tag is settled), consecutive acks of a
+    channel become one ``multiple=True`` ack of the highest tag: one frame, the same
+    deliveries settled."""
+    proto = open_connection()
+    cid = open_channel(proto)
+    proto.ack(cid, 1, fold=True)
+    for tag in range(2, 6):
+        proto.ack(cid, tag, fold=True)
+    assert _acks(proto.data_to_send()) == [(5, True)]
+
+
+def test_an_ack_does_not_fold_when_it_may_not() -> None:
+    proto = open_connection()
+    cid = open_channel(proto)
+    other = open_channel(proto)
+    proto.ack(cid, 1)
+    proto.ack(cid, 2)  # not told that every earlier delivery is settled
+    proto.ack(other, 3, fold=True)  # another channel's tags
+    proto.ack(cid, 4, fold=True)
+    proto.ack(cid, 3, fold=True)  # lower than the ack before it: it would un-settle 4
+    proto.reject(cid, 5)
+    proto.ack(cid, 6, fold=True)  # the frame before it is not an ack
+    sent = _acks(proto.data_to_send())
+    assert sent == [(1, False), (2, False), (3, False), (4, False), (3, False), (6, False)]
+    proto.ack(cid, 7, fold=True)  # the ack before it has left: nothing to fold into
+    proto.ack(cid, 8, fold=True)
+    assert _acks(proto.data_to_send()) == [(8, True)]
+    proto.ack(cid, 9, fold=True)
+    proto.send_method(cid, commands.Basic.Qos(prefetch_count=5))
+    proto.ack(cid, 10, fold=True)  # the method between keeps its place after ack 9
+    sent = proto.data_to_send()
+    assert [type(m).__name__ for m in sent_methods(sent)] == ["Ack", "Qos", "Ack"]
+    assert _acks(sent) == [(9, False), (10, False)]
