@@ -160,7 +160,7 @@ import anyio
 
 import ojs_anyio as ojs
 from ojs_anyio import amqp
-from ojs_anyio.jobs._wire import job_message
+from ojs_anyio.jobs._push import enqueued_message
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 TARGET = 5.0
@@ -466,10 +466,7 @@ async def _job_message(url: str, q: str) -> tuple[str, Any, bytes]:
         job = client.build("bench.noop", ARGS, queue=q)
         now = datetime.now(UTC)
         found = await client.pusher.resolve_route(job, now)
-        props, body = job_message(
-            job, found, enqueued_at=ojs.jobs.format_timestamp(now), idempotency_key=None, reply_to=None,
-            trace_headers=None,
-        )  # fmt: skip
+        _pushed, props, body = enqueued_message(job, found, now, trace_headers=None)
         return found.exchange, props, body
 
 

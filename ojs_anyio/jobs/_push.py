@@ -2,7 +2,7 @@
 
 :class:`Pusher` owns it: the ``around_push`` hooks, the idempotency claim, where a job goes
 (``route()``, pure, in ``_route.py``), declaring what that route needs (the client's
-``Declarer``, before the message is built), the message (``_wire.job_message``, pure) and
+``Declarer``, before the message is built), the message (``enqueued_message``, pure) and
 the confirmed publish, single or pipelined (``batch``).  It reaches its client through
 :class:`PushingClient` (public names only); the cron scheduler pushes through the client's
 public ``push_job``, so every job, scheduled or not, goes through here.
@@ -20,7 +20,7 @@ import anyio
 import msgspec
 from msgspec import UNSET
 
-from ojs_anyio.amqp import UsageError
+from ojs_anyio.amqp import BasicProperties, UsageError
 
 from .. import amqp
 from .._trace_context import NO_SPAN
@@ -39,7 +39,7 @@ from ._topology import Names
 from ._unique import unique_lock
 from ._wire import job_message
 
-__all__ = ["PushResult", "Pusher", "PushingClient", "as_enqueued"]
+__all__ = ["PushResult", "Pusher", "PushingClient", "as_enqueued", "enqueued_message"]
 
 log = logging.getLogger("ojs_anyio.jobs")
 
@@ -209,11 +209,9 @@ class Pusher:
         # CONSUMER span becomes its child (001 §12.2).
         with _tracing.producer_span(job, route.exchange):
             try:
-                stamp = format_timestamp(now)
-                pushed = as_enqueued(job, route, stamp)  # what the body carries, and push returns
-                props, body = job_message(
-                    pushed, route, enqueued_at=stamp, idempotency_key=idempotency_key,
-                    reply_to=reply_to, trace_headers=_tracing.inject_headers(),
+                pushed, props, body = enqueued_message(
+                    job, route, now, idempotency_key=idempotency_key, reply_to=reply_to,
+                    trace_headers=_tracing.inject_headers(),
                 )  # fmt: skip
                 if deadline is None and conn.is_open:
                     # The hot path: nothing waited so far, nothing to wait for; a deadline
@@ -280,12 +278,9 @@ class Pusher:
                     if route is None:
                         with before_sending(deadline):
                             route = await self.resolve_route(job, now)
-                    stamp = format_timestamp(now)
-                    pushed = as_enqueued(job, route, stamp)
-                    props, body = job_message(
-                        pushed, route, enqueued_at=stamp, idempotency_key=None, reply_to=None,
-                        trace_headers=_tracing.inject_headers(),
-                    )  # fmt: skip
+                    pushed, props, body = enqueued_message(
+                        job, route, now, trace_headers=_tracing.inject_headers()
+                    )
                     if route.exchange != direct:
                         span.set_attribute("messaging.destination.name", route.exchange)
                     handles.append(
@@ -359,6 +354,27 @@ def _claims_nothing(job: Job, idempotency_key: str | None, window: DurationLike 
     policy, and no idempotency key with a window (a key alone is only written to the
     message's header)."""
     return job.unique is UNSET and (idempotency_key is None or window is None)
+
+
+def enqueued_message(
+    job: Job,
+    route: Route,
+    now: datetime,
+    *,
+    idempotency_key: str | None = None,
+    reply_to: str | None = None,
+    trace_headers: dict[str, str] | None,
+) -> tuple[Job, BasicProperties, bytes]:
+    """``job`` pushed along ``route`` at ``now``: the job as push returns it (``as_enqueued``)
+    and the properties and body it is published with (``_wire.job_message``), the moment
+    formatted once for both.  No I/O: every push builds its message here."""
+    stamp = format_timestamp(now)
+    pushed = as_enqueued(job, route, stamp)  # what the body carries, and push returns
+    props, body = job_message(
+        pushed, route, enqueued_at=stamp, idempotency_key=idempotency_key, reply_to=reply_to,
+        trace_headers=trace_headers,
+    )  # fmt: skip
+    return pushed, props, body
 
 
 def as_enqueued(job: Job, route: Route, stamp: str) -> Job:

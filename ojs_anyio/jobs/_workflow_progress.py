@@ -29,10 +29,10 @@ import msgspec
 
 from .. import amqp
 from ._context import WORKFLOW_META_KEY
-from ._envelope import Job, format_timestamp
+from ._envelope import Job
+from ._push import enqueued_message
 from ._retry import RetryPolicy
 from ._route import route
-from ._wire import job_message
 from ._workflow_model import (
     FAN_IN_LOCK_WAIT,
     Client,
@@ -174,12 +174,9 @@ async def _publish_in(flow: Flow, ch: amqp.Channel, effects: Effects) -> None:
     for queue, body, props in effects.messages:
         await ch.publish(body, exchange="", routing_key=queue, properties=props)
     now = datetime.now(UTC)
-    stamp = format_timestamp(now)
     for job in effects.jobs:
         found = route(job, now, "levels", flow.client.names)
-        props, body = job_message(
-            job, found, enqueued_at=stamp, idempotency_key=None, reply_to=None, trace_headers=None
-        )
+        _pushed, props, body = enqueued_message(job, found, now, trace_headers=None)
         await ch.publish(body, exchange=found.exchange, routing_key=found.routing_key, properties=props)
 
 

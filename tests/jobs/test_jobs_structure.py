@@ -201,8 +201,9 @@ def _first_call_line(fn: ast.AST, name: str) -> int:
 
 
 def test_push_is_route_then_ensure_then_message_then_publish() -> None:
-    """The message is built after the route's needs were declared, and building it does
-    no I/O (``_wire.job_message``, a plain function: it cannot await)."""
+    """The message is built after the route's needs were declared, in one place
+    (``_push.enqueued_message``, a plain function over ``_wire.job_message``: neither can
+    await), which every path that publishes a job calls."""
     push = JOBS / "_push.py"
     assert isinstance(_method(push, "Pusher", "resolve_route"), ast.AsyncFunctionDef)
     resolve = _method(push, "Pusher", "resolve_route")
@@ -210,9 +211,21 @@ def test_push_is_route_then_ensure_then_message_then_publish() -> None:
     for name in ("publish", "batch"):
         fn = _method(push, "Pusher", name)
         route_at = _first_call_line(fn, "resolve_route")
-        message_at = _first_call_line(fn, "job_message")
+        message_at = _first_call_line(fn, "enqueued_message")
         publish_at = _first_call_line(fn, "publish")
         assert route_at < message_at < publish_at, name
+    (builder,) = [
+        node for node in _tree(push).body if getattr(node, "name", None) == "enqueued_message"
+    ]
+    assert isinstance(builder, ast.FunctionDef), "enqueued_message is plain: it cannot await"
+    assert _first_call_line(builder, "job_message") > 0
+    callers = {
+        path.name
+        for path in JOBS.glob("*.py")
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.Call) and _called_name(node) == "job_message"
+    }
+    assert callers == {"_push.py"}, "a job's message is built by _push.enqueued_message only"
     for node in ast.walk(_tree(JOBS / "_wire.py")):
         assert not isinstance(node, ast.AsyncFunctionDef | ast.Await), "_wire.py builds messages: no I/O"
 
