@@ -4,8 +4,9 @@ Workloads (N messages of 256 bytes, no properties, default exchange, a fresh
 exclusive server-named queue per scenario, deleted afterwards):
 
 * **publish+confirm**: publish N with publisher confirms on, until all N are confirmed;
-* **consume+ack**: consume the N just published at prefetch 512, one Basic.Ack per
-  delivery, until N are acked.
+* **consume+ack**: consume the N just published at prefetch 512, each client acking every
+  delivery its own way (ours folds the acks queued together into ``multiple=True``
+  frames), until N are acked.
 
 Clients:
 

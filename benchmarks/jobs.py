@@ -92,9 +92,11 @@ topology and exactly the message our push sends (properties, headers, JSON body)
 by a blocking socket with hand-rolled framing and no client at all.  Enqueue: N copies
 published in large batches with publisher confirms (AMQP-014 makes them a MUST), timed
 until the last confirm; and, for context, without confirms, timed until the queue holds N
-(the broker's ingest rate).  Worker c: Basic.Qos(prefetch=c), one Basic.Ack per delivery,
-nothing decoded, timed until N are acked.  The report shows ours as a share of the
-ceiling, and whether 5x the best peer is below the ceiling at all.
+(the broker's ingest rate).  Worker c: Basic.Qos(prefetch=c), nothing decoded, one
+Basic.Ack with ``multiple=True`` per read (as ours folds its acks), timed until N are
+acked; and again with one Basic.Ack frame per delivery, printed as a second share.  The
+report shows ours as a share of the ceiling, and whether 5x the best peer is below the
+ceiling at all.
 
 Targets (printed as PASS/MISS, never asserted): ours ≥ 5x the best peer, per scenario.
 Enqueue scenarios compare each of our push styles with the best peer enqueue; worker
