@@ -3,7 +3,8 @@ connect trying every host of a multi-host URL."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -141,9 +142,23 @@ async def test_batched_ack_is_sent_even_if_the_consumer_stops_iterating(
 _BURST = 20
 
 
-async def _buffered_burst(messages: amqp.Consumer) -> None:
-    """Wait until all of the queue's _BURST messages sit in the consumer's buffer."""
+@asynccontextmanager
+async def _burst_queue(conn: amqp.Connection) -> AsyncIterator[str]:
+    """A queue holding the _BURST messages m0, m1..., deleted afterwards."""
+    async with conn.channel() as ch:
+        queue = (await ch.queue_declare("")).name
+    async with deleted_afterwards(conn, queues=[queue]):
+        async with conn.channel() as ch:
+            for i in range(_BURST):
+                await ch.publish(f"m{i}".encode(), routing_key=queue)
+        yield queue
+
+
+async def _the_burst(messages: amqp.Consumer) -> AsyncIterator[amqp.IncomingMessage]:
+    """Once all _BURST messages sit in the consumer's buffer, each of them in turn."""
     await wait_until(lambda: messages.statistics().current_buffer_used == _BURST, what="burst buffered")
+    for _ in range(_BURST):
+        yield await anext(messages)
 
 
 @pytest.fixture
@@ -173,25 +188,14 @@ async def test_acks_of_a_buffered_burst_go_out_folded(
     """Acking each of a burst of deliveries one by one writes a few ``multiple=True`` acks,
     not one frame per delivery (the broker reads a fraction of the frames), and settles
     every one of them: nothing comes back when the channel closes."""
-    async with amqp.connect(amqp_url) as conn:
+    async with amqp.connect(amqp_url) as conn, _burst_queue(conn) as queue:
+        async with conn.channel() as ch, ch.consume(queue, prefetch=_BURST) as messages:
+            async for msg in _the_burst(messages):
+                await msg.ack()
+        assert len(sent_acks) < _BURST // 4, sent_acks
+        assert sent_acks[-1] == (_BURST, True)
         async with conn.channel() as ch:
-            queue = (await ch.queue_declare("")).name
-        async with deleted_afterwards(conn, queues=[queue]):
-            async with conn.channel() as ch:
-                for i in range(_BURST):
-                    await ch.publish(f"m{i}".encode(), routing_key=queue)
-                async with ch.consume(queue, prefetch=_BURST) as messages:
-                    await _buffered_burst(messages)
-                    count = 0
-                    async for msg in messages:
-                        await msg.ack()
-                        count += 1
-                        if count == _BURST:
-                            break
-            assert len(sent_acks) < _BURST // 4, sent_acks
-            assert sent_acks[-1] == (_BURST, True)
-            async with conn.channel() as ch:
-                assert (await ch.queue_declare(queue, passive=True)).message_count == 0
+            assert (await ch.queue_declare(queue, passive=True)).message_count == 0
 
 
 @pytest.mark.parametrize("settle_held", ["hold", "reject"])
@@ -201,38 +205,26 @@ async def test_a_held_delivery_is_never_folded_into_a_later_ack(
     """Delivery 11 is held (or rejected) while the rest of the burst is acked: the folded
     acks settle the others and never that one, which the broker gives back when the
     channel closes (a rejected one is dropped, and the channel stays open)."""
-    async with amqp.connect(amqp_url) as conn:
+    async with amqp.connect(amqp_url) as conn, _burst_queue(conn) as queue:
+        async with conn.channel() as ch, ch.consume(queue, prefetch=_BURST) as messages:
+            async for msg in _the_burst(messages):
+                if msg.body != b"m10":
+                    await msg.ack()
+                elif settle_held == "reject":
+                    await msg.reject(requeue=False)
+            folded = [tag for tag, multiple in sent_acks if multiple]
+            assert folded  # folding did happen
+            if settle_held == "hold":
+                assert max(folded) < 11, sent_acks  # none covers the held delivery
+            assert ch.is_open
+        # The channel closed with the held delivery unsettled: the broker requeued it.
+        held = 0 if settle_held == "reject" else 1
         async with conn.channel() as ch:
-            queue = (await ch.queue_declare("")).name
-        async with deleted_afterwards(conn, queues=[queue]):
-            async with conn.channel() as ch:
-                for i in range(_BURST):
-                    await ch.publish(f"m{i}".encode(), routing_key=queue)
-                async with ch.consume(queue, prefetch=_BURST) as messages:
-                    await _buffered_burst(messages)
-                    count = 0
-                    async for msg in messages:
-                        count += 1
-                        if msg.body == b"m10":
-                            if settle_held == "reject":
-                                await msg.reject(requeue=False)
-                        else:
-                            await msg.ack()
-                        if count == _BURST:
-                            break
-                    folded = [tag for tag, multiple in sent_acks if multiple]
-                    assert folded  # folding did happen
-                    if settle_held == "hold":
-                        assert max(folded) < 11, sent_acks  # none covers the held delivery
-                    assert ch.is_open
-            # The channel closed with the held delivery unsettled: the broker requeued it.
-            held = 0 if settle_held == "reject" else 1
-            async with conn.channel() as ch:
-                assert (await ch.queue_declare(queue, passive=True)).message_count == held
-                bodies = set()
-                for _ in range(held):
-                    got = await ch.get(queue)
-                    assert got is not None
-                    bodies.add(got.body)
-                    await got.ack()
-                assert bodies == ({b"m10"} if held else set())
+            assert (await ch.queue_declare(queue, passive=True)).message_count == held
+            bodies = set()
+            for _ in range(held):
+                got = await ch.get(queue)
+                assert got is not None
+                bodies.add(got.body)
+                await got.ack()
+            assert bodies == ({b"m10"} if held else set())
