@@ -25,15 +25,18 @@ share this one object.  No I/O, no awaiting.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 import anyio
 
 __all__ = ["ChannelState", "Settle", "Waiter"]
 
-#: At most this many settled tags wait above an unsettled one (``ChannelState.above``);
-#: past it, acks of the generation are no longer folded (each is its own frame).
-ABOVE_MAX = 16384
+#: At most this many runs of settled tags wait above the floor (``ChannelState.above``;
+#: one more run per unsettled delivery between them, so the prefetch window bounds them);
+#: past it, a tag is not recorded, the floor stops below it, and acks of the generation
+#: are no longer folded (each is its own frame).
+ABOVE_MAX = 4096
 
 
 class Waiter:
@@ -100,10 +103,12 @@ class ChannelState:
         self.settled_upto = 0
         #: Every delivery of this generation with a tag up to ``floor`` is settled (acked,
         #: nacked or rejected by a frame queued or sent, or taken with no_ack); the settled
-        #: tags above it wait in ``above``.  An ack up to the floor may fold the ack queued
-        #: before it into one ``multiple=True`` frame (``AMQPConnection.ack``'s ``fold``).
+        #: tags above it wait in ``above``, as ascending disjoint runs ``[first, last]``
+        #: (a delivery held for long costs one run, not one entry per later delivery).  An
+        #: ack up to the floor may fold the ack queued before it into one ``multiple=True``
+        #: frame (``AMQPConnection.ack``'s ``fold``).
         self.floor = 0
-        self.above: set[int] = set()
+        self.above: list[list[int]] = []
         #: Unsettled Basic.Get deliveries of this generation, by queue label (for the gauge).
         self.get_unacked: dict[str, int] = {}
         self.opened_once = False
@@ -133,7 +138,7 @@ class ChannelState:
         self.generation += 1
         self.settled_upto = 0
         self.floor = 0
-        self.above = set()
+        self.above = []
         if drop_gets:
             self.get_unacked = {}
 
@@ -276,7 +281,8 @@ class ChannelState:
                 # Delivery tags grow per channel: this settles every earlier delivery too.
                 self.settled_upto = tag
             if tag > self.floor:
-                self.above = {t for t in self.above if t > tag}
+                # The runs below tag go (none holds tag itself: it is being settled now).
+                del self.above[: bisect_left(self.above, [tag + 1])]
                 self.floor = tag - 1
         if tag == self.floor + 1 and not self.above:
             self.floor = tag  # settled_tag, inline: in order, the hot path
@@ -286,14 +292,31 @@ class ChannelState:
 
     def settled_tag(self, tag: int) -> None:
         """Delivery ``tag`` of this generation is settled, or never needed a settle (no_ack):
-        move ``floor`` up past it and the settled tags that waited above it."""
+        move ``floor`` up past it and the run of settled tags right above it, or record it
+        in ``above``."""
         floor = self.floor
+        if tag <= floor:
+            return
+        above = self.above
         if tag == floor + 1:
-            above = self.above
-            if above:
-                while tag + 1 in above:
-                    tag += 1
-                    above.discard(tag)
+            if above and above[0][0] == tag + 1:
+                tag = above.pop(0)[1]
             self.floor = tag
-        elif tag > floor and len(self.above) < ABOVE_MAX:
-            self.above.add(tag)
+            return
+        if above and above[-1][1] + 1 == tag:  # the usual: it extends the highest run
+            above[-1][1] = tag
+            return
+        i = bisect_left(above, [tag + 1])  # the first run that starts after tag
+        before = above[i - 1] if i else None
+        after = above[i] if i < len(above) else None
+        if before is not None and before[1] >= tag:
+            return  # recorded already
+        if before is not None and before[1] + 1 == tag:
+            before[1] = tag
+            if after is not None and after[0] == tag + 1:
+                before[1] = after[1]
+                del above[i]
+        elif after is not None and after[0] == tag + 1:
+            after[0] = tag
+        elif len(above) < ABOVE_MAX:
+            above.insert(i, [tag, tag])

@@ -3,6 +3,8 @@ tracker (which returns what to resolve and resolves nothing itself)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ojs_anyio.amqp import PublishNackedError, PublishOutcomeUnknownError, UnroutableError
@@ -52,18 +54,68 @@ async def test_the_settled_floor_passes_only_settled_deliveries() -> None:
     assert state.floor == 5
     assert state.settle(9, gen, multiple=True) == Settle.OK  # a multiple ack settles 6-8 too
     assert state.floor == 9 and not state.above
+    for tag in (11, 12, 20):
+        assert state.settle(tag, gen, multiple=False) == Settle.OK
+    assert state.settle(15, gen, multiple=True) == Settle.OK  # 10-15 settled: the run 11-12 goes
+    assert (state.floor, state.above) == (15, [[20, 20]])
     state.recovered()
-    assert (state.floor, state.above) == (0, set())  # a new generation's tags start again
+    assert (state.floor, state.above) == (0, [])  # a new generation's tags start again
+
+
+async def test_a_long_held_delivery_costs_one_run_of_settled_tags() -> None:
+    """While delivery 1 is held, 100,000 later ones settle in order: they wait above the
+    floor as one run, and the floor passes them all once delivery 1 is settled."""
+    state = ChannelState()
+    state.opened(1)
+    for tag in range(2, 100_002):
+        state.settled_tag(tag)
+    assert state.floor == 0 and state.above == [[2, 100_001]]
+    for tag in (100_005, 100_003, 100_004):  # out of order, then the gap fills
+        state.settled_tag(tag)
+    assert state.above == [[2, 100_001], [100_003, 100_005]]
+    state.settled_tag(100_002)
+    assert state.above == [[2, 100_005]]
+    state.settled_tag(1)
+    assert (state.floor, state.above) == (100_005, [])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_settled_floor_is_the_highest_tag_with_every_tag_below_settled(seed: int) -> None:
+    """Any order of settles, some of them multiple: after each, ``floor`` is the highest tag
+    up to which every delivery is settled, and ``above`` holds the settled tags over it."""
+    rng = random.Random(seed)
+    state = ChannelState()
+    state.opened(1)
+    gen = state.generation
+    tags = list(range(1, 300))
+    rng.shuffle(tags)
+    settled: set[int] = set()
+    for tag in tags:
+        if tag in settled:
+            continue
+        multiple = rng.random() < 0.05
+        assert state.settle(tag, gen, multiple=multiple) == Settle.OK
+        settled |= set(range(1, tag + 1)) if multiple else {tag}
+        floor = 0
+        while floor + 1 in settled:
+            floor += 1
+        assert state.floor == floor
+        assert {t for first, last in state.above for t in range(first, last + 1)} == {
+            t for t in settled if t > floor
+        }
 
 
 async def test_the_settled_floor_stops_tracking_past_its_bound() -> None:
     state = ChannelState()
     state.opened(1)
-    for tag in range(2, ABOVE_MAX + 10):
+    for tag in range(3, 2 * ABOVE_MAX + 10, 2):  # every other tag: a run each
         state.settled_tag(tag)
-    assert len(state.above) == ABOVE_MAX  # tags past the bound are not kept...
+    assert len(state.above) == ABOVE_MAX  # runs past the bound are not kept...
+    first_lost = 2 * ABOVE_MAX + 3
+    for tag in range(2, 2 * ABOVE_MAX + 10, 2):
+        state.settled_tag(tag)
     state.settled_tag(1)
-    assert state.floor == ABOVE_MAX + 1  # ...so the floor stops below them: no fold, never a wrong one
+    assert state.floor == first_lost - 1  # ...so the floor stops below them: no fold, never a wrong one
 
 
 async def test_a_waiter_is_taken_once() -> None:
