@@ -24,10 +24,12 @@ async def test_heartbeat_death_is_noticed_then_recovered(amqp_url: str, unique: 
     queue = unique("q")
     async with FaultProxy() as proxy:
         with anyio.fail_after(30):
-            # connection_timeout bounds each reconnect attempt that hangs on the stalled proxy.
-            async with amqp.connect(
-                proxy.url(), heartbeat=HEARTBEAT, connection_timeout=0.5, recovery=FAST
-            ) as conn:
+            async with amqp.connect(proxy.url(), heartbeat=HEARTBEAT, recovery=FAST) as conn:
+                # connection_timeout bounds each reconnect attempt that hangs on the stalled
+                # proxy.  Set once connected: the first connect keeps the default, since a
+                # loaded machine can stall the loop for 0.5 s (a CI run saw one step of the
+                # first connect take 0.476 s and the connect time out at 0.5 s).
+                conn.connection_timeout = 0.5
                 assert conn.negotiated is not None and conn.negotiated.heartbeat == HEARTBEAT
                 log = EventLog(conn)
                 async with conn.channel() as ch:
@@ -55,7 +57,10 @@ async def test_heartbeat_death_is_noticed_then_recovered(amqp_url: str, unique: 
                         tg.start_soon(patient)
                         # Attempts keep timing out while stalled: a second one begins (the
                         # first timed out), and the publish is still waiting.
-                        await log.wait_for(amqp.Reconnecting, 2)
+                        second = await log.wait_for(amqp.Reconnecting, 2, timeout=5)
+                        assert isinstance(second.error, TimeoutError)  # the first attempt timed out...
+                        first_at, second_at = log.times_of(amqp.Reconnecting)[:2]
+                        assert second_at - first_at < 0.5 + 1.0  # ...within the bound set above
                         assert confirmed_at == []
                         unstalled_at = anyio.current_time()
                         proxy.unstall()
