@@ -490,19 +490,21 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
     exchange, props, body = anyio.run(_job_message, url, q)
     job_queue = f"ojs.queue.{q}"
     conn = hotpath.RawConnection(url)
-    try:
-        seconds = conn.publish(q, n, exchange=exchange, properties=props, body=body, mandatory=True)
-        out.add("enqueue", n / seconds)
+
+    def fill() -> float:
+        """Enqueue N into the empty queue; seconds until the last was confirmed."""
+        seconds: float = conn.publish(q, n, exchange=exchange, properties=props, body=body, mandatory=True)
         count = wait_for_count(url, job_queue, n)
         if count != n:
             raise RuntimeError(f"raw enqueue: the queue holds {count} jobs, expected {n}")
+        return seconds
+
+    try:
+        out.add("enqueue", n / fill())
         out.add(f"worker_c{c}", n / conn.consume(job_queue, n, prefetch=c))
         # The same drain acking each delivery with a frame of its own (the ceiling issue 29
         # was written against; ours folds acks since, so the ceiling above folds them too).
-        conn.publish(q, n, exchange=exchange, properties=props, body=body, mandatory=True)
-        count = wait_for_count(url, job_queue, n)
-        if count != n:
-            raise RuntimeError(f"raw enqueue: the queue holds {count} jobs, expected {n}")
+        fill()
         out.add(f"worker_c{c}{PER_DELIVERY}", n / conn.consume(job_queue, n, prefetch=c, fold=False))
         # Enqueue again into the now empty queue, never more than PUSH_TASKS unconfirmed:
         # the most that PUSH_TASKS callers each awaiting their own confirm (ours push x100)
