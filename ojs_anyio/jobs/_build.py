@@ -21,13 +21,13 @@ from ._durations import DurationLike, duration_seconds
 from ._envelope import (
     ID_PATTERN,
     JOB_FIELDS,
-    QUEUE_PATTERN,
     SPEC_VERSION,
-    TYPE_PATTERN,
     Job,
     UniquePolicy,
     format_timestamp,
     job_from_dict,
+    known_queue,
+    known_type,
     parse_timestamp,
 )
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, InvalidJobError
@@ -167,25 +167,7 @@ def check_client_options(
 
 # ---------------------------------------------------------------- new_job: the memo in front of the validator
 
-_TYPE_RE: Final = re.compile(TYPE_PATTERN)
-_QUEUE_RE: Final = re.compile(QUEUE_PATTERN)
 _ID_RE: Final = re.compile(ID_PATTERN)
-# Job types and queue names seen valid (a few per application): checked once each.
-_GOOD_TYPES: Final[set[str]] = set()
-_GOOD_QUEUES: Final[set[str]] = set()
-_GOOD_MAX = 4096
-
-
-def _known_good(value: object, seen: set[str], pattern: re.Pattern[str], max_length: int) -> bool:
-    """Whether ``value`` is a str matching ``pattern`` within ``max_length`` (remembered)."""
-    if value in seen:
-        return True
-    if type(value) is not str or not 0 < len(value) <= max_length or pattern.fullmatch(value) is None:
-        return False
-    if len(seen) >= _GOOD_MAX:
-        seen.clear()
-    seen.add(value)
-    return True
 
 
 def _timestamp_text(field: str, value: datetime | str) -> str:
@@ -210,8 +192,8 @@ def _plain(
         (priority is None or priority.__class__ is int)
         and (timeout is None or (timeout.__class__ is int and timeout >= 0))
         and (meta is None or all(key.__class__ is str for key in meta))
-        and (type in _GOOD_TYPES or _known_good(type, _GOOD_TYPES, _TYPE_RE, 255))
-        and (queue in _GOOD_QUEUES or _known_good(queue, _GOOD_QUEUES, _QUEUE_RE, 128))
+        and known_type(type)
+        and known_queue(queue)
         and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
         and (created.tzinfo is UTC or created.utcoffset() is not None)
     )

@@ -31,7 +31,6 @@ Scheduled jobs without the plugin: binary delay levels
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
@@ -45,6 +44,7 @@ from .._queue_options import (
     queue_arguments,
     quorum_queue_arguments,
 )
+from ._envelope import known_queue
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, TopologyError
 
 __all__ = [
@@ -124,12 +124,11 @@ _RESERVED_OWNER: Final = {
     "delay": "one of the scheduling delay queues (ojs.queue.delay.*)",
     "redelivered": "the queue of redelivered jobs of queue {q!r}",
 }
-_QUEUE_RE: Final = re.compile(r"[a-z0-9][a-z0-9\-.]*")
 _MAX_NAME_BYTES: Final = 255  # AMQP shortstr
 
 
 def _check_queue(queue: str) -> str:
-    if not isinstance(queue, str) or _QUEUE_RE.fullmatch(queue) is None or len(queue) > 128:
+    if not known_queue(queue):
         raise TopologyError(f"{queue!r} is not an OJS queue name ([a-z0-9][a-z0-9.-]*, at most 128 chars)")
     head, dot, rest = queue.partition(".")
     if dot and head in RESERVED_QUEUE_SEGMENTS:

@@ -203,6 +203,12 @@ def test_bad_bodies(body: bytes, message: str) -> None:
         ({"id": "019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F"}, "id"),  # uppercase
         ({"type": "email.send\n"}, "type"),
         ({"queue": "email\n"}, "queue"),
+        ({"type": "a" * 256}, "type"),
+        ({"type": ""}, "type"),
+        ({"type": 7}, "type"),
+        ({"queue": "q" * 129}, "queue"),
+        ({"queue": ""}, "queue"),
+        ({"enqueued_at": "2026-02-12 10:00:00Z"}, "enqueued_at"),
     ],
 )
 def test_rules_beyond_the_fixtures(changes: dict[str, Any], field: str) -> None:
@@ -212,6 +218,22 @@ def test_rules_beyond_the_fixtures(changes: dict[str, Any], field: str) -> None:
 def test_pattern_errors_read_well() -> None:
     with pytest.raises(InvalidJobError, match="UUIDv7"):
         decode_job(json.dumps(minimal(id="550e8400-e29b-41d4-a716-446655440000")))
+    with pytest.raises(InvalidJobError, match="dot-separated segments"):
+        decode_job(json.dumps(minimal(type="Email.Send")))
+    with pytest.raises(InvalidJobError, match="at most 128 characters"):
+        decode_job(json.dumps(minimal(queue="q" * 129)))
+
+
+def test_type_queue_and_timestamp_checks_remember_only_valid_values() -> None:
+    # The struct checks these three itself (with a memo of the values seen valid), for a
+    # decoded job and a directly built one alike; a value refused once is refused again.
+    for _ in range(2):
+        decode_job(json.dumps(minimal(type="memo.ok", queue="memo-ok", created_at="2026-03-01T00:00:00Z")))
+        for field, bad in (("type", "memo.Bad"), ("queue", "Memo"), ("created_at", "2026-03-01")):
+            assert rejected_field(minimal(**{field: bad})) == field
+            with pytest.raises(InvalidJobError) as info:
+                Job(**{"specversion": "1.0", "id": MINIMAL["id"], "type": "a", "queue": "q", "args": [], field: bad})
+            assert info.value.field == field
 
 
 def test_explicit_nulls_mean_absent_except_result() -> None:
