@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .. import amqp
 from ._envelope import Job, format_timestamp
 from ._renamed import warn_renamed
@@ -87,9 +89,11 @@ class JobContext:
         return self.job.args
 
 
-@dataclass(frozen=True, slots=True)
-class JobOutcome:
-    """One line of the worker's story: what happened to a job attempt."""
+class JobOutcome(msgspec.Struct, frozen=True):
+    """One line of the worker's story: what happened to a job attempt.
+
+    An immutable record (a frozen ``msgspec.Struct``: built once per job, where a frozen
+    dataclass cost about 2 µs more; ``msgspec.structs.asdict`` and ``replace`` apply)."""
 
     #: The job's id (``job_id`` is a deprecated alias).
     id: str | None
