@@ -176,6 +176,8 @@ CONCURRENCIES = (1, 10, 100)
 PREFETCH_C1 = 10
 #: The raw worker's key suffix when it acks each delivery with a frame of its own.
 PER_DELIVERY = "_per_delivery_ack"
+#: The raw worker's drain on a bare asyncio.Protocol (``hotpath.RawConnection.consume_on_asyncio``).
+ON_ASYNCIO = "_bare_asyncio"
 STAMP_ENV = "OJS_BENCH_STAMPS"
 _STAMP = struct.Struct("<d")
 
@@ -482,7 +484,8 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
     ``multiple=True`` (``hotpath.RawConnection``).  No client, in any language, moves these
     jobs through this broker faster than that.  The worker is measured again acking each
     delivery with a frame of its own (``worker_c{c}`` + ``PER_DELIVERY``), the ceiling issue
-    29 was written against, before ours folded acks.
+    29 was written against, before ours folded acks; and on a bare asyncio.Protocol
+    (``ON_ASYNCIO``), which prices the event loop alone.
     """
     import hotpath  # beside this script
 
@@ -506,6 +509,11 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
         # was written against; ours folds acks since, so the ceiling above folds them too).
         fill()
         out.add(f"worker_c{c}{PER_DELIVERY}", n / conn.consume(job_queue, n, prefetch=c, fold=False))
+        # The same drain on an asyncio event loop with nothing else on it (acks folded, written
+        # in data_received): what the loop's own wake-up, read and write cost per read.
+        fill()
+        floor = hotpath.RawConnection(url)
+        out.add(f"worker_c{c}{ON_ASYNCIO}", n / floor.consume_on_asyncio(job_queue, n, prefetch=c))
         # Enqueue again into the now empty queue, never more than PUSH_TASKS unconfirmed:
         # the most that PUSH_TASKS callers each awaiting their own confirm (ours push x100)
         # can reach on this broker.
@@ -1332,6 +1340,19 @@ def print_report(
             print(
                 f"  {row['scenario']:<18} against the raw worker acking each delivery with a frame"
                 f" of its own ({_fmt(loose_top)}/s, issue 29's first ceiling): {', '.join(shares)}"
+            )
+    for row in comparison:
+        bare = ceiling.values.get(row["scenario"] + ON_ASYNCIO)
+        if bare and row["ceiling"]:
+            shares = [
+                f"{b} {r.values[row['scenario']] / bare:.0%}"
+                for b, r in ours.items()
+                if row["scenario"] in r.values
+            ]
+            print(
+                f"  {row['scenario']:<18} against the raw worker on a bare asyncio.Protocol ({_fmt(bare)}/s,"
+                f" {bare / row['ceiling']:.0%} of the blocking socket: the event loop's own cost):"
+                f" {', '.join(shares)}"
             )
     windowed = ceiling.values.get("enqueue_window")
     if windowed:
