@@ -166,6 +166,13 @@ def _large_writes(one: bytes, n: int) -> list[bytes]:
     return chunks
 
 
+def _busy(seconds: float) -> None:
+    """Spin the CPU for ``seconds`` (a stand-in for work, not a sleep)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 class DeliveryScanner:
     """The consume side of the raw client: counts the deliveries whose body is complete in
     each chunk read, and gives the ack bytes to write for them (hand-rolled framing: no
@@ -466,18 +473,26 @@ class RawConnection:
         self._rpc(commands.Basic.Cancel(consumer_tag="raw"), commands.Basic.CancelOk)
         return elapsed
 
-    def consume_on_asyncio(self, queue: str, n: int, prefetch: int = PREFETCH) -> float:
+    def consume_on_asyncio(
+        self, queue: str, n: int, prefetch: int = PREFETCH, *, busy_us: tuple[float, float] = (0.0, 0.0)
+    ) -> float:
         """:meth:`consume` (acks folded) on an asyncio event loop: a bare ``asyncio.Protocol``
         that scans each chunk in ``data_received`` and writes its ack there, with nothing
         else on the loop.  The least any asyncio client can spend per read: what the event
         loop itself (a wake-up, a read, a write) costs beside the blocking socket.  Seconds
-        until N acked; the connection is closed after (its socket belongs to the loop)."""
-        return asyncio.run(self._consume_on_asyncio(queue, n, prefetch))
+        until N acked; the connection is closed after (its socket belongs to the loop).
 
-    async def _consume_on_asyncio(self, queue: str, n: int, prefetch: int) -> float:
+        ``busy_us``: µs of busy-waiting (before, after) each ack's write, a stand-in for a
+        client's own work per read (``_cpu_cost_probe.py``); none for the ceiling."""
+        return asyncio.run(self._consume_on_asyncio(queue, n, prefetch, busy_us))
+
+    async def _consume_on_asyncio(
+        self, queue: str, n: int, prefetch: int, busy_us: tuple[float, float]
+    ) -> float:
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
         scan = DeliveryScanner(self.cid, True, self._rest)
+        before, after = busy_us[0] / 1e6, busy_us[1] / 1e6
         close = ojs_codec.encode_method_frame(
             0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
         )
@@ -498,7 +513,11 @@ class RawConnection:
                         finished.set_exception(exc)
                     return
                 if done:
+                    if before:
+                        _busy(before)
                     self.transport.write(acks)
+                    if after:
+                        _busy(after)
                     self.acked += done
                     if self.acked >= n and not finished.done():
                         finished.set_result(None)
