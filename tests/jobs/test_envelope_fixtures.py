@@ -232,7 +232,8 @@ def test_type_queue_and_timestamp_checks_remember_only_valid_values() -> None:
         for field, bad in (("type", "memo.Bad"), ("queue", "Memo"), ("created_at", "2026-03-01")):
             assert rejected_field(minimal(**{field: bad})) == field
             with pytest.raises(InvalidJobError) as info:
-                Job(**{"specversion": "1.0", "id": MINIMAL["id"], "type": "a", "queue": "q", "args": [], field: bad})
+                fields = {"specversion": "1.0", "id": MINIMAL["id"], "type": "a", "queue": "q", "args": []}
+                Job(**{**fields, field: bad})
             assert info.value.field == field
 
 
