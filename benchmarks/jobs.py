@@ -1329,31 +1329,20 @@ def print_report(
             room = f"1x peer {'below' if peer <= top else 'ABOVE'}, "
             room += f"2x peer {'below' if 2 * peer <= top else 'ABOVE'}"
         print(f"  {row['scenario']:<18} {', '.join(shares)}; {room}")
-    for row in comparison:
-        loose_top = ceiling.values.get(row["scenario"] + PER_DELIVERY)
-        if loose_top:
-            shares = [
-                f"{b} {r.values[row['scenario']] / loose_top:.0%}"
-                for b, r in ours.items()
-                if row["scenario"] in r.values
-            ]
-            print(
-                f"  {row['scenario']:<18} against the raw worker acking each delivery with a frame"
-                f" of its own ({_fmt(loose_top)}/s, issue 29's first ceiling): {', '.join(shares)}"
-            )
-    for row in comparison:
-        bare = ceiling.values.get(row["scenario"] + ON_ASYNCIO)
-        if bare and row["ceiling"]:
-            shares = [
-                f"{b} {r.values[row['scenario']] / bare:.0%}"
-                for b, r in ours.items()
-                if row["scenario"] in r.values
-            ]
-            print(
-                f"  {row['scenario']:<18} against the raw worker on a bare asyncio.Protocol ({_fmt(bare)}/s,"
-                f" {bare / row['ceiling']:.0%} of the blocking socket: the event loop's own cost):"
-                f" {', '.join(shares)}"
-            )
+    # The other raw drains of each worker scenario, as further shares.
+    others = (
+        (PER_DELIVERY, "acking each delivery with a frame of its own", "issue 29's first ceiling"),
+        (ON_ASYNCIO, "on a bare asyncio.Protocol", "{share} of the blocking socket: the event loop's cost"),
+    )
+    for suffix, how, what in others:
+        for row in comparison:
+            other = ceiling.values.get(row["scenario"] + suffix)
+            if not other or not row["ceiling"]:
+                continue
+            sc = row["scenario"]
+            shares = ", ".join(f"{b} {r.values[sc] / other:.0%}" for b, r in ours.items() if sc in r.values)
+            note = what.format(share=f"{other / row['ceiling']:.0%}")
+            print(f"  {sc:<18} against the raw worker {how} ({_fmt(other)}/s, {note}): {shares}")
     windowed = ceiling.values.get("enqueue_window")
     if windowed:
         shares = []

@@ -118,32 +118,29 @@ _GOOD_QUEUES: Final[set[str]] = set()
 _GOOD_MAX: Final = 4096
 
 
-def _remember(value: str, seen: set[str]) -> None:
+def _known(value: object, seen: set[str], pattern: re.Pattern[str], max_length: int) -> bool:
+    """Whether ``value`` is a str of 1 to ``max_length`` characters matching ``pattern``
+    (remembered in ``seen`` once it was)."""
+    if value in seen:
+        return True
+    if type(value) is not str or not 0 < len(value) <= max_length or pattern.fullmatch(value) is None:
+        return False
     if len(seen) >= _GOOD_MAX:
         seen.clear()
     seen.add(value)
+    return True
 
 
 def known_type(value: object) -> bool:
     """Whether ``value`` is a valid job type: a str of dot-separated lowercase segments, at
     most 255 characters (remembered once seen)."""
-    if value in _GOOD_TYPES:
-        return True
-    if type(value) is not str or not 0 < len(value) <= 255 or _TYPE_RE.fullmatch(value) is None:
-        return False
-    _remember(value, _GOOD_TYPES)
-    return True
+    return _known(value, _GOOD_TYPES, _TYPE_RE, 255)
 
 
 def known_queue(value: object) -> bool:
     """Whether ``value`` is a valid queue name: a str of lowercase ``[a-z0-9][a-z0-9.-]*``,
     at most 128 characters (remembered once seen)."""
-    if value in _GOOD_QUEUES:
-        return True
-    if type(value) is not str or not 0 < len(value) <= 128 or _QUEUE_RE.fullmatch(value) is None:
-        return False
-    _remember(value, _GOOD_QUEUES)
-    return True
+    return _known(value, _GOOD_QUEUES, _QUEUE_RE, 128)
 
 
 def _check_unique_items(field: str, items: tuple[Any, ...] | UnsetType) -> None:
