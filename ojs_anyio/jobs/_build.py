@@ -26,11 +26,10 @@ from ._envelope import (
     UniquePolicy,
     format_timestamp,
     job_from_dict,
-    known_queue,
-    known_type,
     parse_timestamp,
 )
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, InvalidJobError
+from ._field_rules import known_queue, known_type
 from ._retry import RetryPolicy, merge
 from ._topology import MAX_DELAY_MS, QueueOptions
 from ._unique import unique_lock

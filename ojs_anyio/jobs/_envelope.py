@@ -1,7 +1,9 @@
 """The OJS job envelope (``job.schema.json``) as msgspec Structs, with JSON decode and encode.
 
 Pure: no I/O, no clock.  Building a new job (:func:`new_job`, the memo in front of the one
-validator here) is ``_build.py``; RFC 3339 timestamps are ``_timestamps.py``.
+validator here) is ``_build.py``; RFC 3339 timestamps are ``_timestamps.py``; the rules of
+one field (patterns, the memoized checks of timestamps, types and queue names, the id and
+type checks) are ``_field_rules.py``.
 
 Absent is not the same as default
     Every optional attribute defaults to ``UNSET`` and is left out on encode, so a decoded
@@ -41,9 +43,21 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from .._common import new_id
-from ._errors import ArgumentTypeError, InvalidDurationError, InvalidJobError
+from ._errors import InvalidDurationError, InvalidJobError
+from ._field_rules import (
+    ID_PATTERN,
+    PATTERN_HINTS,
+    QUEUE_PATTERN,
+    TYPE_PATTERN,
+    URI_PATTERN,
+    check_job_id,
+    check_timestamp,
+    known_queue,
+    known_type,
+    valid_timestamps,
+)
 from ._retry import Duration, EffectiveRetryPolicy, RetryPolicy, resolve_retry, validate_duration_syntax
-from ._timestamps import TIMESTAMP_PATTERN, format_timestamp, match_timestamp, parse_timestamp
+from ._timestamps import format_timestamp, parse_timestamp
 
 __all__ = [
     "ID_PATTERN",
@@ -69,12 +83,6 @@ __all__ = [
 
 SPEC_VERSION: Final = "1.0"
 
-# Patterns from job.schema.json, anchored with \Z (``$`` would let a trailing newline through).
-ID_PATTERN: Final = r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z"
-TYPE_PATTERN: Final = r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*\Z"
-QUEUE_PATTERN: Final = r"^[a-z0-9][a-z0-9\-\.]*\Z"
-URI_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9+.\-]*:\S*\Z"
-
 JobState = Literal[
     "scheduled", "available", "pending", "active", "completed", "retryable", "cancelled", "discarded"
 ]
@@ -90,58 +98,6 @@ Uri = Annotated[str, Meta(pattern=URI_PATTERN)]
 Timestamp = str
 JobType = str
 QueueName = str
-
-# Timestamp texts that passed the check (a pure function of the text): jobs built in the
-# same millisecond carry equal ``created_at`` and ``enqueued_at`` strings, so under load the
-# regex runs about twice a millisecond, not twice a job.  Bounded: emptied when full.
-_valid_timestamps: set[str] = set()
-_VALID_TIMESTAMPS_MAX: Final = 256
-
-
-def _check_timestamp(field: str, value: str | UnsetType) -> None:
-    if (value.__class__ is str and value in _valid_timestamps) or not isinstance(value, str):
-        return
-    try:
-        match_timestamp(value)
-    except ValueError as exc:
-        raise InvalidJobError(field, str(exc)) from None
-    if len(_valid_timestamps) >= _VALID_TIMESTAMPS_MAX:
-        _valid_timestamps.clear()
-    _valid_timestamps.add(value)
-
-
-_TYPE_RE: Final = re.compile(TYPE_PATTERN)
-_QUEUE_RE: Final = re.compile(QUEUE_PATTERN)
-# Job types and queue names seen valid (a few per application): checked once each.
-_GOOD_TYPES: Final[set[str]] = set()
-_GOOD_QUEUES: Final[set[str]] = set()
-_GOOD_MAX: Final = 4096
-
-
-def _known(value: object, seen: set[str], pattern: re.Pattern[str], max_length: int) -> bool:
-    """Whether ``value`` is a str of 1 to ``max_length`` characters matching ``pattern``
-    (remembered in ``seen`` once it was)."""
-    if value in seen:
-        return True
-    if type(value) is not str or not 0 < len(value) <= max_length or pattern.fullmatch(value) is None:
-        return False
-    if len(seen) >= _GOOD_MAX:
-        seen.clear()
-    seen.add(value)
-    return True
-
-
-def known_type(value: object) -> bool:
-    """Whether ``value`` is a valid job type: a str of dot-separated lowercase segments, at
-    most 255 characters (remembered once seen)."""
-    return _known(value, _GOOD_TYPES, _TYPE_RE, 255)
-
-
-def known_queue(value: object) -> bool:
-    """Whether ``value`` is a valid queue name: a str of lowercase ``[a-z0-9][a-z0-9.-]*``,
-    at most 128 characters (remembered once seen)."""
-    return _known(value, _GOOD_QUEUES, _QUEUE_RE, 128)
-
 
 def _check_unique_items(field: str, items: tuple[Any, ...] | UnsetType) -> None:
     if isinstance(items, tuple) and len(set(items)) != len(items):
@@ -168,7 +124,7 @@ class ErrorRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     extensions: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
-        _check_timestamp("occurred_at", self.occurred_at)
+        check_timestamp("occurred_at", self.occurred_at)
         _check_extensions(self.extensions, _RECORD_FIELDS)
 
 
@@ -234,17 +190,17 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_
     def __post_init__(self) -> None:
         # Once per job received or built (twice per push): attribute reads and identity
         # tests; no call for an absent field (most are) nor for a text that passed lately.
-        valid = _valid_timestamps
+        valid = valid_timestamps
         for i, value in enumerate((
             self.scheduled_at, self.expires_at, self.created_at, self.enqueued_at, self.started_at,
             self.completed_at,
         )):  # fmt: skip
             if value is not UNSET and (value.__class__ is not str or value not in valid):
-                _check_timestamp(_TIMESTAMP_FIELDS[i], value)
-        if self.type not in _GOOD_TYPES and not known_type(self.type):
-            raise InvalidJobError("type", f"must be {_PATTERN_HINTS[TYPE_PATTERN]}, at most 255 characters")
-        if self.queue not in _GOOD_QUEUES and not known_queue(self.queue):
-            raise InvalidJobError("queue", f"must be {_PATTERN_HINTS[QUEUE_PATTERN]}, at most 128 characters")
+                check_timestamp(_TIMESTAMP_FIELDS[i], value)
+        if not known_type(self.type):
+            raise InvalidJobError("type", f"must be {PATTERN_HINTS[TYPE_PATTERN]}, at most 255 characters")
+        if not known_queue(self.queue):
+            raise InvalidJobError("queue", f"must be {PATTERN_HINTS[QUEUE_PATTERN]}, at most 128 characters")
         if self.retry is not UNSET and isinstance(self.retry, RetryPolicy):
             try:
                 resolve_retry(self.retry)
@@ -308,13 +264,6 @@ def _split_record(record: Any) -> Any:
     return known
 
 
-_PATTERN_HINTS: Final = {
-    ID_PATTERN: "a lowercase UUIDv7 (8-4-4-4-12 hex, version 7, variant 8/9/a/b)",
-    TYPE_PATTERN: "dot-separated segments of [a-z][a-z0-9_]* (e.g. 'email.send')",
-    QUEUE_PATTERN: "lowercase [a-z0-9][a-z0-9.-]* (e.g. 'email', 'billing.invoices')",
-    TIMESTAMP_PATTERN: "an RFC 3339 timestamp with a timezone (e.g. '2026-02-15T10:30:00.000Z')",
-    URI_PATTERN: "a URI (e.g. 'urn:ojs:schema:email.send:v1')",
-}
 _MSGSPEC_ERROR_RE: Final = re.compile(r"(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?", re.DOTALL)
 _NAMED_FIELD_RE: Final = re.compile(r"Object (?:missing required|contains unknown) field `(?P<name>[^`]+)`")
 
@@ -331,7 +280,7 @@ def _invalid(exc: msgspec.ValidationError) -> InvalidJobError:
     elif (named := _NAMED_FIELD_RE.match(message)) is not None:
         leaf = named["name"]
     else:
-        for pattern, hint in _PATTERN_HINTS.items():
+        for pattern, hint in PATTERN_HINTS.items():
             if message.endswith(f"matching regex {pattern!r}"):
                 message = f"must be {hint}"
     return InvalidJobError(".".join(part for part in (path, leaf) if part), message)
@@ -436,36 +385,10 @@ def encode_job(job: Job) -> bytes:
     return _encoder.encode(job_to_dict(job))
 
 
-def check_job_id(job_id: object, what: str = "job_id") -> str:
-    """``job_id`` when it can be an OJS job id, which job.schema.json makes a lowercase
-    UUIDv7: every id a conforming producer sends, and no other (a worker of ours
-    dead-letters a job with any other id as ``INVALID_PAYLOAD``, so it never runs).
-    Raises :class:`InvalidJobError` naming ``what``, or :class:`ArgumentTypeError` for a
-    non-str."""
-    if not isinstance(job_id, str):
-        raise ArgumentTypeError(f"{what} must be a str, not {type(job_id).__name__}")
-    if _ID_RE.fullmatch(job_id) is None:
-        raise InvalidJobError(what, f"{job_id!r} cannot be a job id: it must be {_PATTERN_HINTS[ID_PATTERN]}")
-    return job_id
-
-
 def validate_job(job: Job) -> Job:
     """Check every schema rule on a job built in code (``Job(...)`` skips the field rules)."""
     return job_from_dict(job_to_dict(job))
 
-
-def check_job_type(job_type: str) -> None:
-    """Refuse a job type the envelope would refuse (lowercase dotted segments, at most 255
-    characters), with the envelope's error: at registration, not at the first push."""
-    if not known_type(job_type):
-        raise InvalidJobError(
-            "type",
-            f"{job_type!r} is not an OJS job type (lowercase dot-separated segments such as "
-            f"'email.send', at most 255 characters; pattern {TYPE_PATTERN})",
-        )
-
-
-_ID_RE: Final = re.compile(ID_PATTERN)
 
 #: The job ids' generator under its former name (tests and tools import it from here).
 _uuid7 = new_id

@@ -44,8 +44,8 @@ from .._queue_options import (
     queue_arguments,
     quorum_queue_arguments,
 )
-from ._envelope import known_queue
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, TopologyError
+from ._field_rules import known_queue
 
 __all__ = [
     "check_delay",

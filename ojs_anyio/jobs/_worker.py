@@ -52,8 +52,8 @@ from ._client import Client
 from ._context import JobContext, JobOutcome
 from ._control import WorkerControl
 from ._durations import DurationLike, duration_seconds
-from ._envelope import check_job_type
 from ._errors import ArgumentTypeError
+from ._field_rules import check_job_type
 from ._handlers import HandlerSpec, inspect_handler
 from ._middleware import Middleware, check_middleware
 from ._presence import announce, worker_presence
