@@ -533,7 +533,7 @@ class RawConnection:
             transport.write(scan.start(queue, prefetch))
             await asyncio.wait_for(finished, SCENARIO_TIMEOUT)
             elapsed = time.perf_counter() - t0
-            transport.write(close)  # the broker closes the socket after its Close-Ok
+            transport.write(close)  # a clean end for the broker; its Close-Ok is not awaited
         finally:
             transport.close()
         return elapsed

@@ -4,11 +4,10 @@ one validator, ``_envelope.job_from_dict``, with a memo in front of it for the h
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 from msgspec import UNSET
@@ -19,7 +18,6 @@ from .._common import new_id
 from ._args import check_json_args
 from ._durations import DurationLike, duration_seconds
 from ._envelope import (
-    ID_PATTERN,
     JOB_FIELDS,
     SPEC_VERSION,
     Job,
@@ -29,7 +27,7 @@ from ._envelope import (
     parse_timestamp,
 )
 from ._errors import ArgumentTypeError, DelayOutOfRangeError, InvalidJobError
-from ._field_rules import known_queue, known_type
+from ._field_rules import id_shaped, known_queue, known_type
 from ._retry import RetryPolicy, merge
 from ._topology import MAX_DELAY_MS, QueueOptions
 from ._unique import unique_lock
@@ -166,9 +164,6 @@ def check_client_options(
 
 # ---------------------------------------------------------------- new_job: the memo in front of the validator
 
-_ID_RE: Final = re.compile(ID_PATTERN)
-
-
 def _timestamp_text(field: str, value: datetime | str) -> str:
     if isinstance(value, datetime):
         try:
@@ -193,7 +188,7 @@ def _plain(
         and (meta is None or all(key.__class__ is str for key in meta))
         and known_type(type)
         and known_queue(queue)
-        and (id is None or (id.__class__ is str and _ID_RE.fullmatch(id) is not None))
+        and (id is None or (id.__class__ is str and id_shaped(id)))
         and (created.tzinfo is UTC or created.utcoffset() is not None)
     )
 

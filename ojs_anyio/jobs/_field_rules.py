@@ -25,6 +25,7 @@ __all__ = [
     "check_job_id",
     "check_job_type",
     "check_timestamp",
+    "id_shaped",
     "known_queue",
     "known_type",
     "valid_timestamps",
@@ -64,6 +65,7 @@ def check_timestamp(field: str, value: str | UnsetType) -> None:
     valid_timestamps.add(value)
 
 
+_ID_RE: Final = re.compile(ID_PATTERN)
 _TYPE_RE: Final = re.compile(TYPE_PATTERN)
 _QUEUE_RE: Final = re.compile(QUEUE_PATTERN)
 # Job types and queue names seen valid (a few per application): checked once each.
@@ -97,6 +99,12 @@ def known_queue(value: object) -> bool:
     return _known(value, _GOOD_QUEUES, _QUEUE_RE, 128)
 
 
+def id_shaped(value: object) -> bool:
+    """Whether ``value`` is a str of a job id's form (a lowercase UUIDv7); not memoized:
+    every job has its own."""
+    return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
+
+
 def check_job_id(job_id: object, what: str = "job_id") -> str:
     """``job_id`` when it can be an OJS job id, which job.schema.json makes a lowercase
     UUIDv7: every id a conforming producer sends, and no other (a worker of ours
@@ -105,7 +113,7 @@ def check_job_id(job_id: object, what: str = "job_id") -> str:
     non-str."""
     if not isinstance(job_id, str):
         raise ArgumentTypeError(f"{what} must be a str, not {type(job_id).__name__}")
-    if _ID_RE.fullmatch(job_id) is None:
+    if not id_shaped(job_id):
         raise InvalidJobError(what, f"{job_id!r} cannot be a job id: it must be {PATTERN_HINTS[ID_PATTERN]}")
     return job_id
 
@@ -119,6 +127,3 @@ def check_job_type(job_type: str) -> None:
             f"{job_type!r} is not an OJS job type (lowercase dot-separated segments such as "
             f"'email.send', at most 255 characters; pattern {TYPE_PATTERN})",
         )
-
-
-_ID_RE: Final = re.compile(ID_PATTERN)
