@@ -34,13 +34,12 @@ from ojs_codec import AMQPConnection, AMQPError, ConnectionLevelError, Connectio
 
 from . import _metrics
 from ._errors import ConnectionClosedError, ConnectionLostError
-from ._socket_io import socket_feeder, socket_reader, socket_writer
+from ._socket_io import READ_SIZE, socket_feeder, socket_reader, socket_writer
 
 __all__ = ["Transport"]
 
 log = logging.getLogger("ojs_anyio.amqp")
 
-_READ_SIZE = 256 * 1024
 #: Longest a batched ack waits for a write (see ChannelLink.ack and IncomingMessage._batching).
 _DEFERRED_FLUSH_DELAY = 0.002
 #: The codec's states after which nothing more is read.
@@ -121,8 +120,8 @@ class Transport:
         try:
             read_now = self._read_now
             if read_now is None:
-                return await stream.receive(_READ_SIZE)
-            data = await read_now(_READ_SIZE)
+                return await stream.receive(READ_SIZE)
+            data = await read_now(READ_SIZE)
             if not data:
                 raise anyio.EndOfStream
             return data

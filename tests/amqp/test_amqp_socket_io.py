@@ -23,7 +23,7 @@ import sniffio
 
 from ojs_anyio import amqp
 from ojs_anyio._common import current_backend
-from ojs_anyio.amqp._socket_io import Feeder, socket_feeder, socket_reader, socket_writer
+from ojs_anyio.amqp._socket_io import READ_SIZE, Feeder, socket_feeder, socket_reader, socket_writer
 from ojs_anyio.amqp._transport import Transport
 
 from .amqp_helpers import deleted_afterwards, wait_for_message_count
@@ -102,6 +102,40 @@ async def test_a_backed_up_socket_holds_the_writer(rabbitmq_url: str, unique: Un
                 await ch.publish(body, routing_key=q)
                 msg = await ch.get(q, no_ack=True)
             assert msg is not None and msg.body == body
+
+
+async def test_reads_are_bounded_and_each_chunk_is_kept_whole(
+    rabbitmq_url: str, unique: Unique, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No read asks for more than READ_SIZE (a larger read maps fresh memory each time,
+    see _socket_io), and the asyncio feeder, which reads every chunk into the same buffer,
+    hands the codec a copy: messages spanning many reads, each different, arrive intact."""
+    feed = Transport.feed
+    chunks: list[int] = []
+
+    def counting(self: Transport, data: bytes) -> None:
+        chunks.append(len(data))
+        feed(self, data)
+
+    monkeypatch.setattr(Transport, "feed", counting)
+    bodies = [os.urandom(3 * READ_SIZE + 1234 * i) for i in range(8)]
+    async with amqp.connect(rabbitmq_url) as conn, conn.channel() as ch:
+        q = unique("chunks")
+        await ch.queue_declare(q)
+        async with deleted_afterwards(conn, queues=[q]):
+            for body in bodies:
+                await ch.publish(body, routing_key=q)
+            received: list[bytes] = []
+            with anyio.fail_after(30):
+                async with ch.consume(q, prefetch=8) as deliveries:
+                    async for msg in deliveries:
+                        received.append(msg.body)
+                        await msg.ack()
+                        if len(received) == len(bodies):
+                            break
+    assert received == bodies
+    assert max(chunks) <= READ_SIZE
+    assert sum(1 for n in chunks if n == READ_SIZE) >= 8  # the bodies did take several full reads
 
 
 async def test_an_error_while_decoding_reaches_the_caller(
