@@ -2,7 +2,7 @@
 
 A probe behind the analysis in docs/benchmarks.md (issue 29), not a benchmark with targets
 (hence the leading underscore: CI's smoke loop skips it).  The raw worker drains N job
-messages at prefetch 1 on a bare asyncio.Protocol (``hotpath.RawConnection.consume_on_asyncio``)
+messages at prefetch 1 on a bare asyncio protocol (``hotpath.RawConnection.consume_on_asyncio``)
 while busy-waiting X µs before each ack's write, or after it.  Work before the ack sits on
 the broker's round trip; work after it overlaps the broker's turn, unless the two compete
 for the same cores.  The blocking raw client is measured in the same rounds.

@@ -176,7 +176,7 @@ CONCURRENCIES = (1, 10, 100)
 PREFETCH_C1 = 10
 #: The raw worker's key suffix when it acks each delivery with a frame of its own.
 PER_DELIVERY = "_per_delivery_ack"
-#: The raw worker's drain on a bare asyncio.Protocol (``hotpath.RawConnection.consume_on_asyncio``).
+#: The raw worker's drain on a bare asyncio protocol (``hotpath.RawConnection.consume_on_asyncio``).
 ON_ASYNCIO = "_bare_asyncio"
 STAMP_ENV = "OJS_BENCH_STAMPS"
 _STAMP = struct.Struct("<d")
@@ -484,7 +484,7 @@ def run_ceiling(url: str, n: int, c: int, out: Rates) -> None:
     ``multiple=True`` (``hotpath.RawConnection``).  No client, in any language, moves these
     jobs through this broker faster than that.  The worker is measured again acking each
     delivery with a frame of its own (``worker_c{c}`` + ``PER_DELIVERY``), the ceiling issue
-    29 was written against, before ours folded acks; and on a bare asyncio.Protocol
+    29 was written against, before ours folded acks; and on a bare asyncio protocol
     (``ON_ASYNCIO``), which prices the event loop alone.
     """
     import hotpath  # beside this script
@@ -1332,7 +1332,7 @@ def print_report(
     # The other raw drains of each worker scenario, as further shares.
     others = (
         (PER_DELIVERY, "acking each delivery with a frame of its own", "issue 29's first ceiling"),
-        (ON_ASYNCIO, "on a bare asyncio.Protocol", "{share} of the blocking socket: the event loop's cost"),
+        (ON_ASYNCIO, "on a bare asyncio protocol", "{share} of the blocking socket: the event loop's cost"),
     )
     for suffix, how, what in others:
         for row in comparison:
