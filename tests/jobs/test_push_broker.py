@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import anyio
+import msgspec
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
@@ -235,3 +236,11 @@ async def test_push_returns_the_job_as_enqueued(client: ojs.Client, q: str) -> N
     for job in (ready, later, batched.job):
         assert isinstance(job.enqueued_at, str) and isinstance(job.created_at, str)
         assert before <= datetime.fromisoformat(job.enqueued_at) <= after
+    # A job built elsewhere without created_at is created as it is enqueued; one with it keeps it.
+    bare = msgspec.structs.replace(client.build("a.job", [4], queue=q), created_at=msgspec.UNSET)
+    made = msgspec.structs.replace(client.build("a.job", [5], queue=q), created_at="2020-01-02T03:04:05Z")
+    pushed_bare, pushed_made = await client.push_job(bare), await client.push_job(made)
+    assert pushed_bare.created_at == pushed_bare.enqueued_at
+    assert pushed_made.created_at == "2020-01-02T03:04:05Z" != pushed_made.enqueued_at
+    assert (pushed_bare.id, pushed_bare.args, pushed_made.args) == (bare.id, [4], [5])
+    assert bare.created_at is msgspec.UNSET and bare.enqueued_at is msgspec.UNSET  # the input is not changed
