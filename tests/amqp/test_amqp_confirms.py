@@ -279,7 +279,8 @@ async def test_many_concurrent_publishes_time_out_in_publish_order_each_at_its_o
     """One watcher per connection bounds every ``confirm_timeout`` (no timer per publish):
     publishes waiting together each fail "outcome unknown" at their own deadline, so in
     publish order, and a later publish with a shorter timeout fails before them."""
-    timeout, short, count = 0.5, 0.1, 20
+    timeout, count = 1.0, 20
+    short = 0.0  # set once the others are sent: half the time the first has left
     sent: dict[int, float] = {}
     failed: dict[int, float] = {}
     async with FaultProxy() as proxy:
@@ -301,6 +302,13 @@ async def test_many_concurrent_publishes_time_out_in_publish_order_each_at_its_o
                     for i in range(count):
                         await tg.start(publish, i, timeout)
                         await anyio.sleep(0.01)  # spreads the deadlines over several checks
+                    # The last publish's deadline falls halfway between now and the first's:
+                    # a margin of a quarter second or more, whatever the loop above took (a
+                    # fixed short limit flaked on a loaded machine, when the loop took so
+                    # long that both deadlines passed before the watcher woke).
+                    left = sent[0] + timeout - time.monotonic()
+                    assert left > 0.5, f"sending the first {count} publishes took {timeout - left:.2f}s"
+                    short = left / 2
                     await tg.start(publish, count, short)
                     assert ch.unconfirmed == count + 1
                 assert ch.unconfirmed == 0
