@@ -30,7 +30,7 @@ same I/O directly, for a stream made by ``anyio.connect_tcp``:
   allocate 256 KiB each, see ``READ_SIZE``).  The reader task
   then only waits for what needs a task: bytes the frames made us queue (Close-Ok), the
   end of the socket, or an error raised while feeding, which it raises (errors are never
-  left in the loop's exception handler).  Reading is never paused and needs no buffer:
+  left in the loop's exception handler).  Reading is never paused and queues nothing:
   each chunk is decoded as it comes, and what the frames hold is bounded where it was
   before (the prefetch window, the codec's frame limit).
 * :func:`socket_reader` (Trio): ``recv`` on the non-blocking socket, waiting in
@@ -74,9 +74,9 @@ YIELD_EVERY = 32
 #: The most one read asks of the socket.  Below glibc's default ``mmap`` threshold
 #: (128 KiB): a ``recv(256 KiB)`` (asyncio's own read size, and ours before) may get a
 #: fresh mapping for every read, fault two pages into it and shrink it with ``mremap``
-#: when the read took less, 15-25 µs a read on the 2-core virtual machines of
-#: docs/benchmarks.md, against 3 for ``recv(64 KiB)``.  A frame larger than this comes in several reads (the
-#: codec's reader joins them).
+#: when the read took less: 15-25 µs more a read on the 2-core virtual machines of
+#: docs/benchmarks.md (``benchmarks/_read_size_probe.py``).  A frame larger than this
+#: comes in several reads, which the codec's reader joins.
 READ_SIZE = 64 * 1024
 
 
